@@ -1,0 +1,125 @@
+"""Device facts and argument checks shared by every launcher.
+
+Nothing here touches a GPU at import time: device queries are cached functions called at
+the first launch.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def is_interpreter() -> bool:
+    """True when Triton runs kernels on the CPU through its interpreter (TRITON_INTERPRET=1).
+
+    Triton decides this when a kernel is decorated, so it cannot change in a running process.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _device_props(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def device_name(device: torch.device | None = None) -> str:
+    if is_interpreter() or not torch.cuda.is_available():
+        return "cpu-interpreter" if is_interpreter() else "cpu"
+    index = (device.index if device is not None and device.index is not None
+             else torch.cuda.current_device())
+    return _device_props(index).name
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":
+        return (0, 0)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    p = _device_props(index)
+    return (p.major, p.minor)
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_props(index).multi_processor_count
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; used for config files and result folders."""
+    low = name.lower()
+    for key in ("h200", "h100", "h20", "a100", "l40s", "l4", "a10g", "b200", "rtx 4090", "rtx 3090"):
+        if key in low:
+            return key.replace(" ", "")
+    return "".join(c if c.isalnum() else "_" for c in low).strip("_") or "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# argument checks: every message names the argument, what was expected and what was got
+
+
+def check_tensor(name: str, t, *, dtypes=None, ndim_min: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        want = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({want}), got {str(t.dtype).replace('torch.', '')}")
+    if ndim_min is not None and t.dim() < ndim_min:
+        raise ValueError(f"{name} must have at least {ndim_min} dimension(s), got shape {tuple(t.shape)}")
+
+
+def check_kernel_device(name: str, t: torch.Tensor) -> None:
+    """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
+    if t.device.type == "cuda":
+        return
+    if t.device.type == "cpu" and is_interpreter():
+        return
+    raise RuntimeError(
+        f"{name} must be on a CUDA device, got {t.device}"
+        + ("" if t.device.type != "cpu" else
+           " (set TRITON_INTERPRET=1 before importing qkernels to run the kernels on the CPU)"))
+
+
+def check_same_device(ref_name: str, ref: torch.Tensor, **others) -> None:
+    for name, t in others.items():
+        if t is not None and isinstance(t, torch.Tensor) and t.device != ref.device:
+            raise RuntimeError(f"{name} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+# ---------------------------------------------------------------------------------------------
+# output allocation, with a scoped "poison" mode for tests: unwritten elements then show up as
+# NaN (floats) or 0x5A (integers) instead of whatever torch.empty returned.
+
+_POISON = [False]
+
+
+class poison_outputs:
+    """Context manager: launchers fill their outputs with a poison value before launching."""
+
+    def __enter__(self):
+        self._prev = _POISON[0]
+        _POISON[0] = True
+        return self
+
+    def __exit__(self, *exc):
+        _POISON[0] = self._prev
+        return False
+
+
+def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if not _POISON[0]:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if dtype.is_floating_point and dtype.itemsize == 1:   # fp8: NaN bit pattern
+        return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.full(shape, 0x5A, dtype=dtype, device=device)

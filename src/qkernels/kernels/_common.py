@@ -1,0 +1,92 @@
+"""Shared @triton.jit helpers: exact rounding and fp8 conversion.
+
+Rounding. `_rint` rounds half to even with the classic magic-number add: (y + 1.5*2**23) - 1.5*2**23
+is exact for |y| < 2**22. Callers clamp y to the integer range first, so this always holds, and the
+clamp (a min/max) sits between the multiply that makes y and the add, so the compiler cannot fuse
+them into an FMA that would round differently. It runs identically on GPUs and in the Triton
+interpreter (whose libdevice has no rint).
+
+FP8. On GPUs with sm_89+ the hardware conversion (round to nearest even, saturating) is used. The
+Triton interpreter's numpy fp8 conversion rounds ties away from even, so under the interpreter (and
+on older GPUs) `_f32_to_fp8_bits_emulated` computes the same RNE result with exact power-of-two
+arithmetic. Both paths return the fp8 bit pattern as uint8.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rint(y):
+    return (y + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _finite_or_zero(x):
+    return tl.where(tl.abs(x) < float("inf"), x, 0.0)
+
+
+@triton.jit
+def _f32_to_fp8_bits_emulated(y, MAN: tl.constexpr, BIAS: tl.constexpr):
+    # y: fp32, |y| <= the format's max, or NaN.
+    ay = tl.abs(y)
+    ay = tl.where(ay != ay, 0.0, ay)
+    e = ((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, 1 - BIAS)                       # subnormals share the smallest exponent
+    inv_quantum = ((127 - (e - MAN)) << 23).to(tl.float32, bitcast=True)   # 2**-(e - MAN)
+    r = _rint(ay * inv_quantum).to(tl.int32)          # exact scaling, then RNE to MAN bits
+    # (e + BIAS - 1) << MAN plus r encodes normals, subnormals and a carry into the next binade.
+    bits = ((e + BIAS - 1) << MAN) + r
+    bits = tl.where(y < 0, bits | 0x80, bits)
+    bits = tl.where(y != y, 0x7F, bits)
+    return bits.to(tl.uint8)
+
+
+@triton.jit
+def _f32_to_fp8_bits(y, MAN: tl.constexpr, BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    if EMULATE:
+        return _f32_to_fp8_bits_emulated(y, MAN, BIAS)
+    elif MAN == 3:
+        return y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        return y.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def _fp8_bits_to_f32(b, MAN: tl.constexpr, BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    if EMULATE:
+        bi = b.to(tl.int32) & 0xFF
+        ef = (bi >> MAN) & ((1 << (7 - MAN)) - 1)
+        m = bi & ((1 << MAN) - 1)
+        mag = tl.where(ef == 0, m, m + (1 << MAN)).to(tl.float32)
+        p = ((tl.maximum(ef, 1) - BIAS - MAN + 127) << 23).to(tl.float32, bitcast=True)
+        v = mag * p
+        EMAX: tl.constexpr = (1 << (7 - MAN)) - 1
+        if MAN == 3:   # e4m3fn: no infinities, S.1111.111 is NaN
+            v = tl.where((ef == EMAX) & (m == 7), float("nan"), v)
+        else:          # e5m2: IEEE-like
+            v = tl.where(ef == EMAX, tl.where(m == 0, float("inf"), float("nan")), v)
+        return tl.where(bi >= 128, -v, v)
+    elif MAN == 3:
+        return b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        return b.to(tl.float8e5, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _pack_nibbles(q, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """int32 [ROWS, COLS] -> uint8 [ROWS, COLS // 2]; column 2i in the low nibble."""
+    lo, hi = tl.split(tl.reshape(q, (ROWS, COLS // 2, 2)))
+    return ((lo & 0xF) | ((hi & 0xF) << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _unpack_nibbles(p, SIGNED: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """uint8 [ROWS, COLS // 2] -> int32 [ROWS, COLS]."""
+    p = p.to(tl.int32)
+    if SIGNED:
+        lo = (p << 28) >> 28
+        hi = (p << 24) >> 28
+    else:
+        lo = p & 0xF
+        hi = (p >> 4) & 0xF
+    return tl.reshape(tl.join(lo, hi), (ROWS, COLS))

@@ -1,0 +1,176 @@
+"""Pure-torch twins of every qkernels op: the numerics, written once.
+
+Tests compare each kernel against these (bit-exactly where the arithmetic is exact) and the
+benchmarks use them as the "torch eager" / "torch.compile" peers. Everything is computed in
+float32 unless stated.
+
+Quantization numerics (x viewed as [M, K]: leading dims flattened into rows, K the last dim)
+-------------------------------------------------------------------------------------------
+A *segment* is the set of elements sharing one scale: the whole tensor ("tensor"), a row of K
+("row"), a column of M ("column"), or `group_size` consecutive elements of a row ("group").
+
+Statistics ignore non-finite values (NaN and +-inf count as 0):
+  symmetric:   absmax = max |x|;                 scale = absmax / Q
+  asymmetric:  lo = min(min x, 0), hi = max(max x, 0);  scale = (hi - lo) / (qmax - qmin)
+  then scale = max(scale, 2**-126) (so 1/scale is finite), and 1.0 where absmax == 0 / hi == lo.
+  zero_point = clamp(qmin - rint(lo / scale), qmin, qmax)  (int32; asymmetric only)
+  Q = 127 (int8), 7 (int4), 448 (fp8_e4m3), 57344 (fp8_e5m2).
+Quantize, integer formats:  inv = 1 / scale (correctly rounded);  y = x * inv (one rounding, never
+  fused with the add below);  q = clamp(rint(y) + zero_point, qmin, qmax), rint = half to even.
+  +-inf saturate to qmax / qmin; NaN quantizes to zero_point (it dequantizes to 0).
+  Ranges: symmetric int8 [-128, 127] (int8), int4 [-8, 7]; asymmetric int8 [0, 255] (uint8),
+  int4 [0, 15]. int4 is stored packed: two per uint8 along the last dim, the element at the
+  even index in the low nibble.
+Quantize, fp8:  q = fp8_rne(clamp(x * inv, -F, F)), F = 448 (e4m3) or 57344 (e5m2); NaN stays NaN.
+Dequantize:  (q - zero_point) * scale in fp32, then cast.
+Scale layouts for x of shape (*lead, K): tensor (), row (*lead, 1), column (K,),
+group (*lead, K // group_size); zero points have the same shape (int32).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .formats import SCALE_MIN, QFormat, get_format
+
+
+# ---------------------------------------------------------------------------------------------
+# layout helpers
+
+
+def num_segments(granularity: str, M: int, K: int, group_size: int) -> int:
+    return {"tensor": 1, "row": M, "column": K, "group": M * (K // group_size if group_size else 0)}[granularity]
+
+
+def scale_shape(granularity: str, shape: torch.Size, group_size: int) -> tuple[int, ...]:
+    lead, K = tuple(shape[:-1]), shape[-1]
+    if granularity == "tensor":
+        return ()
+    if granularity == "row":
+        return lead + (1,)
+    if granularity == "column":
+        return (K,)
+    return lead + (K // group_size,)
+
+
+def _segments(x2: torch.Tensor, granularity: str, group_size: int) -> torch.Tensor:
+    """[M, K] -> [num_segments, segment_len]."""
+    M, K = x2.shape
+    if granularity == "tensor":
+        return x2.reshape(1, M * K)
+    if granularity == "row":
+        return x2
+    if granularity == "column":
+        return x2.t()
+    return x2.reshape(M * (K // group_size), group_size)
+
+
+def _unsegment(seg: torch.Tensor, granularity: str, M: int, K: int) -> torch.Tensor:
+    if granularity == "column":
+        return seg.t().reshape(M, K)
+    return seg.reshape(M, K)
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize / dequantize
+
+
+def compute_scale(seg: torch.Tensor, fmt: QFormat, symmetric: bool):
+    """Dynamic scale (and zero point) per segment row of `seg` ([S, L], float32)."""
+    finite = torch.where(torch.isfinite(seg), seg, torch.zeros((), dtype=seg.dtype, device=seg.device))
+    S, L = seg.shape
+    if L == 0:
+        finite = torch.zeros(S, 1, dtype=torch.float32, device=seg.device)
+    if symmetric:
+        amax = finite.abs().amax(dim=1)
+        scale = torch.clamp_min(amax / fmt.q_sym, SCALE_MIN)
+        scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+        return scale, None
+    qmin, qmax = fmt.qrange(False)
+    lo = torch.clamp_max(finite.amin(dim=1), 0.0)
+    hi = torch.clamp_min(finite.amax(dim=1), 0.0)
+    rng = hi - lo
+    scale = torch.clamp_min(rng / float(qmax - qmin), SCALE_MIN)
+    scale = torch.where(rng == 0, torch.ones_like(scale), scale)
+    zp = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax).to(torch.int32)
+    return scale, zp
+
+
+def quantize_values(seg: torch.Tensor, scale: torch.Tensor, zp, fmt: QFormat, symmetric: bool) -> torch.Tensor:
+    """Quantize float32 segments [S, L] with per-segment scale [S] (and zero point [S])."""
+    inv = (1.0 / scale).unsqueeze(1)
+    y = seg * inv
+    if fmt.is_float:
+        return torch.clamp(y, -fmt.fp_max, fmt.fp_max).to(fmt.torch_dtype)
+    qmin, qmax = fmt.qrange(symmetric)
+    z = zp.unsqueeze(1).float() if zp is not None else torch.zeros_like(inv)
+    y = torch.round(torch.minimum(torch.maximum(y, qmin - z), qmax - z))
+    y = torch.where(torch.isnan(seg), torch.zeros_like(y), y)
+    return (y + z).to(torch.int32)
+
+
+def quantize(x: torch.Tensor, dtype: str, granularity: str = "tensor", group_size: int = 128,
+             symmetric: bool = True, scale=None, zero_point=None):
+    """Reference quantize. Returns (data, scale, zero_point) in the layouts documented above."""
+    fmt = get_format(dtype)
+    shape = x.shape
+    K = shape[-1] if x.dim() > 0 else 1
+    M = x.numel() // K if K else math.prod(shape[:-1])
+    x2 = x.reshape(M, K).float()
+    seg = _segments(x2, granularity, group_size)
+    if scale is None:
+        s, zp = compute_scale(seg, fmt, symmetric)
+    else:
+        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(-1)
+        zp = None if symmetric else torch.as_tensor(zero_point, device=x.device).reshape(-1).to(torch.int32)
+    q = quantize_values(seg, s, zp, fmt, symmetric)
+    q = _unsegment(q, granularity, M, K)
+    if fmt.is_float:
+        data = q.reshape(shape)
+    elif fmt.bits == 4:
+        data = pack_int4(q).reshape(*shape[:-1], K // 2)
+    else:
+        data = q.to(fmt.storage_dtype(symmetric)).reshape(shape)
+    sshape = scale_shape(granularity, shape, group_size)
+    s = s.reshape(sshape)
+    zp = zp.reshape(sshape) if zp is not None else None
+    return data, s, zp
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor, zero_point, shape, dtype: str, granularity: str,
+               group_size: int = 128, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    fmt = get_format(dtype)
+    K = shape[-1]
+    M = math.prod(shape[:-1])
+    if fmt.bits == 4:
+        q = unpack_int4(data, signed=zero_point is None).to(torch.float32)
+    else:
+        q = data.to(torch.float32)
+    seg = _segments(q.reshape(M, K), granularity, group_size)
+    s = scale.reshape(-1, 1).float()
+    if zero_point is not None:
+        seg = seg - zero_point.reshape(-1, 1).float()
+    out = _unsegment(seg * s, granularity, M, K)
+    return out.reshape(shape).to(out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# int4 packing
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[..., K] integers -> uint8 [..., K // 2]: element 2i in the low nibble, 2i+1 in the high one.
+    Only the low 4 bits of each value are kept."""
+    v = q.to(torch.int16) & 0xF
+    return (v[..., 0::2] | (v[..., 1::2] << 4)).to(torch.uint8)
+
+
+def unpack_int4(packed: torch.Tensor, signed: bool = True) -> torch.Tensor:
+    """uint8 [..., K // 2] -> [..., K]: int8 in [-8, 7] if signed, else uint8 in [0, 15]."""
+    p = packed.to(torch.int16)
+    lo, hi = p & 0xF, (p >> 4) & 0xF
+    v = torch.stack([lo, hi], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    if signed:
+        return torch.where(v >= 8, v - 16, v).to(torch.int8)
+    return v.to(torch.uint8)
