@@ -14,6 +14,24 @@ arithmetic. Both paths return the fp8 bit pattern as uint8.
 import triton
 import triton.language as tl
 
+from .._runtime import is_interpreter
+
+# The interpreter's fp32 -> bf16 cast truncates; GPUs round to nearest even. Kernels store through
+# `_cast` so both give the same bits.
+INTERPRET: tl.constexpr = tl.constexpr(is_interpreter())
+
+
+@triton.jit
+def _cast(x, ty: tl.constexpr):
+    """x (fp32) -> ty with round-to-nearest-even on every backend."""
+    if INTERPRET:
+        if ty == tl.bfloat16:
+            b = x.to(tl.uint32, bitcast=True)
+            r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            r = tl.where(x != x, b, r)
+            return r.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    return x.to(ty)
+
 
 @triton.jit
 def _rint(y):

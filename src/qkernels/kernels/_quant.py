@@ -8,7 +8,7 @@ Numerics are documented in qkernels/reference.py and match it bit for bit.
 import triton
 import triton.language as tl
 
-from ._common import _f32_to_fp8_bits, _finite_or_zero, _fp8_bits_to_f32, _pack_nibbles, _rint, _unpack_nibbles
+from ._common import _cast, _f32_to_fp8_bits, _finite_or_zero, _fp8_bits_to_f32, _pack_nibbles, _rint, _unpack_nibbles
 
 
 @triton.jit
@@ -317,7 +317,7 @@ def _dequantize_kernel(
     if HAS_ZP:
         v = v - tl.load(zp_ptr + sidx, mask=mask, other=0).to(tl.float32)
     out = v * s
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], _cast(out, out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -1,0 +1,28 @@
+"""Test helpers: bit-exact comparison with a readable report of the worst elements."""
+import torch
+
+
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype.is_floating_point and t.dtype.itemsize == 1:
+        return t.view(torch.uint8)
+    return t
+
+
+def assert_bit_exact(got: torch.Tensor, want: torch.Tensor, name: str = "tensor") -> None:
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
+    g, w = got.cpu(), want.cpu()
+    if g.dtype.is_floating_point:
+        g, w = g.float(), w.float()
+        same = (g == w) | (torch.isnan(g) & torch.isnan(w))
+    else:
+        same = g == w
+    if not bool(same.all()):
+        bad = (~same).nonzero()
+        shown = ", ".join(f"{tuple(i.tolist())}: got {g[tuple(i)].item()} want {w[tuple(i)].item()}" for i in bad[:8])
+        raise AssertionError(f"{name}: {bad.shape[0]} of {same.numel()} elements differ; first: {shown}")
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.double()
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
