@@ -1,15 +1,37 @@
 """qkernels: fast quantized GPU kernels for LLM inference, in Triton.
 
-Importing does no device work: kernels compile and device facts are read at the first call.
+`import qkernels` is cheap and does no device work: the public names below load their modules on
+first use (PEP 562), and kernels compile at their first call. This also lets a program (or the CLI)
+choose the Triton interpreter (TRITON_INTERPRET=1) after importing qkernels but before the first op.
 """
-from ._runtime import poison_outputs
-from .formats import FORMATS, GRANULARITIES
-from .ops.quant import dequantize, dequantize_tensor, pack_int4, quantize, quantize_tensor, unpack_int4
-from .quantized_tensor import QuantizedTensor
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "FORMATS", "GRANULARITIES", "QuantizedTensor", "dequantize", "dequantize_tensor", "pack_int4",
-    "poison_outputs", "quantize", "quantize_tensor", "unpack_int4",
-]
+# public name -> module that defines it
+_EXPORTS = {
+    "quantize": ".ops.quant", "dequantize": ".ops.quant", "quantize_tensor": ".ops.quant",
+    "dequantize_tensor": ".ops.quant", "pack_int4": ".ops.quant", "unpack_int4": ".ops.quant",
+    "QuantizedTensor": ".quantized_tensor",
+    "FORMATS": ".formats", "GRANULARITIES": ".formats",
+    "poison_outputs": "._runtime",
+}
+_SUBMODULES = ("reference", "formats", "ops", "kernels", "bench", "nn")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'qkernels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))

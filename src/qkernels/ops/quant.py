@@ -15,8 +15,16 @@ from .. import reference as ref
 from .._runtime import (FLOAT_DTYPES, alloc, capability, check_kernel_device, check_same_device, check_tensor,
                         is_interpreter, next_pow2, num_sms)
 from ..formats import GRANULARITIES, get_format
-from ..kernels import _quant as kq
 from ..quantized_tensor import QuantizedTensor
+
+
+
+def _kq():
+    """The kernel module, imported at the first launch: Triton fixes interpreter-or-GPU when a
+    kernel is decorated, so importing qkernels must not decorate anything yet."""
+    from ..kernels import _quant
+    return _quant
+
 
 _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 
@@ -104,6 +112,7 @@ def _validate_quantize(x, dtype, granularity, group_size, symmetric, scale, zero
 def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_point):
     """x: float [*, K]; scale/zero_point: flat (static) or None (dynamic).
     Returns data, flat scale, flat zero point (empty int32 when symmetric)."""
+    kq = _kq()
     fmt = get_format(dtype)
     dev = x.device
     x2, M, K = _as_2d(x)
@@ -206,6 +215,7 @@ def _(x, dtype, granularity, group_size, symmetric, scale, zero_point):
 
 
 def _launch_dequantize(data, scale, zero_point, shape, dtype, granularity, group_size, out_dtype):
+    kq = _kq()
     fmt = get_format(dtype)
     dev = data.device
     K = shape[-1]
@@ -314,6 +324,7 @@ def dequantize_tensor(q: torch.Tensor, scale) -> torch.Tensor:
 
 @torch.library.custom_op("qkernels::pack_int4", mutates_args=())
 def _pack_int4_op(q: torch.Tensor) -> torch.Tensor:
+    kq = _kq()
     qc = q.contiguous()
     out = alloc((*q.shape[:-1], q.shape[-1] // 2), torch.uint8, q.device)
     if out.numel():
@@ -329,6 +340,7 @@ def _(q):
 
 @torch.library.custom_op("qkernels::unpack_int4", mutates_args=())
 def _unpack_int4_op(packed: torch.Tensor, signed: bool) -> torch.Tensor:
+    kq = _kq()
     pc = packed.contiguous()
     out = alloc((*packed.shape[:-1], packed.shape[-1] * 2), torch.int8 if signed else torch.uint8, packed.device)
     if out.numel():

@@ -1,0 +1,162 @@
+"""Benchmark harness: timing, ceilings, result rows, JSON, tables and plots.
+
+Timing on a GPU is `triton.testing.do_bench` (median, L2 flushed between calls). `mode="graph"`
+captures the call once in a CUDA graph and times its replays the same way, which removes the host
+launch cost; `mode="eager"` times the plain Python call, host overhead included. On a machine
+without a GPU the kernels run in the Triton interpreter and the times are host wall-clock medians:
+they say nothing about GPU speed and are labelled so.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .._runtime import device_name, gpu_slug, is_interpreter
+
+
+@dataclass
+class Row:
+    op: str
+    provider: str
+    median_us: float
+    mode: str = "eager"                      # "eager" (host call timed) or "graph" (CUDA-graph replay)
+    sizes: dict = field(default_factory=dict)  # M/N/K or numel: whatever applies
+    extra: dict = field(default_factory=dict)  # gbps, pct_copy_bw, tflops, speedup, ...
+
+    def flat(self) -> dict:
+        d = {"op": self.op, "provider": self.provider, "mode": self.mode}
+        d.update(self.sizes)
+        d["median_us"] = round(self.median_us, 3)
+        d.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.extra.items()})
+        return d
+
+
+def on_gpu() -> bool:
+    return torch.cuda.is_available() and not is_interpreter()
+
+
+def time_us(fn: Callable[[], object], *, mode: str = "eager", rep_ms: int = 200, warmup_ms: int = 50) -> float:
+    """Median time of one call of `fn` in microseconds."""
+    if not on_gpu():
+        fn()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+    import triton.testing
+    if mode == "graph":
+        fn()  # compile / autotune outside the capture
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()   # warm-up on a side stream, as graph capture wants
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written, measured now (the ceiling for
+    memory-bound kernels)."""
+    n = nbytes // 4 if on_gpu() else 1 << 20
+    a = torch.empty(n, dtype=torch.float32, device=device).normal_()
+    b = torch.empty_like(a)
+    us = time_us(lambda: b.copy_(a))
+    return 2 * a.numel() * 4 / (us * 1e-6) / 1e9
+
+
+def environment() -> dict:
+    import triton
+    dev = torch.device("cuda") if on_gpu() else torch.device("cpu")
+    return {
+        "gpu": device_name(dev) if on_gpu() else ("cpu (Triton interpreter)" if is_interpreter() else "cpu"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "interpreter": is_interpreter(),
+    }
+
+
+def results_dir(root: str | os.PathLike) -> Path:
+    env = environment()
+    slug = gpu_slug(env["gpu"]) if on_gpu() else "cpu-interpreter"
+    return Path(root) / slug
+
+
+def write_json(name: str, rows: list[Row], root: str | os.PathLike, meta: dict | None = None) -> Path:
+    out = results_dir(root)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = environment()
+    if meta:
+        doc.update(meta)
+    doc["rows"] = [r.flat() for r in rows]
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def format_table(rows: list[Row], columns: list[str]) -> str:
+    flat = [r.flat() for r in rows]
+    widths = {c: max(len(c), *(len(_fmt(d.get(c, ""))) for d in flat)) for c in columns}
+    lines = ["  ".join(c.rjust(widths[c]) for c in columns)]
+    for d in flat:
+        lines.append("  ".join(_fmt(d.get(c, "")).rjust(widths[c]) for c in columns))
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def plot(json_path: str | os.PathLike, x: str, y: str, group: tuple[str, ...] = ("provider", "mode"),
+         facet: str | None = None, logx: bool = True) -> Path | None:
+    """PNG next to the JSON: `y` against `x`, one line per `group`, one panel per `facet` value."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'qkernels[bench]'): no plot")
+        return None
+    doc = json.loads(Path(json_path).read_text())
+    rows = [r for r in doc["rows"] if x in r and y in r]
+    facets = sorted({str(r.get(facet)) for r in rows}) if facet else ["all"]
+    fig, axes = plt.subplots(1, len(facets), figsize=(5 * len(facets), 4), squeeze=False)
+    for ax, fv in zip(axes[0], facets):
+        sub = [r for r in rows if not facet or str(r.get(facet)) == fv]
+        for key in sorted({tuple(r.get(g) for g in group) for r in sub}, key=str):
+            pts = sorted((r[x], r[y]) for r in sub if tuple(r.get(g) for g in group) == key)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=" ".join(map(str, key)))
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(f"{facet}={fv}" if facet else doc.get("gpu", ""))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{Path(json_path).stem} on {doc.get('gpu')}")
+    fig.tight_layout()
+    png = Path(json_path).with_suffix(".png")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
