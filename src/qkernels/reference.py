@@ -76,6 +76,12 @@ def _unsegment(seg: torch.Tensor, granularity: str, M: int, K: int) -> torch.Ten
 # quantize / dequantize
 
 
+def _div(a: torch.Tensor, b) -> torch.Tensor:
+    """Correctly rounded a / b. (On CUDA, PyTorch divides by a Python scalar by multiplying with
+    its reciprocal, which is not correctly rounded; dividing by a tensor is.)"""
+    return a / torch.as_tensor(b, dtype=a.dtype, device=a.device).expand_as(a).contiguous()
+
+
 def compute_scale(seg: torch.Tensor, fmt: QFormat, symmetric: bool):
     """Dynamic scale (and zero point) per segment row of `seg` ([S, L], float32)."""
     finite = torch.where(torch.isfinite(seg), seg, torch.zeros((), dtype=seg.dtype, device=seg.device))
@@ -84,14 +90,14 @@ def compute_scale(seg: torch.Tensor, fmt: QFormat, symmetric: bool):
         finite = torch.zeros(S, 1, dtype=torch.float32, device=seg.device)
     if symmetric:
         amax = finite.abs().amax(dim=1)
-        scale = torch.clamp_min(amax / fmt.q_sym, SCALE_MIN)
+        scale = torch.clamp_min(_div(amax, fmt.q_sym), SCALE_MIN)
         scale = torch.where(amax == 0, torch.ones_like(scale), scale)
         return scale, None
     qmin, qmax = fmt.qrange(False)
     lo = torch.clamp_max(finite.amin(dim=1), 0.0)
     hi = torch.clamp_min(finite.amax(dim=1), 0.0)
     rng = hi - lo
-    scale = torch.clamp_min(rng / float(qmax - qmin), SCALE_MIN)
+    scale = torch.clamp_min(_div(rng, float(qmax - qmin)), SCALE_MIN)
     scale = torch.where(rng == 0, torch.ones_like(scale), scale)
     zp = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax).to(torch.int32)
     return scale, zp
@@ -99,7 +105,7 @@ def compute_scale(seg: torch.Tensor, fmt: QFormat, symmetric: bool):
 
 def quantize_values(seg: torch.Tensor, scale: torch.Tensor, zp, fmt: QFormat, symmetric: bool) -> torch.Tensor:
     """Quantize float32 segments [S, L] with per-segment scale [S] (and zero point [S])."""
-    inv = (1.0 / scale).unsqueeze(1)
+    inv = _div(torch.ones_like(scale), scale).unsqueeze(1)
     y = seg * inv
     if fmt.is_float:
         return torch.clamp(y, -fmt.fp_max, fmt.fp_max).to(fmt.torch_dtype)

@@ -8,7 +8,7 @@ import torch
 import qkernels as qk
 from qkernels import reference as ref
 
-from .harness import Row, copy_bandwidth_gbps, format_table, on_gpu, plot, time_us, write_json
+from .harness import Row, copy_bandwidth_gbps, format_table, host_us, on_gpu, plot, time_us, write_json
 
 SEED_SIZES_GPU = [500_000, 1_000_000, 5_000_000, 10_000_000, 50_000_000]
 SEED_SIZES_CPU = [4_096, 16_384]
@@ -53,8 +53,13 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
             return qk.quantize(x, "int8", "tensor", symmetric=False, scale=scale, zero_point=zp).data
 
         assert torch.equal(ref_fn(), ours())
-        for prov, mode, fn in _providers(ref_fn, ours, gpu):
+        provs = _providers(ref_fn, ours, gpu)
+        for prov, mode, fn in provs:
             add("quantize_int8_static", prov, mode, fn, {"numel": n}, n * 5, n)
+        if n == min(SEED_SIZES_GPU if gpu else SEED_SIZES_CPU):
+            for prov, mode, fn in provs:     # host cost per call, apart from GPU time
+                if mode == "eager":
+                    rows.append(Row("host_overhead_quantize_static", prov, host_us(fn), "host", {"numel": n}))
 
     # dynamic: fp16 activations, scales computed in the kernel
     for (M, K) in DYN_SHAPES_GPU if gpu else DYN_SHAPES_CPU:
@@ -85,7 +90,8 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
             if r.provider == "torch.compile" or key not in base:
                 base[key] = r.median_us
     for r in rows:
-        r.extra["speedup_vs_compile" if gpu else "speedup_vs_torch"] = base[(r.op, tuple(r.sizes.items()))] / r.median_us
+        if r.mode != "host":
+            r.extra["speedup_vs_compile" if gpu else "speedup_vs_torch"] = base[(r.op, tuple(r.sizes.items()))] / r.median_us
 
     path = write_json("quantize", rows, out_root, {"copy_bw_gbps": copy_bw})
     cols = ["op", "provider", "mode", "numel", "M", "K", "median_us", "gbps", "pct_copy_bw",

@@ -12,8 +12,8 @@ import torch
 import triton
 
 from .. import reference as ref
-from .._runtime import (FLOAT_DTYPES, alloc, capability, check_kernel_device, check_same_device, check_tensor,
-                        is_interpreter, next_pow2, num_sms)
+from .._runtime import (FLOAT_DTYPES, alloc, call_op, capability, check_kernel_device, check_same_device,
+                        check_tensor, is_interpreter, next_pow2, num_sms)
 from ..formats import GRANULARITIES, get_format
 from ..quantized_tensor import QuantizedTensor
 
@@ -25,6 +25,11 @@ def _kq():
     from ..kernels import _quant
     return _quant
 
+
+# Tile sizes of these memory-bound kernels, in elements per program (one place; scripts/tune_quant.py
+# sweeps them on a GPU). flat: per-tensor kernel, segments: row/group kernel.
+TILES = {"flat_min": 1024, "flat_max": 8192, "flat_warps": 8, "seg_tile": 4096, "seg_max_block": 16384,
+         "seg_warps": None}
 
 _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 
@@ -137,14 +142,13 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
     if granularity in ("row", "group"):
         seg = K if granularity == "row" else group_size
         G = K // seg
-        block_s = min(next_pow2(seg), 16384)
-        block_s = max(block_s, 2)
-        block_r = max(1, min(4096 // block_s, next_pow2(nseg)))
+        block_s = max(2, min(next_pow2(seg), TILES["seg_max_block"]))
+        block_r = max(1, min(TILES["seg_tile"] // block_s, next_pow2(nseg)))
         grid = (triton.cdiv(nseg, block_r),)
         kq._quantize_segments_kernel[grid](
             x2, q_arg, scale, zp_arg, nseg, seg, G, x2.stride(0), x2.stride(1), data.stride(0),
             STATIC=static, BLOCK_R=block_r, BLOCK_S=block_s, ONE_CHUNK=seg <= block_s,
-            num_warps=_warps(block_r * block_s), **meta)
+            num_warps=TILES["seg_warps"] or _warps(block_r * block_s), **meta)
     elif granularity == "column":
         block_k = 64 if K >= 64 else max(2, next_pow2(K))
         block_m = 64 if M >= 64 else next_pow2(M)
@@ -166,7 +170,7 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
             p_block = next_pow2(nparts)
         kq._quantize_flat_kernel[(triton.cdiv(n, block),)](
             xf, q_arg.view(-1), scale, zp_arg, partials, n, nparts,
-            STATIC=static, BLOCK=block, P_BLOCK=p_block, num_warps=_warps(block) if block < 16384 else 8, **meta)
+            STATIC=static, BLOCK=block, P_BLOCK=p_block, num_warps=min(TILES["flat_warps"], _warps(block)), **meta)
     return data, scale, zp_out
 
 
@@ -176,17 +180,25 @@ def _flat_block(n: int, device: torch.device) -> int:
     if is_interpreter():
         return max(2, min(next_pow2(n), 1 << 16))
     per_prog = n // (4 * num_sms(device))
-    return max(1024, min(8192, next_pow2(max(per_prog, 1))))
+    return max(TILES["flat_min"], min(TILES["flat_max"], next_pow2(max(per_prog, 1))))
 
 
 # ---------------------------------------------------------------------------------------------
 # custom ops
 
 
-@torch.library.custom_op("qkernels::quantize_dynamic", mutates_args=())
-def _quantize_dynamic_op(x: torch.Tensor, dtype: str, granularity: str, group_size: int,
-                         symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_dynamic(x: torch.Tensor, dtype: str, granularity: str, group_size: int,
+                      symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _launch_quantize(x, dtype, granularity, group_size, symmetric, None, None)
+
+
+def _quantize_static(x: torch.Tensor, dtype: str, granularity: str, group_size: int, symmetric: bool,
+                     scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:
+    return _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_point)[0]
+
+
+_quantize_dynamic_op = torch.library.custom_op("qkernels::quantize_dynamic", mutates_args=())(_quantize_dynamic)
+_quantize_static_op = torch.library.custom_op("qkernels::quantize_static", mutates_args=())(_quantize_static)
 
 
 @_quantize_dynamic_op.register_fake
@@ -200,12 +212,6 @@ def _(x, dtype, granularity, group_size, symmetric):
     return data, x.new_empty((n,), dtype=torch.float32), zp
 
 
-@torch.library.custom_op("qkernels::quantize_static", mutates_args=())
-def _quantize_static_op(x: torch.Tensor, dtype: str, granularity: str, group_size: int, symmetric: bool,
-                        scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:
-    return _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_point)[0]
-
-
 @_quantize_static_op.register_fake
 def _(x, dtype, granularity, group_size, symmetric, scale, zero_point):
     fmt = get_format(dtype)
@@ -214,7 +220,8 @@ def _(x, dtype, granularity, group_size, symmetric, scale, zero_point):
     return x.new_empty((M, K // 2 if fmt.bits == 4 else K), dtype=fmt.storage_dtype(symmetric))
 
 
-def _launch_dequantize(data, scale, zero_point, shape, dtype, granularity, group_size, out_dtype):
+def _launch_dequantize(data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, shape: list[int],
+                       dtype: str, granularity: str, group_size: int, out_dtype: torch.dtype) -> torch.Tensor:
     kq = _kq()
     fmt = get_format(dtype)
     dev = data.device
@@ -242,10 +249,7 @@ def _launch_dequantize(data, scale, zero_point, shape, dtype, granularity, group
     return out.reshape(shape)
 
 
-@torch.library.custom_op("qkernels::dequantize", mutates_args=())
-def _dequantize_op(data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, shape: list[int],
-                   dtype: str, granularity: str, group_size: int, out_dtype: torch.dtype) -> torch.Tensor:
-    return _launch_dequantize(data, scale, zero_point, shape, dtype, granularity, group_size, out_dtype)
+_dequantize_op = torch.library.custom_op("qkernels::dequantize", mutates_args=())(_launch_dequantize)
 
 
 @_dequantize_op.register_fake
@@ -271,11 +275,12 @@ def quantize(x: torch.Tensor, dtype: str, granularity: str = "tensor", *, group_
     sshape = ref.scale_shape(granularity, x.shape, group_size)
     dshape = (*x.shape[:-1], x.shape[-1] // 2) if fmt.bits == 4 else tuple(x.shape)
     if scale_flat is None:
-        data, s, zp = _quantize_dynamic_op(x, dtype, granularity, gs, symmetric)
+        data, s, zp = call_op(_quantize_dynamic_op, _quantize_dynamic, x, dtype, granularity, gs, symmetric)
         zp = None if symmetric else zp.reshape(sshape)
         s = s.reshape(sshape)
     else:
-        data = _quantize_static_op(x, dtype, granularity, gs, symmetric, scale_flat, zp_flat)
+        data = call_op(_quantize_static_op, _quantize_static, x, dtype, granularity, gs, symmetric, scale_flat,
+                       zp_flat)
         s = scale_flat.reshape(sshape)
         zp = None if zp_flat is None else zp_flat.reshape(sshape)
     return QuantizedTensor(data.reshape(dshape), s, zp, x.shape, dtype, granularity,
@@ -303,7 +308,8 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch
                          f"got shape {tuple(qt.scale.shape)}")
     scale = qt.scale.reshape(-1).to(torch.float32).contiguous()
     zp = None if qt.zero_point is None else qt.zero_point.reshape(-1).to(torch.int32).contiguous()
-    return _dequantize_op(qt.data, scale, zp, list(qt.shape), qt.dtype, qt.granularity, gs, dtype)
+    return call_op(_dequantize_op, _launch_dequantize, qt.data, scale, zp, list(qt.shape), qt.dtype, qt.granularity,
+                   gs, dtype)
 
 
 def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,8 +328,7 @@ def dequantize_tensor(q: torch.Tensor, scale) -> torch.Tensor:
     return dequantize(QuantizedTensor(q, scale.reshape(()).float(), None, q.shape, "int8", "tensor"))
 
 
-@torch.library.custom_op("qkernels::pack_int4", mutates_args=())
-def _pack_int4_op(q: torch.Tensor) -> torch.Tensor:
+def _pack_int4(q: torch.Tensor) -> torch.Tensor:
     kq = _kq()
     qc = q.contiguous()
     out = alloc((*q.shape[:-1], q.shape[-1] // 2), torch.uint8, q.device)
@@ -333,13 +338,15 @@ def _pack_int4_op(q: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_pack_int4_op = torch.library.custom_op("qkernels::pack_int4", mutates_args=())(_pack_int4)
+
+
 @_pack_int4_op.register_fake
 def _(q):
     return q.new_empty((*q.shape[:-1], q.shape[-1] // 2), dtype=torch.uint8)
 
 
-@torch.library.custom_op("qkernels::unpack_int4", mutates_args=())
-def _unpack_int4_op(packed: torch.Tensor, signed: bool) -> torch.Tensor:
+def _unpack_int4(packed: torch.Tensor, signed: bool) -> torch.Tensor:
     kq = _kq()
     pc = packed.contiguous()
     out = alloc((*packed.shape[:-1], packed.shape[-1] * 2), torch.int8 if signed else torch.uint8, packed.device)
@@ -348,6 +355,9 @@ def _unpack_int4_op(packed: torch.Tensor, signed: bool) -> torch.Tensor:
         kq._unpack_int4_kernel[(triton.cdiv(pc.numel(), block),)](pc, out, pc.numel(), SIGNED=signed, BLOCK=block,
                                                                   num_warps=4)
     return out
+
+
+_unpack_int4_op = torch.library.custom_op("qkernels::unpack_int4", mutates_args=())(_unpack_int4)
 
 
 @_unpack_int4_op.register_fake
@@ -363,11 +373,11 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     check_kernel_device("q", q)
     if q.shape[-1] % 2:
         raise ValueError(f"q's last dim must be even to pack two values per byte, got {q.shape[-1]}")
-    return _pack_int4_op(q)
+    return call_op(_pack_int4_op, _pack_int4, q)
 
 
 def unpack_int4(packed: torch.Tensor, signed: bool = True) -> torch.Tensor:
     """uint8 [..., K // 2] -> [..., K]: int8 in [-8, 7] (signed) or uint8 in [0, 15]."""
     check_tensor("packed", packed, dtypes=(torch.uint8,), ndim_min=1)
     check_kernel_device("packed", packed)
-    return _unpack_int4_op(packed, bool(signed))
+    return call_op(_unpack_int4_op, _unpack_int4, packed, bool(signed))
