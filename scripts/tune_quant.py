@@ -33,6 +33,6 @@ del x
 for (M, K) in [(16384, 4096), (4096, 14336)]:
     x = torch.randn(M, K, device=dev, dtype=torch.float16)
     measure(f"int4 g128 dyn {M}x{K}", lambda: qk.quantize(x, "int4", "group", group_size=128), M * K * 2.5 + M * K // 32,
-            [dict(seg_tile=t, seg_warps=w) for t, w in itertools.product([2048, 4096, 8192, 16384], [2, 4, 8, 16])])
+            [dict(seg_tile_group=t, seg_warps=w) for t, w in itertools.product([2048, 4096, 8192], [2, 4, 8])])
     measure(f"int8 row dyn {M}x{K}", lambda: qk.quantize(x, "int8", "row"), M * K * 3 + M * 4,
-            [dict(seg_tile=t, seg_warps=w) for t, w in itertools.product([4096, 8192, 16384], [4, 8, 16, 32])])
+            [dict(seg_tile_row=t, seg_warps=w, seg_warps_max=w) for t, w in itertools.product([4096, 8192, 16384], [4, 8, 16])])

@@ -71,19 +71,21 @@ def time_us(fn: Callable[[], object], *, mode: str = "eager", rep_ms: int = 200,
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
 
 
-def host_us(fn: Callable[[], object], n: int = 2000) -> float:
-    """Host cost of one call: wall time per call over a loop of back-to-back calls that are not
-    waited for (valid when each call's GPU work is shorter than its host work)."""
+def host_us(fn: Callable[[], object], batch: int = 100, batches: int = 20) -> float:
+    """Host cost of one call: median over batches of the wall time per call of `batch` back-to-back
+    calls that are not waited for (few enough that the launch queue never fills)."""
     fn()
+    per_call = []
+    for _ in range(batches):
+        if on_gpu():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        per_call.append((time.perf_counter() - t0) / batch)
     if on_gpu():
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    if on_gpu():
-        torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    return statistics.median(per_call) * 1e6
 
 
 def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:

@@ -26,10 +26,11 @@ def _kq():
     return _quant
 
 
-# Tile sizes of these memory-bound kernels, in elements per program (one place; scripts/tune_quant.py
-# sweeps them on a GPU). flat: per-tensor kernel, segments: row/group kernel.
-TILES = {"flat_min": 1024, "flat_max": 8192, "flat_warps": 8, "seg_tile": 4096, "seg_max_block": 16384,
-         "seg_warps": None}
+# Tile sizes of these memory-bound kernels, in elements per program, and warps (one place;
+# scripts/tune_quant.py sweeps them; values from an H100 sweep, benchmarks/NOTES.md).
+# flat: per-tensor kernel; seg: row / group kernel (rows longer than seg_max_block take two passes).
+TILES = {"flat_min": 2048, "flat_max": 2048, "flat_warps": 8,
+         "seg_tile_row": 8192, "seg_tile_group": 4096, "seg_warps": 4, "seg_max_block": 16384, "seg_warps_max": 16}
 
 _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 
@@ -143,12 +144,14 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
         seg = K if granularity == "row" else group_size
         G = K // seg
         block_s = max(2, min(next_pow2(seg), TILES["seg_max_block"]))
-        block_r = max(1, min(TILES["seg_tile"] // block_s, next_pow2(nseg)))
+        tile = TILES["seg_tile_row" if granularity == "row" else "seg_tile_group"]
+        block_r = max(1, min(tile // block_s, next_pow2(nseg)))
+        warps = TILES["seg_warps"] if block_r * block_s <= tile else TILES["seg_warps_max"]
         grid = (triton.cdiv(nseg, block_r),)
         kq._quantize_segments_kernel[grid](
             x2, q_arg, scale, zp_arg, nseg, seg, G, x2.stride(0), x2.stride(1), data.stride(0),
             STATIC=static, BLOCK_R=block_r, BLOCK_S=block_s, ONE_CHUNK=seg <= block_s,
-            num_warps=TILES["seg_warps"] or _warps(block_r * block_s), **meta)
+            num_warps=warps, **meta)
     elif granularity == "column":
         block_k = 64 if K >= 64 else max(2, next_pow2(K))
         block_m = 64 if M >= 64 else next_pow2(M)
