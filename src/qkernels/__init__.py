@@ -15,6 +15,8 @@ _EXPORTS = {
     "quantize": ".ops.quant", "dequantize": ".ops.quant", "quantize_tensor": ".ops.quant",
     "dequantize_tensor": ".ops.quant", "pack_int4": ".ops.quant", "unpack_int4": ".ops.quant",
     "QuantizedTensor": ".quantized_tensor",
+    "int8_matmul": ".ops.gemm", "fp8_matmul": ".ops.gemm", "int4_matmul": ".ops.gemm", "w8a8_linear": ".ops.gemm",
+    "QuantizedLinear": ".nn",
     "FORMATS": ".formats", "GRANULARITIES": ".formats",
     "poison_outputs": "._runtime",
 }

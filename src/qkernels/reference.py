@@ -180,3 +180,61 @@ def unpack_int4(packed: torch.Tensor, signed: bool = True) -> torch.Tensor:
     if signed:
         return torch.where(v >= 8, v - 16, v).to(torch.int8)
     return v.to(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMMs
+
+ACTIVATIONS = (None, "relu", "gelu", "silu")
+
+
+def activation(x: torch.Tensor, act: str | None) -> torch.Tensor:
+    if act is None:
+        return x
+    if act == "relu":
+        return torch.relu(x)
+    if act == "gelu":
+        return torch.nn.functional.gelu(x, approximate="tanh")
+    if act == "silu":
+        return torch.nn.functional.silu(x)
+    raise ValueError(act)
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact int32 product of integer matrices [M, K] @ [K, N] (computed in int64, on any device)."""
+    return (a.to(torch.int64).cpu() @ b.to(torch.int64).cpu()).to(torch.int32).to(a.device)
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a=None, scale_b=None, scale_c: float = 1.0, bias=None,
+              act: str | None = None, out_dtype=torch.float16, compute_dtype=torch.float64) -> torch.Tensor:
+    """(a @ b) * scale_a * scale_b * scale_c (+ bias), activation, cast. a: [M, K], b: [K, N] (int8 or
+    fp8); scale_a: scalar or [M]/[M, 1]; scale_b: scalar or [N]/[1, N]. Computed in `compute_dtype`."""
+    a2 = a.reshape(-1, a.shape[-1])
+    acc = a2.to(compute_dtype) @ b.to(compute_dtype)
+    if scale_a is not None:
+        sa = torch.as_tensor(scale_a, device=a.device).to(compute_dtype)
+        acc = acc * (sa.reshape(-1, 1) if sa.numel() > 1 else sa.reshape(()))
+    if scale_b is not None:
+        sb = torch.as_tensor(scale_b, device=a.device).to(compute_dtype)
+        acc = acc * (sb.reshape(1, -1) if sb.numel() > 1 else sb.reshape(()))
+    acc = acc * scale_c
+    if bias is not None:
+        acc = acc + bias.to(compute_dtype)
+    return activation(acc, act).to(out_dtype).reshape(*a.shape[:-1], b.shape[-1])
+
+
+def int4_mm(a_packed: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
+    """Exact int32 product of signed int4 operands packed along K: a [M, K/2], b [N, K/2] -> [M, N]."""
+    return int_mm(unpack_int4(a_packed, True), unpack_int4(b_packed, True).t())
+
+
+def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias=None, act_scale=None,
+                dtype: str = "int8") -> torch.Tensor:
+    """Per-token dynamic (or static per-tensor) activation quantization, then the scaled GEMM with the
+    dequantized-product epilogue in fp32, output in x's dtype."""
+    fmt = "int8" if dtype == "int8" else "fp8_e4m3"
+    if act_scale is None:
+        q, s, _ = quantize(x, fmt, "row")
+    else:
+        q, s, _ = quantize(x, fmt, "tensor", scale=act_scale)
+    return scaled_mm(q, w_q.t(), s, w_scale, 1.0, bias, None, x.dtype, torch.float32)

@@ -1,0 +1,40 @@
+"""Per-GPU kernel configs as data: configs/<gpu slug>.json, picked by device name.
+
+Layout: {"<kernel>": {"<M bucket>": {"BLOCK_M": .., "BLOCK_N": .., "BLOCK_K": .., "GROUP_M": ..,
+"num_warps": .., "num_stages": ..}}}, M bucket = next power of two of M (clamped to the largest key).
+A GPU without a file gets the built-in defaults below.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from .._runtime import next_pow2
+
+_DIR = Path(__file__).parent
+
+# fallbacks, by M bucket (int8 / fp8 / int4 GEMM)
+DEFAULT_GEMM = {
+    "16": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_M=8, num_warps=4, num_stages=4),
+    "64": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4),
+    "256": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+    "65536": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+}
+INTERPRETER_GEMM = {"65536": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)}
+
+
+@functools.cache
+def load(slug: str) -> dict:
+    path = _DIR / f"{slug}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def pick(table: dict, M: int) -> dict:
+    """Config of the smallest bucket >= next_pow2(M), else of the largest bucket."""
+    m = next_pow2(max(M, 1))
+    keys = sorted(table, key=int)
+    for k in keys:
+        if m <= int(k):
+            return table[k]
+    return table[keys[-1]]

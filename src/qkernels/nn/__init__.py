@@ -1,0 +1,3 @@
+from .linear import QuantizedLinear
+
+__all__ = ["QuantizedLinear"]

@@ -1,0 +1,227 @@
+"""Integer / FP8 GEMM launchers with fused dequant + bias + activation epilogues, and the W8A8 linear.
+
+Kernel: kernels/_gemm.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8a8_linear.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from .. import configs
+from .._runtime import (alloc, call_op, capability, check_kernel_device, check_same_device, check_tensor,
+                        device_name, gpu_slug, is_interpreter)
+from ..reference import ACTIVATIONS
+from .quant import quantize
+
+_ACT_ID = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# int32 accumulation: |a * b| <= 128 * 128 per term, so K * 2**14 must stay below 2**31.
+MAX_K_INT8 = (2 ** 31 - 1) // (128 * 128)
+
+
+def _kg():
+    from ..kernels import _gemm
+    return _gemm
+
+
+def _gemm_config(kind: str, M: int, device: torch.device) -> dict:
+    if is_interpreter():
+        return configs.pick(configs.INTERPRETER_GEMM, M)
+    table = configs.load(gpu_slug(device_name(device))).get(kind) or configs.DEFAULT_GEMM
+    return configs.pick(table, M)
+
+
+def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
+    """a2: [M, K] (int4: [M, K/2]), b: [K, N] (int4: [K/2, N]), c: [M, N] output."""
+    M, N = c.shape
+    if M == 0 or N == 0:
+        return c
+    K = a2.shape[1] * (2 if kind == "int4" else 1)
+    if K == 0:
+        c.zero_() if sa is None else c.copy_(
+            _activation_of_bias(bias, scale_c, act, M, N, c.dtype, c.device))
+        return c
+    if kind == "fp8":
+        a2, b = a2.view(torch.uint8), b.view(torch.uint8)
+    cfg = _gemm_config(kind, M, c.device)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    dummy = c
+    _kg()._scaled_mm_kernel[grid](
+        a2, b, c, sa if sa is not None else dummy, sb if sb is not None else dummy,
+        bias if bias is not None else dummy, scale_c, M, N, K,
+        a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
+        SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
+        ACC_INT=kind != "fp8", INT4=kind == "int4", **cfg)
+    return c
+
+
+def _activation_of_bias(bias, scale_c, act, M, N, dtype, device):
+    from ..reference import activation
+    base = torch.zeros(M, N, dtype=torch.float32, device=device)
+    if bias is not None:
+        base = base + bias.float()
+    return activation(base, act).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# custom op: one op for the whole family
+
+
+def _scaled_mm_impl(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None, scale_b: torch.Tensor | None,
+                    scale_c: float, bias: torch.Tensor | None, activation: str, out_dtype: torch.dtype | None,
+                    kind: str) -> torch.Tensor:
+    """kind: "int8", "fp8" or "int4". a: [M, K] (int4 [M, K/2]); b: [K, N] (int4 [K/2, N]);
+    scales flat fp32 (numel 1 or M / N) or None; out_dtype None -> exact int32 product."""
+    M, N = a.shape[0], b.shape[1]
+    c = alloc((M, N), out_dtype or torch.int32, a.device)
+    return _launch(a, b, c, scale_a, scale_b, bias, scale_c, activation or None, kind)
+
+
+_scaled_mm_op = torch.library.custom_op("qkernels::scaled_mm", mutates_args=())(_scaled_mm_impl)
+
+
+@_scaled_mm_op.register_fake
+def _(a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, kind):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def _flat_scale(name: str, s, n: int, ref: torch.Tensor, what: str) -> tuple[torch.Tensor | None, float]:
+    """Returns (flat fp32 tensor or None, python factor). Python numbers fold into scale_c."""
+    if s is None:
+        return None, 1.0
+    if isinstance(s, (int, float)):
+        return None, float(s)
+    check_tensor(name, s, dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.float64))
+    check_same_device("a", ref, **{name: s})
+    if s.numel() not in (1, n):
+        raise ValueError(f"{name} must be a scalar or have {n} elements ({what}), got shape {tuple(s.shape)}")
+    return s.reshape(-1).to(torch.float32).contiguous(), 1.0
+
+
+def _check_epilogue(bias, activation, out_dtype, N, ref):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if out_dtype is not None and out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of float16, bfloat16, float32, got {out_dtype}")
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=OUT_DTYPES)
+        check_same_device("a", ref, bias=bias)
+        if bias.numel() != N or bias.dim() != 1:
+            raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+        bias = bias.contiguous()
+    return bias
+
+
+def _matmul(kind, a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, scaled):
+    dt = (torch.int8,) if kind == "int8" else (torch.float8_e4m3fn,)
+    check_tensor("a", a, dtypes=dt, ndim_min=1)
+    check_tensor("b", b, dtypes=dt)
+    check_kernel_device("a", a)
+    check_same_device("a", a, b=b)
+    if b.dim() != 2:
+        raise ValueError(f"b must be 2-D [K, N], got shape {tuple(b.shape)}")
+    K = a.shape[-1]
+    if b.shape[0] != K:
+        raise ValueError(f"b must have K={K} rows to match a's last dim, got b.shape={tuple(b.shape)}")
+    if kind == "int8" and K > MAX_K_INT8:
+        raise ValueError(f"K={K} is too deep for exact int32 accumulation (K * 128 * 128 must stay below 2**31: "
+                         f"K <= {MAX_K_INT8}); split the product along K")
+    if kind == "fp8" and not is_interpreter() and capability(a.device) < (8, 9):
+        raise RuntimeError(f"fp8_matmul needs FP8 tensor cores (compute capability >= 8.9), got "
+                           f"{'.'.join(map(str, capability(a.device)))} on {device_name(a.device)}")
+    M = math.prod(a.shape[:-1])
+    N = b.shape[1]
+    a2 = a.reshape(M, K)
+    if a2.stride(-1) != 1 and a2.stride(0) != 1:
+        a2 = a2.contiguous()
+    sa, fa = _flat_scale("scale_a", scale_a, M, a, f"one per row of a, M={M}")
+    sb, fb = _flat_scale("scale_b", scale_b, N, a, f"one per column of b, N={N}")
+    bias = _check_epilogue(bias, activation, out_dtype, N, a)
+    scaled = scaled or sa is not None or sb is not None or fa != 1.0 or fb != 1.0 or scale_c != 1.0 \
+        or bias is not None or activation is not None or out_dtype is not None
+    if scaled:
+        one = None
+        if sa is None or sb is None:
+            one = torch.ones(1, dtype=torch.float32, device=a.device)
+        sa = sa if sa is not None else one
+        sb = sb if sb is not None else one
+        out_dtype = out_dtype or torch.float16
+    out = call_op(_scaled_mm_op, _scaled_mm_impl, a2, b, sa, sb, float(scale_c) * fa * fb, bias,
+                  activation or "", out_dtype if scaled else None, kind)
+    return out.reshape(*a.shape[:-1], N)
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def int8_matmul(a: torch.Tensor, b: torch.Tensor, scale_a=None, scale_b=None, scale_c: float = 1.0, *,
+                bias: torch.Tensor | None = None, activation: str | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """int8 a [..., K] @ int8 b [K, N] (any strides; `w.t()` of an [N, K] weight is the fast case).
+
+    With no scales, bias, activation or out_dtype: the exact int32 product. Otherwise
+    out = (a @ b) * scale_a * scale_b * scale_c (+ bias), then activation ("relu", "gelu" (tanh),
+    "silu"), computed in fp32 in the epilogue and written as out_dtype (default fp16).
+    scale_a: scalar or one per row ([M] / [M, 1]); scale_b: scalar or one per column ([N] / [1, N]).
+    Accumulation is int32 and exact; K above 131071 (where K * 128 * 128 reaches 2**31) is refused.
+    """
+    return _matmul("int8", a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, False)
+
+
+def fp8_matmul(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, *, bias: torch.Tensor | None = None,
+               activation: str | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """float8_e4m3fn a [..., K] @ b [K, N] with fp32 accumulation and the int8_matmul epilogue.
+    Needs FP8 tensor cores (compute capability >= 8.9)."""
+    return _matmul("fp8", a, b, scale_a, scale_b, 1.0, bias, activation, out_dtype, True)
+
+
+def int4_matmul(a_packed: torch.Tensor, b_packed: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact int32 product of signed int4 matrices packed two per byte along K (as pack_int4 packs):
+    a_packed [M, k/2] (uint8), b_packed [N, k/2] (uint8, nn.Linear-style) -> [M, N] int32."""
+    check_tensor("a_packed", a_packed, dtypes=(torch.uint8,), ndim_min=1)
+    check_tensor("b_packed", b_packed, dtypes=(torch.uint8,))
+    check_kernel_device("a_packed", a_packed)
+    check_same_device("a_packed", a_packed, b_packed=b_packed)
+    if not isinstance(k, int) or k < 0 or k % 2:
+        raise ValueError(f"k must be a non-negative even int (two int4 per byte), got {k!r}")
+    if a_packed.shape[-1] != k // 2:
+        raise ValueError(f"a_packed's last dim must be k/2={k // 2}, got {a_packed.shape[-1]}")
+    if b_packed.dim() != 2 or b_packed.shape[1] != k // 2:
+        raise ValueError(f"b_packed must be [N, k/2={k // 2}], got shape {tuple(b_packed.shape)}")
+    if k > 8 * MAX_K_INT8:   # |int4 * int4| <= 64
+        raise ValueError(f"k={k} is too deep for exact int32 accumulation of int4 products (k <= {8 * MAX_K_INT8})")
+    M = math.prod(a_packed.shape[:-1])
+    a2 = a_packed.reshape(M, k // 2)
+    out = call_op(_scaled_mm_op, _scaled_mm_impl, a2, b_packed.t(), None, None, 1.0, None, "", None, "int4")
+    return out.reshape(*a_packed.shape[:-1], b_packed.shape[0])
+
+
+def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
+                act_scale=None, dtype: str = "int8") -> torch.Tensor:
+    """y = x @ dequant(w_q).T + bias with 8-bit activations: x (fp16/bf16 [..., K]) is quantized per
+    token in one fused pass (or per tensor with a static `act_scale`), then the int8 / fp8 GEMM applies
+    act_scale * w_scale (+ bias) in its epilogue. w_q: [N, K] int8 or float8_e4m3fn; w_scale: [N]
+    (per output channel) or scalar. Output dtype = x.dtype."""
+    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim_min=1)
+    if dtype not in ("int8", "fp8"):
+        raise ValueError(f"dtype must be 'int8' or 'fp8', got {dtype!r}")
+    want = torch.int8 if dtype == "int8" else torch.float8_e4m3fn
+    check_tensor("w_q", w_q, dtypes=(want,))
+    if w_q.dim() != 2 or w_q.shape[1] != x.shape[-1]:
+        raise ValueError(f"w_q must be [N, K={x.shape[-1]}], got shape {tuple(w_q.shape)}")
+    fmt = "int8" if dtype == "int8" else "fp8_e4m3"
+    if act_scale is None:
+        qt = quantize(x, fmt, "row")
+    else:
+        qt = quantize(x, fmt, "tensor", scale=act_scale)
+    mm = int8_matmul if dtype == "int8" else fp8_matmul
+    return mm(qt.data, w_q.t(), qt.scale, w_scale, bias=bias, out_dtype=x.dtype)

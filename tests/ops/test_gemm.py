@@ -1,0 +1,220 @@
+"""int8 / fp8 / int4 GEMMs and the W8A8 linear vs qkernels.reference."""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import qkernels as qk
+from qkernels import reference as ref
+
+from ..conftest import DEVICE, ON_GPU
+from ..helpers import assert_bit_exact, rel_err
+
+gpu = pytest.mark.gpu
+MS = [0, 1, 2, 15, 16, 17, 33, 127, 128, 129]
+NK = [(40, 72), (255, 513)]
+NEEDS_FP8 = pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability() < (8, 9), reason="fp8 needs sm_89+")
+
+
+def _i8(*shape):
+    return torch.randint(-128, 128, shape, dtype=torch.int8, device=DEVICE)
+
+
+@pytest.mark.parametrize("N,K", NK)
+@pytest.mark.parametrize("M", MS)
+def test_int8_exact(M, N, K):
+    a, w = _i8(M, K), _i8(N, K)
+    with qk.poison_outputs():
+        c = qk.int8_matmul(a, w.t())            # transposed view of an nn.Linear weight
+    assert_bit_exact(c, ref.int_mm(a, w.t()), "int8 product")
+    assert_bit_exact(qk.int8_matmul(a, w.t().contiguous()), c, "contiguous b")
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 14336, 4096), (129, 4096, 14336), (4096, 4096, 4096)])
+@gpu
+def test_int8_exact_real_sizes(M, N, K):
+    a, w = _i8(M, K), _i8(N, K)
+    assert_bit_exact(qk.int8_matmul(a, w.t()), ref.int_mm(a, w.t()))
+
+
+def test_int8_worst_case_accumulation():
+    """All -128 * -128 over the deepest allowed K stays exact in int32."""
+    K = 4096 if not ON_GPU else qk.ops.gemm.MAX_K_INT8
+    a = torch.full((2, K), -128, dtype=torch.int8, device=DEVICE)
+    c = qk.int8_matmul(a, a.t())
+    assert c.dtype == torch.int32 and (c == 128 * 128 * K).all()
+
+
+def test_int8_k_limit():
+    K = qk.ops.gemm.MAX_K_INT8 + 1
+    a = torch.empty((1, K), dtype=torch.int8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"K=131072 is too deep for exact int32 accumulation"):
+        qk.int8_matmul(a, a.t())
+
+
+def test_int8_views_and_3d():
+    base = _i8(6, 40, 150)
+    a = base[:, 3:20, 10:138]                      # 3-D, sliced, unaligned storage offset
+    w = _i8(90, 128)[::2]                          # strided weight rows
+    got = qk.int8_matmul(a, w.t())
+    assert got.shape == (6, 17, 45)
+    assert_bit_exact(got, ref.int_mm(a.reshape(-1, 128), w.t()).reshape(6, 17, 45))
+    assert_bit_exact(got, qk.int8_matmul(a.contiguous(), w.t().contiguous()))
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("scales", ["row_col", "scalar_tensor", "python_float", "a_only", "none_with_bias"])
+def test_int8_epilogue(scales, out_dtype, act):
+    M, N, K = 33, 40, 72
+    a, w = _i8(M, K), _i8(N, K)
+    sa = torch.rand(M, 1, device=DEVICE) * 0.01 + 1e-3
+    sb = torch.rand(N, device=DEVICE) * 0.01 + 1e-3
+    bias = torch.randn(N, device=DEVICE, dtype=out_dtype if out_dtype != torch.float32 else torch.float16)
+    args = {"row_col": (sa, sb), "scalar_tensor": (sa[0, 0], sb), "python_float": (0.002, 0.003),
+            "a_only": (sa, None), "none_with_bias": (None, None)}[scales]
+    scale_c = 1e-4 if scales == "none_with_bias" else 0.5     # keep unscaled products inside fp16's range
+    with qk.poison_outputs():
+        got = qk.int8_matmul(a, w.t(), *args, scale_c, bias=bias, activation=act, out_dtype=out_dtype)
+    want = ref.scaled_mm(a, w.t(), args[0], args[1], scale_c, bias, act, torch.float64)
+    tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[out_dtype]
+    assert got.dtype == out_dtype
+    assert rel_err(got, want) < tol
+
+
+@pytest.mark.parametrize("M", [0, 1, 17, 129])
+def test_int4_exact(M):
+    for N, K in [(40, 72), (255, 514)]:
+        ap = qk.pack_int4(torch.randint(-8, 8, (M, K), dtype=torch.int8, device=DEVICE))
+        bp = qk.pack_int4(torch.randint(-8, 8, (N, K), dtype=torch.int8, device=DEVICE))
+        with qk.poison_outputs():
+            got = qk.int4_matmul(ap, bp, K)
+        assert_bit_exact(got, ref.int4_mm(ap, bp), "int4 product")
+
+
+@NEEDS_FP8
+@pytest.mark.parametrize("M", [1, 16, 33, 129])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fp8_vs_reference(M, out_dtype):
+    N, K = 255, 513
+    a = (torch.randn(M, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+    w = (torch.randn(N, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+    sa, sb = torch.rand(M, device=DEVICE) + 0.1, torch.rand(N, device=DEVICE) + 0.1
+    bias = torch.randn(N, device=DEVICE, dtype=out_dtype)
+    got = qk.fp8_matmul(a, w.t(), sa, sb, bias=bias, activation="silu", out_dtype=out_dtype)
+    want = ref.scaled_mm(a.float(), w.t().float(), sa, sb, 1.0, bias, "silu", torch.float64)
+    assert rel_err(got, want) < (2e-3 if out_dtype == torch.float16 else 1e-2)
+
+
+@pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 72), (17, 72), (2, 9, 72), pytest.param((128, 4096), marks=gpu)])
+def test_w8a8_linear_matches_reference(shape, x_dtype, dtype):
+    K = shape[-1]
+    x = torch.randn(shape, device=DEVICE, dtype=x_dtype)
+    lin = torch.nn.Linear(K, 40, device=DEVICE, dtype=x_dtype)
+    ql = qk.QuantizedLinear.from_linear(lin, "w8a8" if dtype == "int8" else "w8a8-fp8")
+    got = ql(x)
+    want = ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, dtype)
+    assert got.dtype == x_dtype and got.shape == (*shape[:-1], 40)
+    assert rel_err(got, want) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+    # and close to the unquantized layer: the quantization error itself
+    assert rel_err(got, lin(x)) < (0.02 if dtype == "int8" else 0.08)
+
+
+def test_w8a8_static_activation_scale():
+    x = torch.randn(9, 72, device=DEVICE, dtype=torch.float16)
+    lin = torch.nn.Linear(72, 40, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin)
+    s = torch.tensor(x.abs().max().item() / 127, device=DEVICE)
+    got = qk.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, act_scale=s)
+    assert rel_err(got, ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, s)) < 2e-3
+
+
+def test_quantized_linear_state_dict_round_trip():
+    lin = torch.nn.Linear(64, 32, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin)
+    sd = ql.state_dict()
+    assert sd["weight"].dtype == torch.int8 and sd["weight_scale"].shape == (32,)
+    fresh = qk.QuantizedLinear(64, 32, scheme="w8a8", device=DEVICE)
+    fresh.load_state_dict(sd)
+    x = torch.randn(5, 64, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(fresh(x), ql(x))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda a, w: qk.int8_matmul(a.float(), w.t()), TypeError, r"a must have dtype in \(int8\), got float32"),
+    (lambda a, w: qk.int8_matmul(a, w), ValueError, r"b must have K=72 rows to match a's last dim, got b.shape=\(40, 72\)"),
+    (lambda a, w: qk.int8_matmul(a, w.t()[None]), ValueError, r"b must be 2-D \[K, N\], got shape \(1, 72, 40\)"),
+    (lambda a, w: qk.int8_matmul(a, w.t(), torch.ones(3, device=DEVICE)), ValueError,
+     r"scale_a must be a scalar or have 17 elements .*got shape \(3,\)"),
+    (lambda a, w: qk.int8_matmul(a, w.t(), None, torch.ones(39, device=DEVICE)), ValueError,
+     r"scale_b must be a scalar or have 40 elements .*got shape \(39,\)"),
+    (lambda a, w: qk.int8_matmul(a, w.t(), bias=torch.ones(41, device=DEVICE)), ValueError,
+     r"bias must have shape \(40,\), got \(41,\)"),
+    (lambda a, w: qk.int8_matmul(a, w.t(), 1.0, activation="tanh"), ValueError, r"activation must be one of"),
+    (lambda a, w: qk.int8_matmul(a, w.t(), out_dtype=torch.int8), TypeError, r"out_dtype must be one of"),
+    (lambda a, w: qk.int4_matmul(qk.pack_int4(a), qk.pack_int4(w), 70), ValueError,
+     r"a_packed's last dim must be k/2=35, got 36"),
+    (lambda a, w: qk.int4_matmul(qk.pack_int4(a), qk.pack_int4(w), 71), ValueError, r"k must be a non-negative even"),
+    (lambda a, w: qk.w8a8_linear(torch.randn(3, 72, device=DEVICE), w, torch.ones(40, device=DEVICE)), TypeError,
+     r"x must have dtype in \(float16, bfloat16\), got float32"),
+    (lambda a, w: qk.w8a8_linear(torch.randn(3, 64, device=DEVICE).half(), w, torch.ones(40, device=DEVICE)),
+     ValueError, r"w_q must be \[N, K=64\], got shape \(40, 72\)"),
+    (lambda a, w: qk.w8a8_linear(torch.randn(3, 72, device=DEVICE).half(), w, torch.ones(40, device=DEVICE),
+                                 dtype="fp8"), TypeError, r"w_q must have dtype in \(float8_e4m3fn\), got int8"),
+])
+def test_bad_inputs(call, exc, match):
+    a, w = _i8(17, 72), _i8(40, 72)
+    with pytest.raises(exc, match=match):
+        call(a, w)
+
+
+@gpu
+def test_gemm_mixed_devices():
+    a, w = _i8(4, 64), _i8(8, 64)
+    with pytest.raises(RuntimeError, match=r"b must be on the same device as a"):
+        qk.int8_matmul(a, w.t().cpu())
+
+
+@given(m=st.integers(0, 40), n=st.integers(1, 70), k=st.integers(1, 140))
+def test_property_int8_exact(m, n, k):
+    a, w = _i8(m, k), _i8(n, k)
+    assert_bit_exact(qk.int8_matmul(a, w.t()), ref.int_mm(a, w.t()))
+
+
+def test_opcheck():
+    from qkernels.ops import gemm as G
+    a, w = _i8(5, 64), _i8(24, 64)
+    sa, sb = torch.rand(5, device=DEVICE), torch.rand(24, device=DEVICE)
+    torch.library.opcheck(G._scaled_mm_op, (a, w.t(), None, None, 1.0, None, "", None, "int8"))
+    torch.library.opcheck(G._scaled_mm_op, (a, w.t(), sa, sb, 0.5, None, "relu", torch.float16, "int8"))
+    ap, bp = qk.pack_int4(a), qk.pack_int4(w)
+    torch.library.opcheck(G._scaled_mm_op, (ap, bp.t(), None, None, 1.0, None, "", None, "int4"))
+
+
+def test_torch_compile_fullgraph():
+    lin = torch.nn.Linear(64, 48, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin)
+    x = torch.randn(7, 64, device=DEVICE, dtype=torch.float16)
+    compiled = torch.compile(ql, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    assert_bit_exact(compiled(x), ql(x))
+
+
+@gpu
+def test_cuda_graph_replay():
+    lin = torch.nn.Linear(256, 512, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin)
+    x = torch.randn(16, 256, device=DEVICE, dtype=torch.float16)
+    want = ql(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ql(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ql(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert_bit_exact(out, want)
