@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize",)
+BENCHES = ("quantize", "gemm")
 
 
 def _ensure_backend() -> bool:
@@ -59,9 +59,8 @@ def cmd_bench(args) -> int:
     names = BENCHES if args.name == "all" else (args.name,)
     for name in names:
         print(f"== qkernels bench {name}")
-        if name == "quantize":
-            from qkernels.bench import quantize
-            quantize.run(args.out)
+        import importlib
+        importlib.import_module(f"qkernels.bench.{name}").run(args.out)
     return 0
 
 
