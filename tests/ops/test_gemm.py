@@ -37,6 +37,16 @@ def test_int8_exact_real_sizes(M, N, K):
     assert_bit_exact(qk.int8_matmul(a, w.t()), ref.int_mm(a, w.t()))
 
 
+def test_empty_k():
+    """K = 0: the product is zero; the epilogue (bias, activation) still applies."""
+    a, w = _i8(5, 0), _i8(7, 0)
+    with qk.poison_outputs():
+        assert_bit_exact(qk.int8_matmul(a, w.t()), torch.zeros(5, 7, dtype=torch.int32, device=DEVICE))
+        bias = torch.randn(7, device=DEVICE, dtype=torch.float16)
+        got = qk.int8_matmul(a, w.t(), 1.0, 1.0, bias=bias, activation="relu")
+    assert_bit_exact(got, torch.relu(bias).expand(5, 7))
+
+
 def test_int8_worst_case_accumulation():
     """All -128 * -128 over the deepest allowed K stays exact in int32."""
     K = 4096 if not ON_GPU else qk.ops.gemm.MAX_K_INT8
