@@ -4,6 +4,7 @@ Kernel: kernels/_gemm.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -11,7 +12,7 @@ import triton
 
 from .. import configs
 from .._runtime import (alloc, call_op, capability, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter)
+                        device_name, gpu_slug, is_interpreter, next_pow2)
 from ..reference import ACTIVATIONS
 from .quant import quantize
 
@@ -27,10 +28,16 @@ def _kg():
 
 
 def _gemm_config(kind: str, M: int, device: torch.device) -> dict:
+    return _gemm_config_bucket(kind, next_pow2(max(M, 1)), device)
+
+
+@functools.cache
+def _gemm_config_bucket(kind: str, m_bucket: int, device: torch.device) -> dict:
+    """Config lookup, cached per (kind, M bucket, device): the per-call cost is one dict hit."""
     if is_interpreter():
-        return configs.pick(configs.INTERPRETER_GEMM, M)
+        return configs.pick(configs.INTERPRETER_GEMM, m_bucket)
     table = configs.load(gpu_slug(device_name(device))).get(kind) or configs.DEFAULT_GEMM
-    return configs.pick(table, M)
+    return configs.pick(table, m_bucket)
 
 
 def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
