@@ -16,6 +16,8 @@ _EXPORTS = {
     "dequantize_tensor": ".ops.quant", "pack_int4": ".ops.quant", "unpack_int4": ".ops.quant",
     "QuantizedTensor": ".quantized_tensor",
     "int8_matmul": ".ops.gemm", "fp8_matmul": ".ops.gemm", "int4_matmul": ".ops.gemm", "w8a8_linear": ".ops.gemm",
+    "w4a16_linear": ".ops.weight_only", "w8a16_linear": ".ops.weight_only",
+    "PackedWeight": ".packed_weight",
     "QuantizedLinear": ".nn",
     "FORMATS": ".formats", "GRANULARITIES": ".formats",
     "poison_outputs": "._runtime",

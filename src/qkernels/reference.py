@@ -238,3 +238,35 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias=
     else:
         q, s, _ = quantize(x, fmt, "tensor", scale=act_scale)
     return scaled_mm(q, w_q.t(), s, w_scale, 1.0, bias, None, x.dtype, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# weight-only (W4A16 / W8A16): layout in packed_weight.py
+
+
+def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, bits: int, group_size: int,
+                           perm=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[N, K] weight in input-channel order: W[n, perm[k]] = (u[n, k] - z[n, k // G]) * s[n, k // G]
+    in fp32 (z = 2**(bits - 1) when zeros is None), then cast to dtype."""
+    u = (unpack_int4(qweight, signed=False) if bits == 4 else qweight).to(torch.float32)
+    N, K = u.shape
+    G = K if group_size == -1 else group_size
+    s = scales.to(torch.float32).repeat_interleave(G, dim=1)[:, :K]
+    z = (zeros.to(torch.float32).repeat_interleave(G, dim=1)[:, :K] if zeros is not None
+         else torch.full_like(u, float(2 ** (bits - 1))))
+    w = (u - z) * s
+    if perm is not None:
+        out = torch.empty_like(w)
+        out[:, perm] = w
+        w = out
+    return w.to(dtype)
+
+
+def weight_only_linear(x: torch.Tensor, qweight, scales, zeros, bits: int, group_size: int, perm=None,
+                       bias=None) -> torch.Tensor:
+    """x [..., K] @ dequant(W).T (+ bias), computed in fp32, output in x's dtype."""
+    w = weight_only_dequantize(qweight, scales, zeros, bits, group_size, perm)
+    y = x.to(torch.float32) @ w.t()
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)

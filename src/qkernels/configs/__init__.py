@@ -21,6 +21,20 @@ DEFAULT_GEMM = {
     "256": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
     "65536": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
 }
+# weight-only (W4A16 / W8A16): per M bucket a path ("gemv", "mm" or "dequant": dequantize, then
+# cuBLAS) and its kernel parameters. The M thresholds between paths are these bucket keys.
+DEFAULT_WEIGHT_ONLY = {
+    "1": dict(path="gemv", BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4),
+    "16": dict(path="mm", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_N=8, num_warps=4, num_stages=4),
+    "64": dict(path="mm", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_N=8, num_warps=4, num_stages=4),
+    "256": dict(path="mm", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_N=8, num_warps=8, num_stages=3),
+    "65536": dict(path="dequant", BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=1),
+}
+INTERPRETER_WEIGHT_ONLY = {
+    "1": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
+    "64": dict(path="mm", BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, GROUP_N=4, num_warps=4, num_stages=1),
+    "65536": dict(path="dequant", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
+}
 INTERPRETER_GEMM = {"65536": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)}
 
 

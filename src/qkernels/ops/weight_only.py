@@ -1,0 +1,158 @@
+"""Weight-only quantized linears: W4A16 and W8A16 (fp16 / bf16 activations, 4- or 8-bit weights).
+
+One op, three paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
+"w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode),
+"mm" (tensor cores with in-register dequantization) and "dequant" (dequantize to x's dtype, then
+cuBLAS: the large-M fallback that keeps the op as fast as fp16 there).
+Kernels: kernels/_weight_only.py. Reference: reference.weight_only_linear.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from .. import configs
+from .._runtime import alloc, call_op, check_kernel_device, check_same_device, check_tensor, device_name, gpu_slug, \
+    is_interpreter, next_pow2
+from ..packed_weight import PackedWeight
+
+X_DTYPES = (torch.float16, torch.bfloat16)
+PATHS = ("gemv", "mm", "dequant")
+
+
+def _kw():
+    from ..kernels import _weight_only
+    return _weight_only
+
+
+@functools.cache
+def _config_bucket(bits: int, m_bucket: int, device: torch.device) -> dict:
+    if is_interpreter():
+        return configs.pick(configs.INTERPRETER_WEIGHT_ONLY, m_bucket)
+    table = configs.load(gpu_slug(device_name(device))).get(f"w{bits}a16") or configs.DEFAULT_WEIGHT_ONLY
+    return configs.pick(table, m_bucket)
+
+
+def config_for(bits: int, M: int, device: torch.device) -> dict:
+    return _config_bucket(bits, next_pow2(max(M, 1)), device)
+
+
+def _launch(x2, qweight, scales, zeros, bias, out, bits, group, cfg):
+    """gemv / mm paths: out [M, N] written by one kernel."""
+    M, K = x2.shape
+    N = qweight.shape[0]
+    p = {k: v for k, v in cfg.items() if k != "path"}
+    g = 0 if group == K else group
+    args = (x2, qweight, scales, zeros if zeros is not None else scales, bias if bias is not None else scales, out,
+            M, N, K, x2.stride(0), x2.stride(1), qweight.stride(0), scales.stride(0), out.stride(0))
+    flags = dict(BITS=bits, GROUP=g, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
+                 EVEN_K=K % p["BLOCK_K"] == 0)
+    if cfg["path"] == "gemv":
+        _kw()._wo_gemv_kernel[(triton.cdiv(N, p["BLOCK_N"]), M)](*args, **flags, **p)
+    else:
+        grid = (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]),)
+        _kw()._wo_mm_kernel[grid](*args, **flags, **p)
+    return out
+
+
+def _dequant_into(qweight, scales, zeros, w, bits, group, cfg):
+    N, K = w.shape
+    p = {k: v for k, v in cfg.items() if k != "path"}
+    g = 0 if group == K else group
+    _kw()._wo_dequant_kernel[(triton.cdiv(N, p["BLOCK_N"]), triton.cdiv(K, p["BLOCK_K"]))](
+        qweight, scales, zeros if zeros is not None else scales, w, N, K, qweight.stride(0), scales.stride(0),
+        w.stride(0), BITS=bits, GROUP=g, HAS_ZERO=zeros is not None, EVEN_K=K % p["BLOCK_K"] == 0, **p)
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# custom op
+
+
+def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                      bias: torch.Tensor | None, bits: int, group: int, path: str) -> torch.Tensor:
+    """x [M, K] (stride-1 rows or columns), qweight/scales/zeros in the PackedWeight layout (contiguous),
+    group: group length (K: per channel); path "" = pick by M from the config table."""
+    M, K = x.shape
+    N = qweight.shape[0]
+    if M == 0 or N == 0 or K == 0:    # empty product: zeros (+ bias)
+        out = torch.zeros((M, N), dtype=torch.float32, device=x.device)
+        return (out + bias.float() if bias is not None else out).to(x.dtype)
+    cfg = config_for(bits, M, x.device)
+    if path:
+        cfg = _path_config(cfg, path, bits, x.device)
+    if cfg["path"] == "dequant":
+        w = _dequant_into(qweight, scales, zeros, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group,
+                          cfg)
+        return torch.nn.functional.linear(x, w, bias.to(x.dtype) if bias is not None else None)
+    return _launch(x, qweight, scales, zeros, bias, alloc((M, N), x.dtype, x.device), bits, group, cfg)
+
+
+def _path_config(cfg: dict, path: str, bits: int, device) -> dict:
+    """The config of the first bucket whose path is `path` (tests use it to run every path at every M)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if cfg["path"] == path:
+        return cfg
+    for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536):
+        c = _config_bucket(bits, m, device)
+        if c["path"] == path:
+            return c
+    return configs.pick({k: v for k, v in configs.DEFAULT_WEIGHT_ONLY.items() if v["path"] == path}, 1)
+
+
+_weight_only_op = torch.library.custom_op("qkernels::weight_only_linear", mutates_args=())(_weight_only_impl)
+
+
+@_weight_only_op.register_fake
+def _(x, qweight, scales, zeros, bias, bits, group, path):
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bits: int, name: str,
+                 path: str = "") -> torch.Tensor:
+    if not isinstance(w, PackedWeight):
+        raise TypeError(f"w_packed must be a qkernels.PackedWeight (see PackedWeight.from_float / from_gptq / "
+                        f"from_awq), got {type(w).__name__}")
+    if w.bits != bits:
+        raise ValueError(f"{name} needs a {bits}-bit PackedWeight, got bits={w.bits}"
+                         f" (use w{w.bits}a16_linear)" if w.bits in (4, 8) else "")
+    check_tensor("x", x, dtypes=X_DTYPES, ndim_min=1)
+    check_kernel_device("x", x)
+    N, K = w.shape
+    check_same_device("x", x, w_packed=w.qweight, bias=bias)
+    if x.shape[-1] != K:
+        raise ValueError(f"x's last dim must be the weight's in_features K={K}, got x.shape={tuple(x.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=X_DTYPES + (torch.float32,))
+        if bias.dim() != 1 or bias.shape[0] != N:
+            raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+        bias = bias.contiguous()
+    M = math.prod(x.shape[:-1])
+    x2 = x.reshape(M, K)
+    if w.perm is not None:
+        x2 = x2.index_select(1, w.perm)
+    elif x2.stride(1) != 1 and x2.stride(0) != 1:
+        x2 = x2.contiguous()
+    out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scales, w.zeros, bias, bits,
+                  w.group_len, path)
+    return out.reshape(*x.shape[:-1], N)
+
+
+def w4a16_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ bias) with W a 4-bit PackedWeight (group-wise or per-channel, symmetric or with zero
+    points, optionally act-ordered). x: float16 / bfloat16 [..., K]; output in x's dtype, fp32 accumulation."""
+    return _weight_only(x, w_packed, bias, 4, "w4a16_linear")
+
+
+def w8a16_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ bias) with W an 8-bit PackedWeight (typically per output channel, group_size=-1).
+    x: float16 / bfloat16 [..., K]; output in x's dtype, fp32 accumulation."""
+    return _weight_only(x, w_packed, bias, 8, "w8a16_linear")

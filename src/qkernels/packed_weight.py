@@ -1,0 +1,265 @@
+"""PackedWeight: the kernel layout of weight-only quantized linear weights (W4A16 / W8A16), and the
+converters into it (float weights, plain integer weights, GPTQ and AWQ checkpoint tensors).
+
+Layout (for an nn.Linear weight W of shape [N, K]):
+  qweight  uint8 [N, K * bits / 8]: unsigned codes u in [0, 2**bits). 4-bit: two per byte along K,
+           the even k in the low nibble (as `pack_int4` packs). Row-major along K, so a GEMV reads
+           each output row contiguously and a tiled kernel reads [BLOCK_N, BLOCK_K] tiles.
+  scales   [N, K / G] float16 or bfloat16 (G = group_size; per-channel: [N, 1]).
+  zeros    [N, K / G] float (same dtype as scales) or None. None means symmetric: the implicit zero
+           point is 2**(bits - 1) (the signed code q is stored as u = q + 2**(bits - 1)).
+           Integer zero points (GPTQ, AWQ, our asymmetric quantizer) and float ones (HQQ) both fit.
+  perm     int64 [K] or None: act-order (GPTQ desc_act). The input channels were reordered so that
+           groups are contiguous: column j of qweight is input channel perm[j], and x is gathered
+           x[..., perm] before the product.
+Dequantized weight:  W[n, perm[k]] = (u[n, k] - zero[n, k // G]) * scale[n, k // G].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import reference as ref
+from ._runtime import check_tensor
+
+GROUP_SIZES = "a power of two >= 16, or -1 (one group per output channel)"
+SCALE_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_group(group_size: int, K: int, bits: int) -> int:
+    """Validates group_size against K; returns the effective group length (K for -1)."""
+    if not isinstance(group_size, int) or not (group_size == -1 or (group_size >= 16 and
+                                                                    group_size & (group_size - 1) == 0)):
+        raise ValueError(f"group_size must be {GROUP_SIZES}, got {group_size!r}")
+    if group_size != -1 and K % group_size:
+        raise ValueError(f"K={K} (the input features) must be a multiple of group_size={group_size}")
+    if bits == 4 and K % 2:
+        raise ValueError(f"K={K} must be even for 4-bit weights (two codes per byte)")
+    return K if group_size == -1 else group_size
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+
+
+@dataclass
+class PackedWeight:
+    """A weight-only quantized [N, K] linear weight in the kernel layout (see the module docstring)."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    bits: int
+    group_size: int          # -1: per output channel
+    shape: tuple[int, int]   # (N, K)
+    perm: torch.Tensor | None = None
+
+    # ---- properties -----------------------------------------------------------------------
+    @property
+    def symmetric(self) -> bool:
+        return self.zeros is None
+
+    @property
+    def group_len(self) -> int:
+        return self.shape[1] if self.group_size == -1 else self.group_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros, self.perm)
+                   if t is not None)
+
+    def to(self, device) -> "PackedWeight":
+        mv = (lambda t: None if t is None else t.to(device))
+        return PackedWeight(mv(self.qweight), mv(self.scales), mv(self.zeros), self.bits, self.group_size,
+                            self.shape, mv(self.perm))
+
+    def codes(self) -> torch.Tensor:
+        """Unsigned codes u [N, K] (uint8), in the stored (possibly permuted) column order."""
+        return ref.unpack_int4(self.qweight, signed=False) if self.bits == 4 else self.qweight
+
+    def unpack(self):
+        """Back to plain form, exactly: (q [N, K], scales [N, K/G], zeros [N, K/G] or None, g_idx [K]).
+        q is int8 signed for symmetric weights, else uint8 unsigned; columns in the original input
+        order; g_idx[k] = the group of input channel k (k // G without act-order)."""
+        N, K = self.shape
+        u = self.codes()
+        q = (u.to(torch.int16) - 2 ** (self.bits - 1)).to(torch.int8) if self.symmetric else u
+        g = torch.arange(K, device=u.device) // self.group_len
+        if self.perm is not None:
+            inv = torch.empty_like(self.perm)
+            inv[self.perm] = torch.arange(K, device=self.perm.device)
+            q, g = q[:, inv], g[inv]
+        return q, self.scales, self.zeros, g
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The [N, K] float weight it represents (pure torch; the reference for the kernels)."""
+        return ref.weight_only_dequantize(self.qweight, self.scales, self.zeros, self.bits, self.group_size,
+                                          self.perm, dtype)
+
+    def __repr__(self) -> str:
+        return (f"PackedWeight(shape={self.shape}, bits={self.bits}, group_size={self.group_size}, "
+                f"symmetric={self.symmetric}, act_order={self.perm is not None}, scales={self.scales.dtype}, "
+                f"device={self.device})")
+
+    # ---- converters -----------------------------------------------------------------------
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bits: int = 4, group_size: int = 128, symmetric: bool = False,
+                   scale_dtype: torch.dtype | None = None) -> "PackedWeight":
+        """Quantize a float [N, K] weight (round to nearest, min-max scales per group; the numerics of
+        `qkernels.reference.quantize`) and pack it. scale_dtype defaults to the weight's dtype when it
+        is fp16/bf16, else fp16."""
+        _check_bits(bits)
+        check_tensor("weight", weight, dtypes=(torch.float32, torch.float16, torch.bfloat16))
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+        N, K = weight.shape
+        G = _check_group(group_size, K, bits)
+        sdt = scale_dtype or (weight.dtype if weight.dtype in SCALE_DTYPES else torch.float16)
+        _check_scale_dtype(sdt)
+        gran = "row" if group_size == -1 else "group"
+        data, s, zp = ref.quantize(weight, "int4" if bits == 4 else "int8", gran, G, symmetric)
+        if bits == 4:
+            q = ref.unpack_int4(data, signed=symmetric)
+        else:
+            q = data
+        s = s.reshape(N, K // G)
+        zeros = None if symmetric else zp.reshape(N, K // G).to(sdt)
+        return cls.from_int(q, s.to(sdt), zeros, bits=bits, group_size=group_size)
+
+    @classmethod
+    def from_int(cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None = None, *, bits: int = 4,
+                 group_size: int = 128, g_idx: torch.Tensor | None = None) -> "PackedWeight":
+        """Plain integer weight q [N, K] with scales [N, K/G] (and zeros [N, K/G]).
+
+        Symmetric (zeros None): q signed in [-2**(bits-1), 2**(bits-1)); W = q * s. Asymmetric: q
+        unsigned in [0, 2**bits); zeros integer or float; W = (q - z) * s. g_idx [K] (optional, GPTQ
+        act-order): the group of each input channel; each group must hold exactly G channels."""
+        _check_bits(bits)
+        check_tensor("q", q, dtypes=(torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64))
+        if q.dim() != 2:
+            raise ValueError(f"q must be 2-D [N, K], got shape {tuple(q.shape)}")
+        N, K = q.shape
+        G = _check_group(group_size, K, bits)
+        check_tensor("scales", scales, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+        if tuple(scales.shape) != (N, K // G):
+            raise ValueError(f"scales must have shape {(N, K // G)} ([N, K / group_size]), got {tuple(scales.shape)}")
+        sdt = scales.dtype if scales.dtype in SCALE_DTYPES else torch.float16
+        lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if zeros is None else (0, 2 ** bits - 1)
+        if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+            kind = "signed (symmetric, zeros=None)" if zeros is None else "unsigned (with zeros)"
+            raise ValueError(f"q must hold {kind} {bits}-bit values in [{lo}, {hi}], "
+                             f"got values in [{int(q.min())}, {int(q.max())}]")
+        if zeros is not None:
+            check_tensor("zeros", zeros, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.int8,
+                                                 torch.uint8, torch.int16, torch.int32, torch.int64))
+            if tuple(zeros.shape) != (N, K // G):
+                raise ValueError(f"zeros must have shape {(N, K // G)} like scales, got {tuple(zeros.shape)}")
+            zeros = zeros.to(sdt).contiguous()
+        u = q.to(torch.int16) + (2 ** (bits - 1) if zeros is None else 0)
+        perm = None
+        if g_idx is not None:
+            check_tensor("g_idx", g_idx, dtypes=(torch.int32, torch.int64))
+            if tuple(g_idx.shape) != (K,):
+                raise ValueError(f"g_idx must have shape ({K},), got {tuple(g_idx.shape)}")
+            g_idx = g_idx.to(q.device).long()
+            if not torch.equal(g_idx, torch.arange(K, device=q.device) // G):
+                counts = torch.bincount(g_idx, minlength=K // G)
+                if g_idx.min() < 0 or g_idx.max() >= K // G or bool((counts != G).any()):
+                    raise ValueError(f"g_idx must assign exactly group_size={G} input channels to each of the "
+                                     f"{K // G} groups")
+                perm = torch.sort(g_idx, stable=True).indices
+                u = u[:, perm]
+        u = u.to(torch.uint8)
+        qweight = ref.pack_int4(u) if bits == 4 else u
+        return cls(qweight.contiguous(), scales.to(sdt).contiguous(), zeros, bits, group_size, (N, K), perm)
+
+    @classmethod
+    def from_gptq(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                  g_idx: torch.Tensor | None = None, *, bits: int = 4, group_size: int | None = None,
+                  checkpoint_format: str = "gptq") -> "PackedWeight":
+        """GPTQ tensors (AutoGPTQ / GPTQModel / transformers layout):
+        qweight int32 [K * bits / 32, N] packed along K (code of row k in bits (k % p) * bits of word k // p,
+        p = 32 / bits); qzeros int32 [K / G, N * bits / 32] packed along N the same way; scales [K / G, N];
+        g_idx int32 [K] (act-order; default k // G).
+        W[n, k] = (q[k, n] - z[g_idx[k], n] - offset) * scales[g_idx[k], n], offset 1 for the original
+        "gptq" checkpoint format (zeros stored minus one) and 0 for "gptq_v2"."""
+        _check_bits(bits)
+        if checkpoint_format not in ("gptq", "gptq_v2"):
+            raise ValueError(f"checkpoint_format must be 'gptq' or 'gptq_v2', got {checkpoint_format!r}")
+        check_tensor("qweight", qweight, dtypes=(torch.int32,))
+        check_tensor("qzeros", qzeros, dtypes=(torch.int32,))
+        check_tensor("scales", scales, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+        p = 32 // bits
+        K, N = qweight.shape[0] * p, qweight.shape[1]
+        if scales.dim() != 2 or scales.shape[1] != N:
+            raise ValueError(f"scales must be [K / group_size, N={N}], got {tuple(scales.shape)}")
+        ng = scales.shape[0]
+        if ng == 0 or K % ng:
+            raise ValueError(f"scales must have a row per group: K={K} is not a multiple of {ng} rows")
+        G = group_size or K // ng
+        if tuple(qzeros.shape) != (ng, N // p):
+            raise ValueError(f"qzeros must be [{ng}, N * bits / 32 = {N // p}], got {tuple(qzeros.shape)}")
+        q = _unpack_words(qweight.t(), bits).t()[:K]            # [K, N]
+        z = _unpack_words(qzeros, bits)[:, :N].to(torch.int16)   # [ng, N]
+        if checkpoint_format == "gptq":
+            z = z + 1
+        gs = -1 if G == K else G
+        return cls.from_int(q.t().contiguous(), scales.t().contiguous(), z.t().contiguous().to(scales.dtype),
+                            bits=bits, group_size=gs, g_idx=g_idx)
+
+    @classmethod
+    def from_awq(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, *,
+                 group_size: int | None = None) -> "PackedWeight":
+        """AWQ (GEMM layout) tensors: qweight int32 [K, N / 8], qzeros int32 [K / G, N / 8], both packed
+        along N eight to a word in the interleaved order: nibble i of word w holds column
+        8 w + (0, 2, 4, 6, 1, 3, 5, 7)[i]; scales [K / G, N].  W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]."""
+        check_tensor("qweight", qweight, dtypes=(torch.int32,))
+        check_tensor("qzeros", qzeros, dtypes=(torch.int32,))
+        check_tensor("scales", scales, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+        K, N = qweight.shape[0], qweight.shape[1] * 8
+        if scales.dim() != 2 or scales.shape[1] != N:
+            raise ValueError(f"scales must be [K / group_size, N={N}], got {tuple(scales.shape)}")
+        ng = scales.shape[0]
+        if tuple(qzeros.shape) != (ng, N // 8):
+            raise ValueError(f"qzeros must be [{ng}, N / 8 = {N // 8}], got {tuple(qzeros.shape)}")
+        if ng == 0 or K % ng:
+            raise ValueError(f"scales must have a row per group: K={K} is not a multiple of {ng} rows")
+        G = group_size or K // ng
+        q = _awq_columns(_unpack_words(qweight, 4))      # [K, N]
+        z = _awq_columns(_unpack_words(qzeros, 4))       # [ng, N]
+        gs = -1 if G == K else G
+        return cls.from_int(q.t().contiguous(), scales.t().contiguous(), z.t().contiguous().to(scales.dtype),
+                            bits=4, group_size=gs)
+
+
+def _check_scale_dtype(dt) -> None:
+    if dt not in SCALE_DTYPES:
+        raise TypeError(f"scale_dtype must be float16 or bfloat16, got {dt}")
+
+
+def _unpack_words(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 [R, W] -> uint8 [R, W * 32 / bits]: field j of word w (bits j*bits..) goes to column w*p + j."""
+    p = 32 // bits
+    shifts = torch.arange(0, 32, bits, device=words.device, dtype=torch.int64)
+    v = (words.to(torch.int64)[..., None] >> shifts) & (2 ** bits - 1)
+    return v.reshape(words.shape[0], words.shape[1] * p).to(torch.uint8)
+
+
+_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _awq_columns(fields: torch.Tensor) -> torch.Tensor:
+    """Undo AWQ's interleave: fields [R, N] in nibble order -> [R, N] in column order."""
+    R, N = fields.shape
+    out = torch.empty_like(fields)
+    f = fields.reshape(R, N // 8, 8)
+    o = out.view(R, N // 8, 8)
+    for i, col in enumerate(_AWQ_ORDER):
+        o[:, :, col] = f[:, :, i]
+    return out
