@@ -1,4 +1,4 @@
-"""`qkernels env` and `qkernels bench [quantize|all]`.
+"""`qkernels env` and `qkernels bench [quantize|gemm|weight-only|all]`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
 set here, before any kernel module is imported) at small sizes, and the output says so.
@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize", "gemm")
+BENCHES = ("quantize", "gemm", "weight-only")
 
 
 def _ensure_backend() -> bool:
@@ -60,7 +60,7 @@ def cmd_bench(args) -> int:
     for name in names:
         print(f"== qkernels bench {name}")
         import importlib
-        importlib.import_module(f"qkernels.bench.{name}").run(args.out)
+        importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out)
     return 0
 
 

@@ -39,6 +39,10 @@ def _check_group(group_size: int, K: int, bits: int) -> int:
     return K if group_size == -1 else group_size
 
 
+def num_groups(group_size: int, K: int) -> int:
+    return 1 if group_size == -1 else K // group_size
+
+
 def _check_bits(bits: int) -> None:
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits!r}")
@@ -128,8 +132,8 @@ class PackedWeight:
             q = ref.unpack_int4(data, signed=symmetric)
         else:
             q = data
-        s = s.reshape(N, K // G)
-        zeros = None if symmetric else zp.reshape(N, K // G).to(sdt)
+        s = s.reshape(N, num_groups(group_size, K))
+        zeros = None if symmetric else zp.reshape(N, num_groups(group_size, K)).to(sdt)
         return cls.from_int(q, s.to(sdt), zeros, bits=bits, group_size=group_size)
 
     @classmethod
@@ -147,8 +151,9 @@ class PackedWeight:
         N, K = q.shape
         G = _check_group(group_size, K, bits)
         check_tensor("scales", scales, dtypes=(torch.float16, torch.bfloat16, torch.float32))
-        if tuple(scales.shape) != (N, K // G):
-            raise ValueError(f"scales must have shape {(N, K // G)} ([N, K / group_size]), got {tuple(scales.shape)}")
+        ng = num_groups(group_size, K)
+        if tuple(scales.shape) != (N, ng):
+            raise ValueError(f"scales must have shape {(N, ng)} ([N, K / group_size]), got {tuple(scales.shape)}")
         sdt = scales.dtype if scales.dtype in SCALE_DTYPES else torch.float16
         lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if zeros is None else (0, 2 ** bits - 1)
         if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
@@ -158,8 +163,8 @@ class PackedWeight:
         if zeros is not None:
             check_tensor("zeros", zeros, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.int8,
                                                  torch.uint8, torch.int16, torch.int32, torch.int64))
-            if tuple(zeros.shape) != (N, K // G):
-                raise ValueError(f"zeros must have shape {(N, K // G)} like scales, got {tuple(zeros.shape)}")
+            if tuple(zeros.shape) != (N, ng):
+                raise ValueError(f"zeros must have shape {(N, ng)} like scales, got {tuple(zeros.shape)}")
             zeros = zeros.to(sdt).contiguous()
         u = q.to(torch.int16) + (2 ** (bits - 1) if zeros is None else 0)
         perm = None
@@ -168,11 +173,10 @@ class PackedWeight:
             if tuple(g_idx.shape) != (K,):
                 raise ValueError(f"g_idx must have shape ({K},), got {tuple(g_idx.shape)}")
             g_idx = g_idx.to(q.device).long()
-            if not torch.equal(g_idx, torch.arange(K, device=q.device) // G):
-                counts = torch.bincount(g_idx, minlength=K // G)
-                if g_idx.min() < 0 or g_idx.max() >= K // G or bool((counts != G).any()):
+            if K and not torch.equal(g_idx, torch.arange(K, device=q.device) // G):
+                if g_idx.min() < 0 or g_idx.max() >= ng or bool((torch.bincount(g_idx, minlength=ng) != G).any()):
                     raise ValueError(f"g_idx must assign exactly group_size={G} input channels to each of the "
-                                     f"{K // G} groups")
+                                     f"{ng} groups")
                 perm = torch.sort(g_idx, stable=True).indices
                 u = u[:, perm]
         u = u.to(torch.uint8)

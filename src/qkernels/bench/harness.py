@@ -157,6 +157,8 @@ def plot(json_path: str | os.PathLike, x: str, y: str, group: tuple[str, ...] = 
         return None
     doc = json.loads(Path(json_path).read_text())
     rows = [r for r in doc["rows"] if x in r and y in r]
+    if not rows:
+        return None
     facets = sorted({str(r.get(facet)) for r in rows}) if facet else ["all"]
     fig, axes = plt.subplots(1, len(facets), figsize=(5 * len(facets), 4), squeeze=False)
     for ax, fv in zip(axes[0], facets):

@@ -4,34 +4,71 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-SCHEMES = ("w8a8", "w8a8-fp8")
+SCHEMES = ("w8a8", "w8a8-fp8", "w4a16", "w8a16")
+WEIGHT_ONLY_BITS = {"w4a16": 4, "w8a16": 8}
 
 
 class QuantizedLinear(nn.Module):
-    """y = x @ W.T + b with W stored quantized per output channel.
+    """y = x @ W.T + b with W stored quantized.
 
-    Schemes: "w8a8" (int8 weights and per-token dynamic int8 activations), "w8a8-fp8" (float8_e4m3fn
-    weights and activations). Buffers: `weight` [N, K] codes, `weight_scale` [N] float32, `bias`.
+    Schemes:
+      "w8a8"      int8 weights per output channel, per-token dynamic int8 activations.
+      "w8a8-fp8"  float8_e4m3fn weights and activations.
+        Buffers: `weight` [N, K] codes, `weight_scale` [N] float32, `bias`.
+      "w4a16"     4-bit weights, group-wise (group_size; -1 = per channel), symmetric or with zero
+                  points; fp16/bf16 activations (weight-only).
+      "w8a16"     8-bit weights (default per output channel), fp16/bf16 activations.
+        Buffers: `qweight`, `scales`, `zeros` (asymmetric), `perm` (act-order), `bias`, in the
+        PackedWeight layout (qkernels.packed_weight).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, scheme: str = "w8a8",
-                 device=None, dtype: torch.dtype = torch.float16):
+                 device=None, dtype: torch.dtype = torch.float16, group_size: int | None = None,
+                 symmetric: bool = False):
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
+        if scheme in WEIGHT_ONLY_BITS:
+            from ..packed_weight import _check_group, num_groups
+            bits = WEIGHT_ONLY_BITS[scheme]
+            group_size = group_size if group_size is not None else (128 if bits == 4 else -1)
+            _check_group(group_size, in_features, bits)
+            self.bits, self.group_size = bits, group_size
+            ng = num_groups(group_size, in_features)
+            self.register_buffer("qweight", torch.zeros(out_features, in_features * bits // 8, dtype=torch.uint8,
+                                                        device=device))
+            self.register_buffer("scales", torch.ones(out_features, ng, dtype=dtype, device=device))
+            self.register_buffer("zeros", None if symmetric else
+                                 torch.zeros(out_features, ng, dtype=dtype, device=device))
+            self.register_buffer("perm", None)
+            self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+            return
         wdt = torch.int8 if scheme == "w8a8" else torch.float8_e4m3fn
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=wdt, device=device))
         self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, scheme: str = "w8a8") -> "QuantizedLinear":
+    def from_linear(cls, linear: nn.Linear, scheme: str = "w8a8", group_size: int | None = None,
+                    symmetric: bool | None = None) -> "QuantizedLinear":
+        """Quantize an nn.Linear. group_size / symmetric apply to the weight-only schemes (w4a16:
+        default group 128, asymmetric; w8a16: default per channel, symmetric)."""
         from ..ops.quant import quantize
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         w = linear.weight.detach()
         dtype = w.dtype if w.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        if scheme in WEIGHT_ONLY_BITS:
+            from ..packed_weight import PackedWeight
+            bits = WEIGHT_ONLY_BITS[scheme]
+            gs = group_size if group_size is not None else (128 if bits == 4 else -1)
+            sym = symmetric if symmetric is not None else bits == 8
+            pw = PackedWeight.from_float(w, bits, gs, sym, scale_dtype=dtype)
+            b = linear.bias.detach().to(dtype) if linear.bias is not None else None
+            return cls.from_packed(pw, b)
         mod = cls(linear.in_features, linear.out_features, linear.bias is not None, scheme, w.device, dtype)
         qt = quantize(w, "int8" if scheme == "w8a8" else "fp8_e4m3", "row")
         mod.weight.copy_(qt.data)
@@ -40,10 +77,37 @@ class QuantizedLinear(nn.Module):
             mod.bias.copy_(linear.bias.detach().to(dtype))
         return mod
 
+    @classmethod
+    def from_packed(cls, packed, bias: torch.Tensor | None = None) -> "QuantizedLinear":
+        """Wrap a PackedWeight (e.g. from PackedWeight.from_gptq / from_awq) as a weight-only layer."""
+        N, K = packed.shape
+        scheme = {4: "w4a16", 8: "w8a16"}[packed.bits]
+        mod = cls(K, N, bias is not None, scheme, packed.device, packed.scales.dtype, packed.group_size,
+                  packed.symmetric)
+        mod.qweight.copy_(packed.qweight)
+        mod.scales.copy_(packed.scales)
+        if packed.zeros is not None:
+            mod.zeros.copy_(packed.zeros)
+        mod.perm = packed.perm
+        if bias is not None:
+            mod.bias.copy_(bias)
+        return mod
+
+    def packed_weight(self):
+        from ..packed_weight import PackedWeight
+        return PackedWeight(self.qweight, self.scales, self.zeros, self.bits, self.group_size,
+                            (self.out_features, self.in_features), self.perm)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scheme in WEIGHT_ONLY_BITS:
+            from ..ops.weight_only import _weight_only
+            return _weight_only(x, self.packed_weight(), self.bias, self.bits, f"{self.scheme} QuantizedLinear")
         from ..ops.gemm import w8a8_linear
         return w8a8_linear(x, self.weight, self.weight_scale, self.bias,
                            dtype="int8" if self.scheme == "w8a8" else "fp8")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme!r}"
+        s = f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme!r}"
+        if self.scheme in WEIGHT_ONLY_BITS:
+            s += f", group_size={self.group_size}, symmetric={self.zeros is None}, act_order={self.perm is not None}"
+        return s

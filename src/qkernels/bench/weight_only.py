@@ -1,0 +1,93 @@
+"""`qkernels bench weight-only`: W4A16 / W8A16 linears on Llama-3-8B shapes against fp16 and bf16
+cuBLAS and PyTorch's tinygemm int4 (`aten._weight_int4pack_mm`, bf16, group 128), in one run.
+
+Reports GPU time (CUDA-graph replay, L2 flushed), the plain eager call, the host cost of one call
+(`host_us`, measured apart from GPU time), GB/s of weight bytes, and speedup over fp16.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import qkernels as qk
+
+from .harness import Row, format_table, host_us, on_gpu, plot, time_us, write_json
+
+SHAPES_GPU = [(4096, 4096), (14336, 4096), (4096, 14336)]   # (N, K)
+MS_GPU = [1, 2, 4, 8, 16, 32, 64, 128, 1024, 4096]
+SHAPES_CPU = [(64, 128)]
+MS_CPU = [1, 16]
+
+
+def _tinygemm(w: torch.Tensor, group: int = 128, inner_k_tiles: int = 8):
+    """PyTorch's int4 tinygemm weight (bf16 activations): asymmetric group-wise, packed by aten."""
+    N, K = w.shape
+    wg = w.float().reshape(N, K // group, group)
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp_min(1e-6)
+    q = torch.clamp(torch.round((wg - lo) / scale), 0, 15).to(torch.int32).reshape(N, K)
+    zero = lo + 8 * scale                      # tinygemm: w = (q - 8) * scale + zero
+    sz = torch.stack([scale.reshape(N, -1).t(), zero.reshape(N, -1).t()], dim=-1).to(torch.bfloat16).contiguous()
+    packed_u8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+    wp = torch.ops.aten._convert_weight_to_int4pack(packed_u8, inner_k_tiles)
+    return wp, sz, N * K // 2 + sz.numel() * 2
+
+
+def run(out_root: str = "benchmarks/results") -> list[Row]:
+    gpu = on_gpu()
+    dev = torch.device("cuda" if gpu else "cpu")
+    shapes = [(M, N, K) for (N, K) in (SHAPES_GPU if gpu else SHAPES_CPU) for M in (MS_GPU if gpu else MS_CPU)]
+    rows: list[Row] = []
+    packed = {}
+    for M, N, K in shapes:
+        if (N, K) not in packed:
+            w = torch.randn(N, K, device=dev, dtype=torch.float16) / K ** 0.5
+            packed = {(N, K): dict(
+                w=w, wb=w.bfloat16(),
+                w4g128a=qk.PackedWeight.from_float(w, 4, 128, symmetric=False),
+                w4g128s=qk.PackedWeight.from_float(w, 4, 128, symmetric=True),
+                w4g64a=qk.PackedWeight.from_float(w, 4, 64, symmetric=False),
+                w4g64s=qk.PackedWeight.from_float(w, 4, 64, symmetric=True),
+                w8=qk.PackedWeight.from_float(w, 8, -1, symmetric=True),
+                tiny=_tinygemm(w) if gpu else None)}
+        P = packed[(N, K)]
+        x = torch.randn(M, K, device=dev, dtype=torch.float16)
+        xb = x.bfloat16()
+        fp16_bytes = N * K * 2
+        cases = []
+        if gpu:
+            cases += [("fp16 cuBLAS", fp16_bytes, lambda: F.linear(x, P["w"])),
+                      ("bf16 cuBLAS", fp16_bytes, lambda: F.linear(xb, P["wb"]))]
+            wp, sz, tb = P["tiny"]
+            cases.append(("tinygemm int4 g128 (bf16)", tb, lambda: torch.ops.aten._weight_int4pack_mm(xb, wp, 128, sz)))
+        for key, name in (("w4g128a", "qkernels w4a16 g128 asym"), ("w4g128s", "qkernels w4a16 g128 sym"),
+                          ("w4g64a", "qkernels w4a16 g64 asym"), ("w4g64s", "qkernels w4a16 g64 sym")):
+            pw = P[key]
+            cases.append((name, pw.nbytes, lambda pw=pw: qk.w4a16_linear(x, pw)))
+        cases.append(("qkernels w8a16 per-channel", P["w8"].nbytes, lambda: qk.w8a16_linear(x, P["w8"])))
+        modes = ("graph", "eager") if gpu else ("eager",)
+        for prov, nbytes, fn in cases:
+            for mode in modes:
+                us = time_us(fn, mode=mode, rep_ms=60 if mode == "graph" else 30, warmup_ms=15)
+                extra = {"shape": f"{N}x{K}", "weight_gbps": nbytes / (us * 1e-6) / 1e9, "weight_bytes": nbytes}
+                if mode == "eager" and M == 1 and gpu:
+                    extra["host_us"] = host_us(fn)
+                rows.append(Row("weight_only_linear", prov, us, mode, {"M": M, "N": N, "K": K}, extra))
+        del x, xb
+    base = {(r.sizes["M"], r.sizes["N"], r.sizes["K"], r.mode): r.median_us for r in rows if r.provider == "fp16 cuBLAS"}
+    tiny = {(r.sizes["M"], r.sizes["N"], r.sizes["K"], r.mode): r.median_us for r in rows
+            if r.provider.startswith("tinygemm")}
+    for r in rows:
+        key = (r.sizes["M"], r.sizes["N"], r.sizes["K"], r.mode)
+        if key in base:
+            r.extra["speedup_vs_fp16"] = base[key] / r.median_us
+        if key in tiny:
+            r.extra["speedup_vs_tinygemm"] = tiny[key] / r.median_us
+    path = write_json("weight_only", rows, out_root)
+    print(format_table(rows, ["provider", "mode", "M", "N", "K", "median_us", "weight_gbps", "speedup_vs_fp16",
+                              "speedup_vs_tinygemm", "host_us"]))
+    print(f"wrote {path}")
+    png = plot(path, x="M", y="speedup_vs_fp16" if gpu else "median_us", group=("provider", "mode"), facet="shape")
+    if png:
+        print(f"wrote {png}")
+    return rows
