@@ -116,7 +116,8 @@ class PackedWeight:
     def from_float(cls, weight: torch.Tensor, bits: int = 4, group_size: int = 128, symmetric: bool = False,
                    scale_dtype: torch.dtype | None = None) -> "PackedWeight":
         """Quantize a float [N, K] weight (round to nearest, min-max scales per group; the numerics of
-        `qkernels.reference.quantize`) and pack it. scale_dtype defaults to the weight's dtype when it
+        `qkernels.reference.quantize`, with the scale rounded to scale_dtype before the codes are chosen)
+        and pack it. scale_dtype defaults to the weight's dtype when it
         is fp16/bf16, else fp16."""
         _check_bits(bits)
         check_tensor("weight", weight, dtypes=(torch.float32, torch.float16, torch.bfloat16))
@@ -127,7 +128,10 @@ class PackedWeight:
         sdt = scale_dtype or (weight.dtype if weight.dtype in SCALE_DTYPES else torch.float16)
         _check_scale_dtype(sdt)
         gran = "row" if group_size == -1 else "group"
-        data, s, zp = ref.quantize(weight, "int4" if bits == 4 else "int8", gran, G, symmetric)
+        fmt = "int4" if bits == 4 else "int8"
+        _, s, zp = ref.quantize(weight, fmt, gran, G, symmetric)
+        s = s.to(sdt).float()          # codes are chosen for the scale as stored (fp16 / bf16)
+        data, s, zp = ref.quantize(weight, fmt, gran, G, symmetric, scale=s, zero_point=zp)
         if bits == 4:
             q = ref.unpack_int4(data, signed=symmetric)
         else:

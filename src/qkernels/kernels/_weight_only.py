@@ -17,7 +17,7 @@ w = u * s + (-z * s) is one FMA per element.
 import triton
 import triton.language as tl
 
-from ._common import _cast
+from ._common import INTERPRET, _cast
 
 
 @triton.jit
@@ -123,7 +123,10 @@ def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
             xt = tl.load(xt_ptrs)
         else:
             xt = tl.load(xt_ptrs, mask=(k0 + offs_k < K)[:, None], other=0.0)
-        acc = tl.dot(_cast(w, xt.dtype), xt, acc)
+        if INTERPRET:   # the interpreter's bf16 tl.dot is wrong: same operand values, multiplied in fp32
+            acc = tl.dot(_cast(w, xt.dtype).to(tl.float32), xt.to(tl.float32), acc)
+        else:
+            acc = tl.dot(_cast(w, xt.dtype), xt, acc)
         xt_ptrs += BLOCK_K * stride_xk
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]

@@ -1,0 +1,254 @@
+"""W4A16 / W8A16 linears vs qkernels.reference.weight_only_linear (fp32 matmul with the dequantized
+weight). Each of the three paths (gemv, mm, dequant+cuBLAS) is forced at every M tested, besides
+the M-dispatched default."""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import qkernels as qk
+from qkernels import reference as ref
+from qkernels.ops import weight_only as WO
+
+from ..conftest import DEVICE, ON_GPU
+from ..helpers import assert_bit_exact, rel_err
+
+gpu = pytest.mark.gpu
+PATHS = WO.PATHS
+# fp32 accumulation, output rounded once to x's dtype (plus the weight tile rounded to x's dtype on the
+# tensor-core path): a few units of the output dtype's epsilon, relative to the norm
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+
+
+def _weight(N, K, bits=4, group_size=128, symmetric=False, dtype=torch.float16):
+    w = torch.randn(N, K, device=DEVICE, dtype=torch.float32)
+    return qk.PackedWeight.from_float(w, bits, group_size, symmetric, scale_dtype=dtype)
+
+
+def _ref(x, pw, bias=None):
+    return ref.weight_only_linear(x, pw.qweight, pw.scales, pw.zeros, pw.bits, pw.group_size, pw.perm, bias)
+
+
+def _run(x, pw, bias=None, path=""):
+    with qk.poison_outputs():
+        return WO._weight_only(x, pw, bias, pw.bits, "test", path)
+
+
+def _check(got, want, dtype):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert not torch.isnan(got).any(), "unwritten (poisoned) or NaN outputs"
+    err = rel_err(got, want)
+    assert err < TOL[dtype], f"relative error {err:.3g} above {TOL[dtype]}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bits,group_size,symmetric", [(4, 32, False), (4, 64, True), (4, 128, False),
+                                                        (4, -1, True), (8, -1, True), (8, 64, False)])
+@pytest.mark.parametrize("M", [1, 2, 17])
+def test_paths_vs_reference(M, bits, group_size, symmetric, path):
+    N, K = 37, 256
+    pw = _weight(N, K, bits, group_size, symmetric)
+    x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+    _check(_run(x, pw, path=path), _ref(x, pw), torch.float16)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 7, 15, 16, 17, 33, 64, 65, 129])
+def test_m_sweep_dispatch(M):
+    """M-dispatched default path, odd N, bias."""
+    pw = _weight(45, 128, 4, 64, False)
+    x = torch.randn(M, 128, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(45, device=DEVICE, dtype=torch.float16)
+    _check(qk.w4a16_linear(x, pw, bias), _ref(x, pw, bias), torch.float16)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dtypes_and_bias(dtype, path):
+    pw = _weight(40, 128, 4, 32, False, dtype=dtype)
+    x = torch.randn(5, 128, device=DEVICE, dtype=dtype)
+    for bias in (torch.randn(40, device=DEVICE, dtype=dtype), torch.randn(40, device=DEVICE)):
+        y = _run(x, pw, bias, path)
+        assert y.dtype == dtype
+        _check(y, _ref(x, pw, bias), dtype)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_k_not_multiple_of_block(path):
+    """Per-channel weights with K not a multiple of any BLOCK_K: the masked K tail."""
+    for bits in (4, 8):
+        pw = _weight(24, 72, bits, -1, bits == 8)
+        x = torch.randn(3, 72, device=DEVICE, dtype=torch.float16)
+        _check(_run(x, pw, path=path), _ref(x, pw), torch.float16)
+
+
+def test_views_and_3d():
+    pw = _weight(32, 128, 4, 128, True)
+    x3 = torch.randn(2, 3, 128, device=DEVICE, dtype=torch.float16)
+    y = qk.w4a16_linear(x3, pw)
+    assert y.shape == (2, 3, 32)
+    _check(y, _ref(x3, pw), torch.float16)
+    wide = torch.randn(4, 256, device=DEVICE, dtype=torch.float16)
+    _check(qk.w4a16_linear(wide[:, ::2], pw), _ref(wide[:, ::2], pw), torch.float16)    # strided columns
+    xt = torch.randn(128, 5, device=DEVICE, dtype=torch.float16).t()                     # column-major
+    _check(qk.w4a16_linear(xt, pw), _ref(xt, pw), torch.float16)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_identity_is_exact(bits, path):
+    """x @ I through the quantized path: codes 1 on the diagonal, scale 1, so y == x exactly."""
+    K = 64
+    q = torch.eye(K, dtype=torch.int8, device=DEVICE)
+    pw = qk.PackedWeight.from_int(q, torch.ones(K, K // 32, device=DEVICE, dtype=torch.float16), bits=bits,
+                                  group_size=32)
+    x = torch.randn(9, K, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(_run(x, pw, path=path), x, "x @ I")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_act_order(path):
+    """GPTQ act-order: a permuted g_idx; x is gathered by the permutation."""
+    N, K, G = 20, 128, 32
+    q = torch.randint(0, 16, (N, K), device=DEVICE, dtype=torch.uint8)
+    s = torch.rand(N, K // G, device=DEVICE).half() + 0.01
+    z = torch.randint(0, 16, (N, K // G), device=DEVICE).half()
+    g_idx = torch.randperm(K, device=DEVICE) // G
+    pw = qk.PackedWeight.from_int(q, s, z, bits=4, group_size=G, g_idx=g_idx)
+    assert pw.perm is not None
+    x = torch.randn(3, K, device=DEVICE, dtype=torch.float16)
+    w = (q.float() - z.float()[:, g_idx]) * s.float()[:, g_idx]       # the documented formula
+    _check(_run(x, pw, path=path), (x.float() @ w.t()).half(), torch.float16)
+
+
+def test_empty():
+    pw = _weight(16, 64, 4, 32, False)
+    with qk.poison_outputs():
+        y = qk.w4a16_linear(torch.randn(0, 64, device=DEVICE, dtype=torch.float16), pw)
+    assert y.shape == (0, 16)
+    y = qk.w4a16_linear(torch.randn(2, 0, 64, device=DEVICE, dtype=torch.float16), pw)
+    assert y.shape == (2, 0, 16)
+    pw0 = qk.PackedWeight.from_int(torch.zeros(8, 0, dtype=torch.int8, device=DEVICE),
+                                   torch.ones(8, 1, device=DEVICE, dtype=torch.float16), bits=4, group_size=-1)
+    bias = torch.randn(8, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(qk.w4a16_linear(torch.randn(3, 0, device=DEVICE, dtype=torch.float16), pw0, bias),
+                     bias.expand(3, 8))
+
+
+def _bad_cases():
+    pw4 = lambda: _weight(40, 64, 4, 32, False)   # noqa: E731
+    x = lambda dt=torch.float16, k=64: torch.randn(3, k, device=DEVICE, dtype=dt)   # noqa: E731
+    return [
+        (lambda: qk.w4a16_linear(x(torch.float32), pw4()), TypeError, r"x must have dtype in \(float16, bfloat16\), got float32"),
+        (lambda: qk.w4a16_linear(x(k=96), pw4()), ValueError, r"x's last dim must be the weight's in_features K=64, got x.shape=\(3, 96\)"),
+        (lambda: qk.w4a16_linear(x(), torch.zeros(40, 32, dtype=torch.uint8)), TypeError, r"w_packed must be a qkernels.PackedWeight"),
+        (lambda: qk.w8a16_linear(x(), pw4()), ValueError, r"w8a16_linear needs a 8-bit PackedWeight, got bits=4"),
+        (lambda: qk.w4a16_linear(x(), pw4(), torch.ones(41, device=DEVICE)), ValueError, r"bias must have shape \(40,\), got \(41,\)"),
+        (lambda: qk.PackedWeight.from_float(torch.randn(8, 100), 4, 64), ValueError, r"K=100 .* must be a multiple of group_size=64"),
+        (lambda: qk.PackedWeight.from_float(torch.randn(8, 96), 4, 48), ValueError, r"group_size must be a power of two >= 16, or -1"),
+        (lambda: qk.PackedWeight.from_float(torch.randn(8, 63), 4, -1), ValueError, r"K=63 must be even for 4-bit"),
+        (lambda: qk.PackedWeight.from_float(torch.randn(8, 64), 3), ValueError, r"bits must be 4 or 8, got 3"),
+        (lambda: qk.PackedWeight.from_int(torch.full((8, 64), 9), torch.ones(8, 2), bits=4, group_size=32), ValueError,
+         r"q must hold signed \(symmetric, zeros=None\) 4-bit values in \[-8, 7\], got values in \[9, 9\]"),
+        (lambda: qk.PackedWeight.from_int(torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 3), bits=4, group_size=32),
+         ValueError, r"scales must have shape \(8, 2\)"),
+        (lambda: qk.PackedWeight.from_int(torch.zeros(8, 64, dtype=torch.uint8), torch.ones(8, 2), torch.zeros(8, 2),
+                                          bits=4, group_size=32, g_idx=torch.zeros(64, dtype=torch.int32)),
+         ValueError, r"g_idx must assign exactly group_size=32 input channels to each of the 2 groups"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_cases())))
+def test_bad_inputs(case):
+    call, exc, match = _bad_cases()[case]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@gpu
+def test_mixed_devices():
+    pw = _weight(16, 64)
+    with pytest.raises(RuntimeError, match=r"w_packed must be on the same device as x"):
+        qk.w4a16_linear(torch.randn(2, 64, dtype=torch.float16, device=DEVICE), pw.to("cpu"))
+
+
+def test_cpu_without_interpreter_message():
+    if ON_GPU:
+        pw = _weight(16, 64).to("cpu")
+        with pytest.raises(RuntimeError, match=r"x must be on a CUDA device, got cpu"):
+            qk.w4a16_linear(torch.randn(2, 64, dtype=torch.float16), pw)
+    else:
+        assert qk._runtime.is_interpreter()
+
+
+@given(m=st.integers(1, 40), n=st.integers(1, 50), groups=st.integers(1, 4), bits=st.sampled_from([4, 8]),
+       group_size=st.sampled_from([16, 32, 64, -1]), symmetric=st.booleans(),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16]), scale=st.sampled_from([1e-3, 1.0, 30.0]))
+def test_property_vs_reference(m, n, groups, bits, group_size, symmetric, dtype, scale):
+    K = groups * (group_size if group_size > 0 else 48)
+    w = torch.randn(n, K, device=DEVICE) * scale
+    pw = qk.PackedWeight.from_float(w, bits, group_size, symmetric, scale_dtype=dtype)
+    x = torch.randn(m, K, device=DEVICE, dtype=dtype)
+    f = qk.w4a16_linear if bits == 4 else qk.w8a16_linear
+    _check(f(x, pw), _ref(x, pw), dtype)
+
+
+def test_opcheck():
+    pw = _weight(24, 64, 4, 32, False)
+    x = torch.randn(5, 64, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(24, device=DEVICE, dtype=torch.float16)
+    for path in ("", "gemv", "mm"):
+        torch.library.opcheck(WO._weight_only_op, (x, pw.qweight, pw.scales, pw.zeros, b, 4, 32, path))
+    pw8 = _weight(24, 64, 8, -1, True)
+    torch.library.opcheck(WO._weight_only_op, (x, pw8.qweight, pw8.scales, None, None, 8, 64, ""))
+
+
+def test_quantized_linear_schemes():
+    lin = torch.nn.Linear(128, 48, device=DEVICE, dtype=torch.float16)
+    x = torch.randn(4, 128, device=DEVICE, dtype=torch.float16)
+    for scheme, tol in (("w4a16", 0.2), ("w8a16", 0.01)):
+        ql = qk.QuantizedLinear.from_linear(lin, scheme)
+        pw = ql.packed_weight()
+        _check(ql(x), _ref(x, pw, lin.bias.detach()), torch.float16)
+        assert rel_err(ql(x), lin(x).detach()) < tol      # quantization error of the weights themselves
+        sd = ql.state_dict()
+        ql2 = qk.QuantizedLinear(128, 48, True, scheme, DEVICE, torch.float16, ql.group_size, ql.zeros is None)
+        ql2.load_state_dict(sd)
+        assert_bit_exact(ql2(x), ql(x), "state_dict round trip")
+
+
+def test_torch_compile_fullgraph():
+    lin = torch.nn.Linear(64, 48, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin, "w4a16", group_size=32)
+    x = torch.randn(7, 64, device=DEVICE, dtype=torch.float16)
+    compiled = torch.compile(ql, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    assert_bit_exact(compiled(x), ql(x))
+
+
+@gpu
+@pytest.mark.parametrize("M", [1, 16, 4096])
+def test_cuda_graph_replay(M):
+    lin = torch.nn.Linear(512, 256, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin, "w4a16")
+    x = torch.randn(M, 512, device=DEVICE, dtype=torch.float16)
+    want = ql(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ql(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ql(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert_bit_exact(out, want)
+
+
+@gpu
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 14336, 4096), (128, 4096, 14336), (1024, 4096, 4096)])
+@pytest.mark.parametrize("bits,group_size", [(4, 128), (4, 64), (8, -1)])
+def test_real_sizes(M, N, K, bits, group_size, path):
+    pw = _weight(N, K, bits, group_size, bits == 4 and group_size == 64)
+    x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+    _check(_run(x, pw, path=path), _ref(x, pw), torch.float16)
