@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Weight-only work on a GPU in one call: its tests, the config sweep, then the benchmark.
+# Usage: scripts/gpu_weight_only.sh OUTDIR [tune args...]   (SKIP_TUNE=1 / SKIP_TESTS=1 to skip steps)
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_weight_only.sh OUTDIR}
+shift
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -m pytest tests/ops/test_weight_only.py tests/test_packed_weight.py -q -p no:cacheprovider -n 8 2>&1 \
+    | tee "$OUT/tests_weight_only.log" | tail -15
+fi
+if [ -z "${SKIP_TUNE:-}" ]; then
+  python3 scripts/tune_weight_only.py "$@" 2>&1 | tee "$OUT/tune_weight_only.log" | grep -E "==>|wrote|failed" | head -60
+  cp src/qkernels/configs/*.json "$OUT/"
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  python3 -m qkernels.cli bench weight-only --out "$OUT" 2>&1 | tee "$OUT/bench_weight_only.log" | tail -5
+fi

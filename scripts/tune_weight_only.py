@@ -1,0 +1,104 @@
+"""Pick the weight-only (W4A16 / W8A16) path and kernel config per M bucket on this GPU and write them
+into src/qkernels/configs/<gpu>.json ("w4a16" / "w8a16"). Each candidate is timed with CUDA-graph
+replay on the three Llama-3-8B shapes; the score is the geometric mean of time / best time per shape.
+Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]"""
+import argparse
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+import qkernels as qk
+from qkernels import configs
+from qkernels._runtime import device_name, gpu_slug
+from qkernels.bench.harness import time_us
+from qkernels.ops import weight_only as WO
+
+BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
+SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
+
+
+def gemv(bn, bk, w, s):
+    return dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
+
+
+def mm(bm, bn, bk, w, s, g=8):
+    return dict(path="mm", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=g, num_warps=w, num_stages=s)
+
+
+def dq(bn, bk, w):
+    return dict(path="dequant", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1)
+
+
+def candidates(m: int) -> list[dict]:
+    c = []
+    if m <= 4:
+        c += [gemv(*p) for p in [(8, 256, 4, 3), (16, 256, 4, 3), (16, 128, 4, 4), (32, 128, 4, 3), (16, 512, 4, 2),
+                                 (8, 512, 4, 2), (32, 256, 8, 3), (64, 128, 8, 3), (4, 512, 2, 3)]]
+    if m <= 32:
+        bm = max(16, m)
+        c += [mm(bm, bn, bk, 4, s) for bn, bk, s in itertools.product((16, 32, 64, 128), (128, 256), (3, 4))]
+    elif m <= 64:
+        c += [mm(64, bn, bk, 4, s) for bn, bk, s in itertools.product((32, 64, 128), (64, 128), (3, 4))]
+    elif m <= 256:
+        c += [mm(bm, bn, bk, w, s) for bm, bn, bk, w, s in
+              itertools.product((64, 128), (64, 128), (64, 128), (4, 8), (3, 4))]
+    else:
+        c += [mm(bm, bn, bk, w, s) for bm, bn, bk, w, s in
+              [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 3),
+               (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (256, 64, 64, 8, 3)]]
+        c += [dq(32, 128, 4), dq(64, 128, 8), dq(16, 256, 4)]
+    return c
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--buckets", type=int, nargs="+", default=BUCKETS)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    slug = gpu_slug(device_name(dev))
+    path = Path(configs.__file__).parent / f"{slug}.json"
+    table = json.loads(path.read_text()) if path.exists() else {}
+    weights = {}
+    for bits in args.bits:
+        for N, K in SHAPES:
+            w = torch.randn(N, K, device=dev, dtype=torch.float16) / K ** 0.5
+            weights[bits, N, K] = (qk.PackedWeight.from_float(w, 4, 128, symmetric=False) if bits == 4 else
+                                   qk.PackedWeight.from_float(w, 8, -1, symmetric=True))
+    t0 = time.time()
+    for bits in args.bits:
+        key = f"w{bits}a16"
+        tab = dict(table.get(key) or {})
+        for m in args.buckets:
+            results = []
+            for cfg in candidates(m):
+                WO.config_for = lambda bits, M, device, cfg=cfg: cfg
+                times = []
+                try:
+                    for N, K in SHAPES:
+                        pw = weights[bits, N, K]
+                        x = torch.randn(m, K, device=dev, dtype=torch.float16)
+                        times.append(time_us(lambda: WO._weight_only(x, pw, None, bits, "tune"),
+                                             mode="graph", rep_ms=25, warmup_ms=5))
+                except Exception as e:   # e.g. out of shared memory or registers
+                    print(f"{key} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                results.append((times, cfg))
+                print(f"{key} M={m:5d} {cfg} {['%.2f' % t for t in times]}", flush=True)
+            best_per_shape = [min(r[0][i] for r in results) for i in range(len(SHAPES))]
+            score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(SHAPES))  # noqa
+            times, cfg = min(results, key=score)
+            tab[str(m)] = cfg
+            print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "
+                  f"{time.time() - t0:.0f} s)", flush=True)
+        table[key] = dict(sorted(tab.items(), key=lambda kv: int(kv[0])))
+        path.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
