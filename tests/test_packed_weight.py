@@ -24,7 +24,7 @@ def test_int_round_trip(bits, group_size, symmetric):
     s = torch.rand(N, ng, device=DEVICE).half()
     z = None if symmetric else torch.randint(0, 2 ** bits, (N, ng), device=DEVICE).half()
     pw = qk.PackedWeight.from_int(q, s, z, bits=bits, group_size=group_size)
-    assert pw.qweight.dtype == torch.uint8 and pw.qweight.shape == (N, K * bits // 8)
+    assert pw.qweight.dtype == torch.uint8 and pw.qweight.shape == (N, K * bits // 8)   # K = 256: no padding
     q2, s2, z2, g = pw.unpack()
     assert_bit_exact(q2, q, "codes")
     assert_bit_exact(s2, s, "scales")

@@ -2,9 +2,12 @@
 converters into it (float weights, plain integer weights, GPTQ and AWQ checkpoint tensors).
 
 Layout (for an nn.Linear weight W of shape [N, K]):
-  qweight  uint8 [N, K * bits / 8]: unsigned codes u in [0, 2**bits). 4-bit: two per byte along K,
-           the even k in the low nibble (as `pack_int4` packs). Row-major along K, so a GEMV reads
-           each output row contiguously and a tiled kernel reads [BLOCK_N, BLOCK_K] tiles.
+  qweight  uint8, unsigned codes u in [0, 2**bits), row-major along K (a GEMV reads each output
+           row contiguously; a tiled kernel reads [BLOCK_N, BLOCK_K] tiles). 8-bit: [N, K].
+           4-bit: [N, Kp / 2], K padded with zero codes to Kp, a multiple of 64; in each chunk of 64
+           k-values (32 bytes) byte j holds k = j in its low nibble and k = 32 + j in its high nibble,
+           so a kernel splits a byte tile into two tiles of 32 consecutive k with no interleaving
+           (reference.pack_weight_codes).
   scales   [N, K / G] float16 or bfloat16 (G = group_size; per-channel: [N, 1]).
   zeros    [N, K / G] float (same dtype as scales) or None. None means symmetric: the implicit zero
            point is 2**(bits - 1) (the signed code q is stored as u = q + 2**(bits - 1)).
@@ -23,13 +26,13 @@ import torch
 from . import reference as ref
 from ._runtime import check_tensor
 
-GROUP_SIZES = "a power of two >= 16, or -1 (one group per output channel)"
+GROUP_SIZES = "a power of two >= 32, or -1 (one group per output channel)"
 SCALE_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _check_group(group_size: int, K: int, bits: int) -> int:
     """Validates group_size against K; returns the effective group length (K for -1)."""
-    if not isinstance(group_size, int) or not (group_size == -1 or (group_size >= 16 and
+    if not isinstance(group_size, int) or not (group_size == -1 or (group_size >= 32 and
                                                                     group_size & (group_size - 1) == 0)):
         raise ValueError(f"group_size must be {GROUP_SIZES}, got {group_size!r}")
     if group_size != -1 and K % group_size:
@@ -37,6 +40,11 @@ def _check_group(group_size: int, K: int, bits: int) -> int:
     if bits == 4 and K % 2:
         raise ValueError(f"K={K} must be even for 4-bit weights (two codes per byte)")
     return K if group_size == -1 else group_size
+
+
+def qweight_width(K: int, bits: int) -> int:
+    """Bytes per row of qweight: K (8-bit), or K padded to a multiple of 64, halved (4-bit)."""
+    return K if bits == 8 else -(-K // ref.WO_CHUNK) * ref.WO_CHUNK // 2
 
 
 def num_groups(group_size: int, K: int) -> int:
@@ -85,7 +93,7 @@ class PackedWeight:
 
     def codes(self) -> torch.Tensor:
         """Unsigned codes u [N, K] (uint8), in the stored (possibly permuted) column order."""
-        return ref.unpack_int4(self.qweight, signed=False) if self.bits == 4 else self.qweight
+        return ref.unpack_weight_codes(self.qweight, self.bits, self.shape[1])
 
     def unpack(self):
         """Back to plain form, exactly: (q [N, K], scales [N, K/G], zeros [N, K/G] or None, g_idx [K]).
@@ -104,7 +112,7 @@ class PackedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The [N, K] float weight it represents (pure torch; the reference for the kernels)."""
         return ref.weight_only_dequantize(self.qweight, self.scales, self.zeros, self.bits, self.group_size,
-                                          self.perm, dtype)
+                                          self.perm, dtype, K=self.shape[1])
 
     def __repr__(self) -> str:
         return (f"PackedWeight(shape={self.shape}, bits={self.bits}, group_size={self.group_size}, "
@@ -184,7 +192,7 @@ class PackedWeight:
                 perm = torch.sort(g_idx, stable=True).indices
                 u = u[:, perm]
         u = u.to(torch.uint8)
-        qweight = ref.pack_int4(u) if bits == 4 else u
+        qweight = ref.pack_weight_codes(u, bits)
         return cls(qweight.contiguous(), scales.to(sdt).contiguous(), zeros, bits, group_size, (N, K), perm)
 
     @classmethod

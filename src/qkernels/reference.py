@@ -244,12 +244,44 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias=
 # weight-only (W4A16 / W8A16): layout in packed_weight.py
 
 
-def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, bits: int, group_size: int,
-                           perm=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[N, K] weight in input-channel order: W[n, perm[k]] = (u[n, k] - z[n, k // G]) * s[n, k // G]
-    in fp32 (z = 2**(bits - 1) when zeros is None), then cast to dtype."""
-    u = (unpack_int4(qweight, signed=False) if bits == 4 else qweight).to(torch.float32)
+WO_CHUNK = 64   # 4-bit weight codes are packed in chunks of 64 k-values (see pack_weight_codes)
+
+
+def pack_weight_codes(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned codes [N, K] -> the kernel layout. 8-bit: uint8 [N, K] as is. 4-bit: uint8 [N, Kp / 2]
+    with K padded with zero codes to Kp, a multiple of 64; byte j of chunk c holds k = 64 c + j in its
+    low nibble and k = 64 c + 32 + j in its high nibble. (So a kernel unpacks a byte tile into two
+    [rows, 32] tiles of consecutive k with no interleaving.)"""
+    if bits == 8:
+        return u.to(torch.uint8)
     N, K = u.shape
+    Kp = -(-K // WO_CHUNK) * WO_CHUNK
+    v = torch.zeros((N, Kp), dtype=torch.int16, device=u.device)
+    v[:, :K] = u.to(torch.int16) & 0xF
+    v = v.reshape(N, Kp // WO_CHUNK, 2, WO_CHUNK // 2)
+    return (v[:, :, 0] | (v[:, :, 1] << 4)).to(torch.uint8).reshape(N, Kp // 2)
+
+
+def unpack_weight_codes(qweight: torch.Tensor, bits: int, K: int) -> torch.Tensor:
+    """Inverse of pack_weight_codes: uint8 codes [N, K]."""
+    if bits == 8:
+        return qweight
+    N = qweight.shape[0]
+    b = qweight.to(torch.int16).reshape(N, -1, 1, WO_CHUNK // 2)
+    v = torch.cat([b & 0xF, (b >> 4) & 0xF], dim=2)
+    return v.reshape(N, -1)[:, :K].to(torch.uint8)
+
+
+def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, bits: int, group_size: int,
+                           perm=None, dtype: torch.dtype = torch.float32, K: int | None = None) -> torch.Tensor:
+    """[N, K] weight in input-channel order: W[n, perm[k]] = (u[n, k] - z[n, k // G]) * s[n, k // G]
+    in fp32 (z = 2**(bits - 1) when zeros is None), then cast to dtype. K defaults to
+    group_size * scales.shape[1] (pass it for per-channel 4-bit weights)."""
+    if K is None:
+        K = qweight.shape[1] if bits == 8 else (group_size * scales.shape[1] if group_size != -1 else
+                                                qweight.shape[1] * 2)
+    u = unpack_weight_codes(qweight, bits, K).to(torch.float32)
+    N = u.shape[0]
     G = K if group_size == -1 else group_size
     s = scales.to(torch.float32).repeat_interleave(G, dim=1)[:, :K]
     z = (zeros.to(torch.float32).repeat_interleave(G, dim=1)[:, :K] if zeros is not None
@@ -265,7 +297,7 @@ def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, b
 def weight_only_linear(x: torch.Tensor, qweight, scales, zeros, bits: int, group_size: int, perm=None,
                        bias=None) -> torch.Tensor:
     """x [..., K] @ dequant(W).T (+ bias), computed in fp32, output in x's dtype."""
-    w = weight_only_dequantize(qweight, scales, zeros, bits, group_size, perm)
+    w = weight_only_dequantize(qweight, scales, zeros, bits, group_size, perm, K=x.shape[-1])
     y = x.to(torch.float32) @ w.t()
     if bias is not None:
         y = y + bias.to(torch.float32)

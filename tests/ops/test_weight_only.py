@@ -144,7 +144,7 @@ def _bad_cases():
         (lambda: qk.w8a16_linear(x(), pw4()), ValueError, r"w8a16_linear needs a 8-bit PackedWeight, got bits=4"),
         (lambda: qk.w4a16_linear(x(), pw4(), torch.ones(41, device=DEVICE)), ValueError, r"bias must have shape \(40,\), got \(41,\)"),
         (lambda: qk.PackedWeight.from_float(torch.randn(8, 100), 4, 64), ValueError, r"K=100 .* must be a multiple of group_size=64"),
-        (lambda: qk.PackedWeight.from_float(torch.randn(8, 96), 4, 48), ValueError, r"group_size must be a power of two >= 16, or -1"),
+        (lambda: qk.PackedWeight.from_float(torch.randn(8, 96), 4, 48), ValueError, r"group_size must be a power of two >= 32, or -1"),
         (lambda: qk.PackedWeight.from_float(torch.randn(8, 63), 4, -1), ValueError, r"K=63 must be even for 4-bit"),
         (lambda: qk.PackedWeight.from_float(torch.randn(8, 64), 3), ValueError, r"bits must be 4 or 8, got 3"),
         (lambda: qk.PackedWeight.from_int(torch.full((8, 64), 9), torch.ones(8, 2), bits=4, group_size=32), ValueError,
@@ -166,14 +166,14 @@ def test_bad_inputs(case):
 
 @gpu
 def test_mixed_devices():
-    pw = _weight(16, 64)
+    pw = _weight(16, 64, 4, 32)
     with pytest.raises(RuntimeError, match=r"w_packed must be on the same device as x"):
         qk.w4a16_linear(torch.randn(2, 64, dtype=torch.float16, device=DEVICE), pw.to("cpu"))
 
 
 def test_cpu_without_interpreter_message():
     if ON_GPU:
-        pw = _weight(16, 64).to("cpu")
+        pw = _weight(16, 64, 4, 32).to("cpu")
         with pytest.raises(RuntimeError, match=r"x must be on a CUDA device, got cpu"):
             qk.w4a16_linear(torch.randn(2, 64, dtype=torch.float16), pw)
     else:
@@ -181,7 +181,7 @@ def test_cpu_without_interpreter_message():
 
 
 @given(m=st.integers(1, 40), n=st.integers(1, 50), groups=st.integers(1, 4), bits=st.sampled_from([4, 8]),
-       group_size=st.sampled_from([16, 32, 64, -1]), symmetric=st.booleans(),
+       group_size=st.sampled_from([32, 64, 128, -1]), symmetric=st.booleans(),
        dtype=st.sampled_from([torch.float16, torch.bfloat16]), scale=st.sampled_from([1e-3, 1.0, 30.0]))
 def test_property_vs_reference(m, n, groups, bits, group_size, symmetric, dtype, scale):
     K = groups * (group_size if group_size > 0 else 48)

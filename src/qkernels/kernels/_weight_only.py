@@ -1,17 +1,23 @@
 """Private Triton kernels for weight-only quantized linears (W4A16 / W8A16).
 Launchers: ops/weight_only.py. Layout: packed_weight.py. Reference: reference.weight_only_linear.
 
-All three kernels share `_dequant_tile`, which turns a [BLOCK_N, BLOCK_K] tile of packed codes into
-fp32 weights (u - z) * s. The tile is handled as [BLOCK_N, NGT, GT] with GT = min(BLOCK_K, G), so
-each scale and zero broadcasts over a register axis and no per-element gathers are needed.
-Codes become floats without an int->float conversion (a quarter-rate instruction): OR-ing u into
-the mantissa of 2**23 gives the float 2**23 + u exactly, and subtracting 2**23 leaves u. Then
-w = u * s + (-z * s) is one FMA per element.
+The weight is read in chunks of 64 k-values. `_chunk` turns one chunk of BLOCK_N rows into two
+[BLOCK_N, 32] tiles of x's dtype (k in [kc, kc + 32) and [kc + 32, kc + 64)): for 4-bit weights the
+low and high nibbles of the chunk's 32 bytes (the layout puts k and k + 32 in one byte, so no
+interleaving is needed), for 8-bit weights two runs of 32 bytes. Group sizes are >= 32, so each
+tile has one scale and zero per row: w = (u - z) * s.
+
+Codes become floats without integer->float conversions (quarter-rate instructions): on GPUs an
+inline-PTX block spreads each byte into a half of a 32-bit register (prmt), ORs the nibble into the
+mantissa of 1024.0 (fp16) or 128.0 (bf16) with one lop3 per pair, and subtracts the magic number
+with a paired fma: two codes per instruction, exact. The Triton interpreter (no inline PTX) and the
+one case where the magic number cannot hold a code exactly (8-bit codes in bf16) use plain
+conversions; both give the same bits, as u - z is exact and (u - z) * s rounds once either way.
 
   _wo_gemv_kernel:    one x row per program column, fp32 FMA reduction (decode, M = 1).
   _wo_mm_kernel:      tensor cores, computed as out.T = W @ x.T ("swap AB"): the dequantized
-                      weight tile is the MMA's A operand (BLOCK_N >= 16 rows), x.T the B operand,
-                      so a small M (>= 1, padded to BLOCK_M >= 16) wastes no weight bandwidth.
+                      weight tile is the MMA's A operand (BLOCK_N rows), x.T the B operand, so a
+                      small M (>= 1, padded to BLOCK_M >= 16) wastes no weight bandwidth.
   _wo_dequant_kernel: writes the dequantized weight, for a cuBLAS GEMM at large M.
 """
 import triton
@@ -19,51 +25,141 @@ import triton.language as tl
 
 from ._common import INTERPRET, _cast
 
+CHUNK: tl.constexpr = tl.constexpr(64)
+HALF: tl.constexpr = tl.constexpr(32)
+
 
 @triton.jit
-def _dequant_tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
-                  BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, EVEN_K: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp32 [BLOCK_N, BLOCK_K] weights of rows offs_n (in range), columns k0 .. k0 + BLOCK_K.
-    GROUP: group length, 0 for one group per row. Columns >= K come out as 0 when not EVEN_K."""
-    GT: tl.constexpr = BLOCK_K if (GROUP == 0 or BLOCK_K <= GROUP) else GROUP
-    NGT: tl.constexpr = BLOCK_K // GT
-    PER_BYTE: tl.constexpr = 8 // BITS
-    GTB: tl.constexpr = GT // PER_BYTE
-    j = tl.arange(0, NGT)
-    i = tl.arange(0, GTB)
-    kb = k0 // PER_BYTE + j[None, :, None] * GTB + i[None, None, :]                 # byte column
-    ptrs = w_ptr + offs_n[:, None, None].to(tl.int64) * stride_wn + kb
-    if EVEN_K:
-        b = tl.load(ptrs)
-    else:
-        b = tl.load(ptrs, mask=kb * PER_BYTE < K, other=0)
-    b = b.to(tl.int32)
-    if BITS == 4:
-        u = tl.join(b & 15, b >> 4)                     # [BN, NGT, GTB, 2]: even k low nibble
-        u = tl.reshape(u, (BLOCK_N, NGT, GT))
-    else:
-        u = b
-    uf = (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0   # exact: 2**23 + u - 2**23
+def _nibbles_f16(b):
+    """uint8 -> (low nibble, high nibble) as float16 integers, two codes per instruction."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t0, t1, z, m, mg, one, nm;
+        mov.b32 z, 0;
+        mov.b32 m, 0x000F000F;
+        mov.b32 mg, 0x64006400;
+        mov.b32 one, 0x3C003C00;
+        mov.b32 nm, 0xE400E400;
+        prmt.b32 t0, $4, z, 0x4140;
+        prmt.b32 t1, $4, z, 0x4342;
+        lop3.b32 $0, t0, m, mg, 0xEA;
+        lop3.b32 $1, t1, m, mg, 0xEA;
+        shr.b32 t0, t0, 4;
+        shr.b32 t1, t1, 4;
+        lop3.b32 $2, t0, m, mg, 0xEA;
+        lop3.b32 $3, t1, m, mg, 0xEA;
+        fma.rn.f16x2 $0, $0, one, nm;
+        fma.rn.f16x2 $1, $1, one, nm;
+        fma.rn.f16x2 $2, $2, one, nm;
+        fma.rn.f16x2 $3, $3, one, nm;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[b], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _nibbles_bf16(b):
+    """uint8 -> (low nibble, high nibble) as bfloat16 integers (magic 128.0)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t0, t1, z, m, mg, one, nm;
+        mov.b32 z, 0;
+        mov.b32 m, 0x000F000F;
+        mov.b32 mg, 0x43004300;
+        mov.b32 one, 0x3F803F80;
+        mov.b32 nm, 0xC300C300;
+        prmt.b32 t0, $4, z, 0x4140;
+        prmt.b32 t1, $4, z, 0x4342;
+        lop3.b32 $0, t0, m, mg, 0xEA;
+        lop3.b32 $1, t1, m, mg, 0xEA;
+        shr.b32 t0, t0, 4;
+        shr.b32 t1, t1, 4;
+        lop3.b32 $2, t0, m, mg, 0xEA;
+        lop3.b32 $3, t1, m, mg, 0xEA;
+        fma.rn.bf16x2 $0, $0, one, nm;
+        fma.rn.bf16x2 $1, $1, one, nm;
+        fma.rn.bf16x2 $2, $2, one, nm;
+        fma.rn.bf16x2 $3, $3, one, nm;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[b], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _bytes_f16(b):
+    """uint8 -> float16 integers (magic 1024.0)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 mg, one, nm;
+        mov.b32 mg, 0x64646464;
+        mov.b32 one, 0x3C003C00;
+        mov.b32 nm, 0xE400E400;
+        prmt.b32 $0, $2, mg, 0x4140;
+        prmt.b32 $1, $2, mg, 0x4342;
+        fma.rn.f16x2 $0, $0, one, nm;
+        fma.rn.f16x2 $1, $1, one, nm;
+        }""",
+        constraints="=r,=r,r", args=[b], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _scale_tile(u, s_ptr, z_ptr, s_row, kc, K, GROUP: tl.constexpr, BITS: tl.constexpr,
+                HAS_ZERO: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr):
+    """(u - z) * s for a [BLOCK_N, 32] tile whose k-values start at kc (inside one group)."""
     if GROUP == 0:
-        g = j * 0
+        g = 0
     else:
-        g = (k0 + j * GT) // GROUP
-    s_off = offs_n[:, None].to(tl.int64) * stride_sn + g[None, :]
-    if EVEN_K:
-        s = tl.load(s_ptr + s_off).to(tl.float32)
+        g = kc // GROUP
+    if MASKED:
+        s = tl.load(s_ptr + s_row + g, mask=kc < K, other=0.0)
     else:
-        gmask = (k0 + j * GT < K)[None, :]
-        s = tl.load(s_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + s_row + g)
     if HAS_ZERO:
-        if EVEN_K:
-            z = tl.load(z_ptr + s_off).to(tl.float32)
+        if MASKED:
+            z = tl.load(z_ptr + s_row + g, mask=kc < K, other=0.0)
         else:
-            z = tl.load(z_ptr + s_off, mask=gmask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + s_row + g)
     else:
         z = tl.full(s.shape, 2 ** (BITS - 1), tl.float32)
-    w = uf * s[:, :, None] + (-z * s)[:, :, None]
-    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+    if u.dtype == tl.float32:       # portable path: exact in fp32, one rounding to dt
+        return _cast((u - z.to(tl.float32)[:, None]) * s.to(tl.float32)[:, None], dt)
+    return (u - z.to(dt)[:, None]) * s.to(dt)[:, None]
+
+
+@triton.jit
+def _chunk(w_ptr, s_ptr, z_ptr, offs_n, kc, K, stride_wn, stride_sn,
+           BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, MASKED: tl.constexpr,
+           dt: tl.constexpr):
+    """Two [BLOCK_N, 32] tiles of dequantized weights (x's dtype dt), k in [kc, kc+32) and [kc+32, kc+64)."""
+    i = tl.arange(0, HALF)
+    row = offs_n[:, None].to(tl.int64) * stride_wn
+    s_row = offs_n.to(tl.int64) * stride_sn
+    if BITS == 4:
+        p = w_ptr + row + (kc // 2 + i)[None, :]
+        if MASKED:
+            b = tl.load(p, mask=kc < K, other=0)       # 4-bit rows are padded to whole chunks
+        else:
+            b = tl.load(p)
+        if INTERPRET:
+            bi = b.to(tl.int32)
+            lo, hi = (bi & 15).to(tl.float32), (bi >> 4).to(tl.float32)
+        elif dt == tl.bfloat16:
+            lo, hi = _nibbles_bf16(b)
+        else:
+            lo, hi = _nibbles_f16(b)
+    else:
+        p = w_ptr + row + (kc + i)[None, :]
+        if MASKED:
+            b_lo = tl.load(p, mask=(kc + i < K)[None, :], other=0)
+            b_hi = tl.load(p + HALF, mask=(kc + HALF + i < K)[None, :], other=0)
+        else:
+            b_lo = tl.load(p)
+            b_hi = tl.load(p + HALF)
+        if INTERPRET or dt == tl.bfloat16:
+            lo, hi = b_lo.to(tl.float32), b_hi.to(tl.float32)
+        else:
+            lo, hi = _bytes_f16(b_lo), _bytes_f16(b_hi)
+    w_lo = _scale_tile(lo, s_ptr, z_ptr, s_row, kc, K, GROUP, BITS, HAS_ZERO, MASKED, dt)
+    w_hi = _scale_tile(hi, s_ptr, z_ptr, s_row, kc + HALF, K, GROUP, BITS, HAS_ZERO, MASKED, dt)
+    return w_lo, w_hi
 
 
 @triton.jit
@@ -75,21 +171,34 @@ def _wo_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = rows % N                                   # wrapped: loads need no row mask
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    i = tl.arange(0, HALF)
+    dt: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
+    x_row = x_ptr + m * stride_xm
     for k0 in range(0, K, BLOCK_K):
-        w = _dequant_tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
-                          BITS, GROUP, HAS_ZERO, EVEN_K, BLOCK_N, BLOCK_K)
-        xp = x_ptr + m * stride_xm + (k0 + offs_k) * stride_xk
-        if EVEN_K:
-            xv = tl.load(xp)
-        else:
-            xv = tl.load(xp, mask=k0 + offs_k < K, other=0.0)
-        acc += w * xv.to(tl.float32)[None, :]
+        for c in tl.static_range(BLOCK_K // CHUNK):
+            kc = k0 + c * CHUNK
+            w_lo, w_hi = _chunk(w_ptr, s_ptr, z_ptr, offs_n, kc, K, stride_wn, stride_sn,
+                                BITS, GROUP, HAS_ZERO, not EVEN_K, dt)
+            if EVEN_K:
+                x_lo = tl.load(x_row + (kc + i) * stride_xk)
+                x_hi = tl.load(x_row + (kc + HALF + i) * stride_xk)
+            else:
+                x_lo = tl.load(x_row + (kc + i) * stride_xk, mask=kc + i < K, other=0.0)
+                x_hi = tl.load(x_row + (kc + HALF + i) * stride_xk, mask=kc + HALF + i < K, other=0.0)
+            acc += w_lo.to(tl.float32) * x_lo.to(tl.float32)[None, :]
+            acc += w_hi.to(tl.float32) * x_hi.to(tl.float32)[None, :]
     out = tl.sum(acc, axis=1)
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n).to(tl.float32)
     tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=rows < N)
+
+
+@triton.jit
+def _dot(a, b, acc):
+    if INTERPRET:   # the interpreter's bf16 tl.dot is wrong: same operand values, multiplied in fp32
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -113,21 +222,24 @@ def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = rows_n % N
     offs_m = rows_m % M
-    offs_k = tl.arange(0, BLOCK_K)
-    xt_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_k[:, None] * stride_xk   # x.T tile
+    i = tl.arange(0, HALF)
+    dt: tl.constexpr = x_ptr.dtype.element_ty
+    xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [32, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w = _dequant_tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
-                          BITS, GROUP, HAS_ZERO, EVEN_K, BLOCK_N, BLOCK_K)
-        if EVEN_K:
-            xt = tl.load(xt_ptrs)
-        else:
-            xt = tl.load(xt_ptrs, mask=(k0 + offs_k < K)[:, None], other=0.0)
-        if INTERPRET:   # the interpreter's bf16 tl.dot is wrong: same operand values, multiplied in fp32
-            acc = tl.dot(_cast(w, xt.dtype).to(tl.float32), xt.to(tl.float32), acc)
-        else:
-            acc = tl.dot(_cast(w, xt.dtype), xt, acc)
-        xt_ptrs += BLOCK_K * stride_xk
+        for c in tl.static_range(BLOCK_K // CHUNK):
+            kc = k0 + c * CHUNK
+            w_lo, w_hi = _chunk(w_ptr, s_ptr, z_ptr, offs_n, kc, K, stride_wn, stride_sn,
+                                BITS, GROUP, HAS_ZERO, not EVEN_K, dt)
+            p_lo = xt_base + (kc + i)[:, None] * stride_xk
+            if EVEN_K:
+                x_lo = tl.load(p_lo)
+                x_hi = tl.load(p_lo + HALF * stride_xk)
+            else:
+                x_lo = tl.load(p_lo, mask=(kc + i < K)[:, None], other=0.0)
+                x_hi = tl.load(p_lo + HALF * stride_xk, mask=(kc + HALF + i < K)[:, None], other=0.0)
+            acc = _dot(w_lo, x_lo, acc)
+            acc = _dot(w_hi, x_hi, acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
     o_ptrs = out_ptr + rows_m[None, :].to(tl.int64) * stride_om + rows_n[:, None]
@@ -141,8 +253,12 @@ def _wo_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wn, stride_sn,
     pid_n = tl.program_id(0)
     k0 = tl.program_id(1) * BLOCK_K
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = _dequant_tile(w_ptr, s_ptr, z_ptr, rows % N, k0, K, stride_wn, stride_sn,
-                      BITS, GROUP, HAS_ZERO, EVEN_K, BLOCK_N, BLOCK_K)
-    cols = k0 + tl.arange(0, BLOCK_K)
-    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_on + cols[None, :]
-    tl.store(o_ptrs, _cast(w, out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :])
+    i = tl.arange(0, HALF)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    for c in tl.static_range(BLOCK_K // CHUNK):
+        kc = k0 + c * CHUNK
+        w_lo, w_hi = _chunk(w_ptr, s_ptr, z_ptr, rows % N, kc, K, stride_wn, stride_sn,
+                            BITS, GROUP, HAS_ZERO, not EVEN_K, dt)
+        o = out_ptr + rows[:, None].to(tl.int64) * stride_on + (kc + i)[None, :]
+        tl.store(o, w_lo, mask=(rows < N)[:, None] & (kc + i < K)[None, :])
+        tl.store(o + HALF, w_hi, mask=(rows < N)[:, None] & (kc + HALF + i < K)[None, :])

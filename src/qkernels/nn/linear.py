@@ -30,13 +30,13 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
         if scheme in WEIGHT_ONLY_BITS:
-            from ..packed_weight import _check_group, num_groups
+            from ..packed_weight import _check_group, num_groups, qweight_width
             bits = WEIGHT_ONLY_BITS[scheme]
             group_size = group_size if group_size is not None else (128 if bits == 4 else -1)
             _check_group(group_size, in_features, bits)
             self.bits, self.group_size = bits, group_size
             ng = num_groups(group_size, in_features)
-            self.register_buffer("qweight", torch.zeros(out_features, in_features * bits // 8, dtype=torch.uint8,
+            self.register_buffer("qweight", torch.zeros(out_features, qweight_width(in_features, bits), dtype=torch.uint8,
                                                         device=device))
             self.register_buffer("scales", torch.ones(out_features, ng, dtype=dtype, device=device))
             self.register_buffer("zeros", None if symmetric else

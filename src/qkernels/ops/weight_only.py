@@ -46,6 +46,8 @@ def _launch(x2, qweight, scales, zeros, bias, out, bits, group, cfg):
     N = qweight.shape[0]
     p = {k: v for k, v in cfg.items() if k != "path"}
     g = 0 if group == K else group
+    if p["BLOCK_K"] % 64:
+        raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     args = (x2, qweight, scales, zeros if zeros is not None else scales, bias if bias is not None else scales, out,
             M, N, K, x2.stride(0), x2.stride(1), qweight.stride(0), scales.stride(0), out.stride(0))
     flags = dict(BITS=bits, GROUP=g, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
