@@ -1,11 +1,13 @@
 """Private Triton kernels for weight-only quantized linears (W4A16 / W8A16).
 Launchers: ops/weight_only.py. Layout: packed_weight.py. Reference: reference.weight_only_linear.
 
-The weight is read in chunks of 64 k-values. `_chunk` turns one chunk of BLOCK_N rows into two
-[BLOCK_N, 32] tiles of x's dtype (k in [kc, kc + 32) and [kc + 32, kc + 64)): for 4-bit weights the
-low and high nibbles of the chunk's 32 bytes (the layout puts k and k + 32 in one byte, so no
-interleaving is needed), for 8-bit weights two runs of 32 bytes. Group sizes are >= 32, so each
-tile has one scale and zero per row: w = (u - z) * s.
+The weight is read in chunks of 64 k-values. `_tile` turns BLOCK_K / 64 chunks of BLOCK_N rows into
+two [BLOCK_N, BLOCK_K / 64, 32] tiles of x's dtype: w_lo holds k = 64 c + j and w_hi k = 64 c + 32 + j
+of chunk c. For 4-bit weights these are the low and high nibbles of the same contiguous bytes (the
+layout puts k and k + 32 in one byte, so no interleaving is needed); for 8-bit weights two runs of 32
+bytes. Group sizes are >= 32, so each run of 32 has one scale and zero per row, broadcast along the
+last axis: w = (u - z) * s. The GEMV multiplies the 3-D tiles with x directly; the tensor-core
+kernel reshapes them to [BLOCK_N, BLOCK_K / 2] and loads x.T rows in the matching k order.
 
 Codes become floats without integer->float conversions (quarter-rate instructions): on GPUs an
 inline-PTX block spreads each byte into a half of a 32-bit register (prmt), ORs the nibble into the
@@ -103,39 +105,46 @@ def _bytes_f16(b):
 @triton.jit
 def _scale_tile(u, s_ptr, z_ptr, s_row, kc, K, GROUP: tl.constexpr, BITS: tl.constexpr,
                 HAS_ZERO: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr):
-    """(u - z) * s for a [BLOCK_N, 32] tile whose k-values start at kc (inside one group)."""
+    """(u - z) * s for a [BLOCK_N, NC, 32] tile; kc [NC]: first k of each 32-run (inside one group)."""
     if GROUP == 0:
-        g = 0
+        g = kc * 0
     else:
         g = kc // GROUP
+    off = s_row[:, None] + g[None, :]
     if MASKED:
-        s = tl.load(s_ptr + s_row + g, mask=kc < K, other=0.0)
+        s = tl.load(s_ptr + off, mask=(kc < K)[None, :], other=0.0)
     else:
-        s = tl.load(s_ptr + s_row + g)
+        s = tl.load(s_ptr + off)
     if HAS_ZERO:
         if MASKED:
-            z = tl.load(z_ptr + s_row + g, mask=kc < K, other=0.0)
+            z = tl.load(z_ptr + off, mask=(kc < K)[None, :], other=0.0)
         else:
-            z = tl.load(z_ptr + s_row + g)
+            z = tl.load(z_ptr + off)
     else:
         z = tl.full(s.shape, 2 ** (BITS - 1), tl.float32)
     if u.dtype == tl.float32:       # portable path: exact in fp32, one rounding to dt
-        return _cast((u - z.to(tl.float32)[:, None]) * s.to(tl.float32)[:, None], dt)
-    return (u - z.to(dt)[:, None]) * s.to(dt)[:, None]
+        w = _cast((u - z.to(tl.float32)[:, :, None]) * s.to(tl.float32)[:, :, None], dt)
+    else:
+        w = (u - z.to(dt)[:, :, None]) * s.to(dt)[:, :, None]
+    return w
 
 
 @triton.jit
-def _chunk(w_ptr, s_ptr, z_ptr, offs_n, kc, K, stride_wn, stride_sn,
-           BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, MASKED: tl.constexpr,
-           dt: tl.constexpr):
-    """Two [BLOCK_N, 32] tiles of dequantized weights (x's dtype dt), k in [kc, kc+32) and [kc+32, kc+64)."""
-    i = tl.arange(0, HALF)
-    row = offs_n[:, None].to(tl.int64) * stride_wn
+def _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
+          BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, MASKED: tl.constexpr,
+          dt: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Dequantized weights of rows offs_n, k in [k0, k0 + BLOCK_K), as two [BLOCK_N, NC, 32] tiles
+    (NC = BLOCK_K / 64) in x's dtype dt: w_lo[n, c, j] is k = k0 + 64 c + j, w_hi[n, c, j] is that + 32."""
+    NC: tl.constexpr = BLOCK_K // CHUNK
+    c = tl.arange(0, NC)
+    j = tl.arange(0, HALF)
+    kc = k0 + c * CHUNK                                        # [NC]
+    row = offs_n[:, None, None].to(tl.int64) * stride_wn
     s_row = offs_n.to(tl.int64) * stride_sn
     if BITS == 4:
-        p = w_ptr + row + (kc // 2 + i)[None, :]
+        p = w_ptr + row + (kc // 2)[None, :, None] + j[None, None, :]    # = k0 / 2 + 32 c + j: contiguous
         if MASKED:
-            b = tl.load(p, mask=kc < K, other=0)       # 4-bit rows are padded to whole chunks
+            b = tl.load(p, mask=(kc < K)[None, :, None], other=0)       # 4-bit rows are padded to whole chunks
         else:
             b = tl.load(p)
         if INTERPRET:
@@ -146,10 +155,11 @@ def _chunk(w_ptr, s_ptr, z_ptr, offs_n, kc, K, stride_wn, stride_sn,
         else:
             lo, hi = _nibbles_f16(b)
     else:
-        p = w_ptr + row + (kc + i)[None, :]
+        k = kc[None, :, None] + j[None, None, :]
+        p = w_ptr + row + k
         if MASKED:
-            b_lo = tl.load(p, mask=(kc + i < K)[None, :], other=0)
-            b_hi = tl.load(p + HALF, mask=(kc + HALF + i < K)[None, :], other=0)
+            b_lo = tl.load(p, mask=k < K, other=0)
+            b_hi = tl.load(p + HALF, mask=k + HALF < K, other=0)
         else:
             b_lo = tl.load(p)
             b_hi = tl.load(p + HALF)
@@ -171,24 +181,23 @@ def _wo_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = rows % N                                   # wrapped: loads need no row mask
-    i = tl.arange(0, HALF)
+    NC: tl.constexpr = BLOCK_K // CHUNK
+    kx = tl.arange(0, NC)[:, None] * CHUNK + tl.arange(0, HALF)[None, :]     # [NC, 32]: k - k0 of w_lo
     dt: tl.constexpr = x_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, NC, HALF), dtype=tl.float32)
     x_row = x_ptr + m * stride_xm
     for k0 in range(0, K, BLOCK_K):
-        for c in tl.static_range(BLOCK_K // CHUNK):
-            kc = k0 + c * CHUNK
-            w_lo, w_hi = _chunk(w_ptr, s_ptr, z_ptr, offs_n, kc, K, stride_wn, stride_sn,
-                                BITS, GROUP, HAS_ZERO, not EVEN_K, dt)
-            if EVEN_K:
-                x_lo = tl.load(x_row + (kc + i) * stride_xk)
-                x_hi = tl.load(x_row + (kc + HALF + i) * stride_xk)
-            else:
-                x_lo = tl.load(x_row + (kc + i) * stride_xk, mask=kc + i < K, other=0.0)
-                x_hi = tl.load(x_row + (kc + HALF + i) * stride_xk, mask=kc + HALF + i < K, other=0.0)
-            acc += w_lo.to(tl.float32) * x_lo.to(tl.float32)[None, :]
-            acc += w_hi.to(tl.float32) * x_hi.to(tl.float32)[None, :]
-    out = tl.sum(acc, axis=1)
+        w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
+                           BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
+        if EVEN_K:
+            x_lo = tl.load(x_row + (k0 + kx) * stride_xk)
+            x_hi = tl.load(x_row + (k0 + HALF + kx) * stride_xk)
+        else:
+            x_lo = tl.load(x_row + (k0 + kx) * stride_xk, mask=k0 + kx < K, other=0.0)
+            x_hi = tl.load(x_row + (k0 + HALF + kx) * stride_xk, mask=k0 + kx < K - HALF, other=0.0)
+        acc += w_lo.to(tl.float32) * x_lo.to(tl.float32)[None, :, :]
+        acc += w_hi.to(tl.float32) * x_hi.to(tl.float32)[None, :, :]
+    out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n).to(tl.float32)
     tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=rows < N)
@@ -222,24 +231,26 @@ def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = rows_n % N
     offs_m = rows_m % M
-    i = tl.arange(0, HALF)
+    NC: tl.constexpr = BLOCK_K // CHUNK
+    r = tl.arange(0, NC * HALF)
+    kr = (r // HALF) * CHUNK + r % HALF               # k - k0 of row r of the reshaped w_lo tile
     dt: tl.constexpr = x_ptr.dtype.element_ty
-    xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [32, BLOCK_M]
+    xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [NC * 32, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        for c in tl.static_range(BLOCK_K // CHUNK):
-            kc = k0 + c * CHUNK
-            w_lo, w_hi = _chunk(w_ptr, s_ptr, z_ptr, offs_n, kc, K, stride_wn, stride_sn,
-                                BITS, GROUP, HAS_ZERO, not EVEN_K, dt)
-            p_lo = xt_base + (kc + i)[:, None] * stride_xk
-            if EVEN_K:
-                x_lo = tl.load(p_lo)
-                x_hi = tl.load(p_lo + HALF * stride_xk)
-            else:
-                x_lo = tl.load(p_lo, mask=(kc + i < K)[:, None], other=0.0)
-                x_hi = tl.load(p_lo + HALF * stride_xk, mask=(kc + HALF + i < K)[:, None], other=0.0)
-            acc = _dot(w_lo, x_lo, acc)
-            acc = _dot(w_hi, x_hi, acc)
+        w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
+                           BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
+        w_lo = tl.reshape(w_lo, (BLOCK_N, NC * HALF))
+        w_hi = tl.reshape(w_hi, (BLOCK_N, NC * HALF))
+        p_lo = xt_base + (k0 + kr)[:, None] * stride_xk
+        if EVEN_K:
+            x_lo = tl.load(p_lo)
+            x_hi = tl.load(p_lo + HALF * stride_xk)
+        else:
+            x_lo = tl.load(p_lo, mask=(k0 + kr < K)[:, None], other=0.0)
+            x_hi = tl.load(p_lo + HALF * stride_xk, mask=(k0 + kr < K - HALF)[:, None], other=0.0)
+        acc = _dot(w_lo, x_lo, acc)
+        acc = _dot(w_hi, x_hi, acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
     o_ptrs = out_ptr + rows_m[None, :].to(tl.int64) * stride_om + rows_n[:, None]
@@ -253,12 +264,12 @@ def _wo_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wn, stride_sn,
     pid_n = tl.program_id(0)
     k0 = tl.program_id(1) * BLOCK_K
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    i = tl.arange(0, HALF)
+    NC: tl.constexpr = BLOCK_K // CHUNK
+    kx = k0 + tl.arange(0, NC)[:, None] * CHUNK + tl.arange(0, HALF)[None, :]     # [NC, 32]
     dt: tl.constexpr = out_ptr.dtype.element_ty
-    for c in tl.static_range(BLOCK_K // CHUNK):
-        kc = k0 + c * CHUNK
-        w_lo, w_hi = _chunk(w_ptr, s_ptr, z_ptr, rows % N, kc, K, stride_wn, stride_sn,
-                            BITS, GROUP, HAS_ZERO, not EVEN_K, dt)
-        o = out_ptr + rows[:, None].to(tl.int64) * stride_on + (kc + i)[None, :]
-        tl.store(o, w_lo, mask=(rows < N)[:, None] & (kc + i < K)[None, :])
-        tl.store(o + HALF, w_hi, mask=(rows < N)[:, None] & (kc + HALF + i < K)[None, :])
+    w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, rows % N, k0, K, stride_wn, stride_sn,
+                       BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
+    o = out_ptr + rows[:, None, None].to(tl.int64) * stride_on + kx[None, :, :]
+    rmask = (rows < N)[:, None, None]
+    tl.store(o, w_lo, mask=rmask & (kx < K)[None, :, :])
+    tl.store(o + HALF, w_hi, mask=rmask & (kx + HALF < K)[None, :, :])
