@@ -142,7 +142,8 @@ def _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
     row = offs_n[:, None, None].to(tl.int64) * stride_wn
     s_row = offs_n.to(tl.int64) * stride_sn
     if BITS == 4:
-        p = w_ptr + row + (kc // 2)[None, :, None] + j[None, None, :]    # = k0 / 2 + 32 c + j: contiguous
+        kb = tl.multiple_of(k0 // 2, HALF)
+        p = w_ptr + row + kb + (c * HALF)[:, None][None, :, :] + j[None, None, :]    # k0 / 2 + 32 c + j
         if MASKED:
             b = tl.load(p, mask=(kc < K)[None, :, None], other=0)       # 4-bit rows are padded to whole chunks
         else:
@@ -155,7 +156,8 @@ def _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
         else:
             lo, hi = _nibbles_f16(b)
     else:
-        k = kc[None, :, None] + j[None, None, :]
+        k0 = tl.multiple_of(k0, CHUNK)
+        k = k0 + (c * CHUNK)[None, :, None] + j[None, None, :]
         p = w_ptr + row + k
         if MASKED:
             b_lo = tl.load(p, mask=k < K, other=0)
@@ -187,6 +189,7 @@ def _wo_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     acc = tl.zeros((BLOCK_N, NC, HALF), dtype=tl.float32)
     x_row = x_ptr + m * stride_xm
     for k0 in range(0, K, BLOCK_K):
+        k0 = tl.multiple_of(k0, BLOCK_K)
         w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
                            BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
         if EVEN_K:
@@ -234,10 +237,12 @@ def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     NC: tl.constexpr = BLOCK_K // CHUNK
     r = tl.arange(0, NC * HALF)
     kr = (r // HALF) * CHUNK + r % HALF               # k - k0 of row r of the reshaped w_lo tile
+    kr = tl.max_contiguous(tl.multiple_of(kr, HALF), HALF)
     dt: tl.constexpr = x_ptr.dtype.element_ty
     xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [NC * 32, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
+        k0 = tl.multiple_of(k0, BLOCK_K)
         w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
                            BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
         w_lo = tl.reshape(w_lo, (BLOCK_N, NC * HALF))
