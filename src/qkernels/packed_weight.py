@@ -131,6 +131,7 @@ class PackedWeight:
         check_tensor("weight", weight, dtypes=(torch.float32, torch.float16, torch.bfloat16))
         if weight.dim() != 2:
             raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+        weight = weight.detach()
         N, K = weight.shape
         G = _check_group(group_size, K, bits)
         sdt = scale_dtype or (weight.dtype if weight.dtype in SCALE_DTYPES else torch.float16)
