@@ -41,6 +41,8 @@ def candidates(m: int) -> list[dict]:
     if m <= 32:
         bm = max(16, m)
         c += [mm(bm, bn, bk, 4, s) for bn, bk, s in itertools.product((16, 32, 64, 128), (128, 256), (3, 4))]
+        # 1-2 warps: below a warpgroup Triton uses mma.sync, whose A operand stays in registers
+        c += [mm(bm, bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32), (128, 256), (1, 2), (3, 4))]
     elif m <= 64:
         c += [mm(64, bn, bk, 4, s) for bn, bk, s in itertools.product((32, 64, 128), (64, 128), (3, 4))]
     elif m <= 256:
