@@ -124,8 +124,7 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
         raise TypeError(f"w_packed must be a qkernels.PackedWeight (see PackedWeight.from_float / from_gptq / "
                         f"from_awq), got {type(w).__name__}")
     if w.bits != bits:
-        raise ValueError(f"{name} needs a {bits}-bit PackedWeight, got bits={w.bits}"
-                         f" (use w{w.bits}a16_linear)" if w.bits in (4, 8) else "")
+        raise ValueError(f"{name} needs a {bits}-bit PackedWeight, got bits={w.bits} (use w{w.bits}a16_linear)")
     check_tensor("x", x, dtypes=X_DTYPES, ndim_min=1)
     check_kernel_device("x", x)
     N, K = w.shape
