@@ -26,3 +26,19 @@ def assert_bit_exact(got: torch.Tensor, want: torch.Tensor, name: str = "tensor"
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     want = want.double()
     return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def graph_replay(fn):
+    """Capture fn() in a CUDA graph (after a warm-up on a side stream, as capture wants), replay it
+    once and return the output written by the replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return out

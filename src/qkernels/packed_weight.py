@@ -112,7 +112,7 @@ class PackedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The [N, K] float weight it represents (pure torch; the reference for the kernels)."""
         return ref.weight_only_dequantize(self.qweight, self.scales, self.zeros, self.bits, self.group_size,
-                                          self.perm, dtype, K=self.shape[1])
+                                          self.shape[1], self.perm, dtype)
 
     def __repr__(self) -> str:
         return (f"PackedWeight(shape={self.shape}, bits={self.bits}, group_size={self.group_size}, "

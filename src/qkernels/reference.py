@@ -272,14 +272,10 @@ def unpack_weight_codes(qweight: torch.Tensor, bits: int, K: int) -> torch.Tenso
     return v.reshape(N, -1)[:, :K].to(torch.uint8)
 
 
-def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, bits: int, group_size: int,
-                           perm=None, dtype: torch.dtype = torch.float32, K: int | None = None) -> torch.Tensor:
+def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, bits: int, group_size: int, K: int,
+                           perm=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[N, K] weight in input-channel order: W[n, perm[k]] = (u[n, k] - z[n, k // G]) * s[n, k // G]
-    in fp32 (z = 2**(bits - 1) when zeros is None), then cast to dtype. K defaults to
-    group_size * scales.shape[1] (pass it for per-channel 4-bit weights)."""
-    if K is None:
-        K = qweight.shape[1] if bits == 8 else (group_size * scales.shape[1] if group_size != -1 else
-                                                qweight.shape[1] * 2)
+    in fp32 (z = 2**(bits - 1) when zeros is None), then cast to dtype."""
     u = unpack_weight_codes(qweight, bits, K).to(torch.float32)
     N = u.shape[0]
     G = K if group_size == -1 else group_size
@@ -297,7 +293,7 @@ def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, b
 def weight_only_linear(x: torch.Tensor, qweight, scales, zeros, bits: int, group_size: int, perm=None,
                        bias=None) -> torch.Tensor:
     """x [..., K] @ dequant(W).T (+ bias), computed in fp32, output in x's dtype."""
-    w = weight_only_dequantize(qweight, scales, zeros, bits, group_size, perm, K=x.shape[-1])
+    w = weight_only_dequantize(qweight, scales, zeros, bits, group_size, x.shape[-1], perm)
     y = x.to(torch.float32) @ w.t()
     if bias is not None:
         y = y + bias.to(torch.float32)

@@ -8,7 +8,7 @@ import qkernels as qk
 from qkernels import reference as ref
 
 from ..conftest import DEVICE, ON_GPU
-from ..helpers import assert_bit_exact, rel_err
+from ..helpers import assert_bit_exact, graph_replay, rel_err
 
 gpu = pytest.mark.gpu
 MS = [0, 1, 2, 15, 16, 17, 33, 127, 128, 129]
@@ -217,14 +217,4 @@ def test_cuda_graph_replay():
     ql = qk.QuantizedLinear.from_linear(lin)
     x = torch.randn(16, 256, device=DEVICE, dtype=torch.float16)
     want = ql(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ql(x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = ql(x)
-    g.replay()
-    torch.cuda.synchronize()
-    assert_bit_exact(out, want)
+    assert_bit_exact(graph_replay(lambda: ql(x)), want)

@@ -11,7 +11,7 @@ from qkernels import reference as ref
 from qkernels.ops import weight_only as WO
 
 from ..conftest import DEVICE, ON_GPU
-from ..helpers import assert_bit_exact, rel_err
+from ..helpers import assert_bit_exact, graph_replay, rel_err
 
 gpu = pytest.mark.gpu
 PATHS = WO.PATHS
@@ -237,17 +237,7 @@ def test_cuda_graph_replay(M):
     ql = qk.QuantizedLinear.from_linear(lin, "w4a16")
     x = torch.randn(M, 512, device=DEVICE, dtype=torch.float16)
     want = ql(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ql(x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = ql(x)
-    g.replay()
-    torch.cuda.synchronize()
-    assert_bit_exact(out, want)
+    assert_bit_exact(graph_replay(lambda: ql(x)), want)
 
 
 @gpu

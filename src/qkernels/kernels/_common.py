@@ -34,6 +34,16 @@ def _cast(x, ty: tl.constexpr):
 
 
 @triton.jit
+def _grouped_pid(pid, num_major, num_minor, GROUP: tl.constexpr):
+    """Program id -> (major, minor) tile indices in grouped order: GROUP consecutive major tiles walk
+    the minor tiles together, so the operand tiles they share stay in L2."""
+    width = GROUP * num_minor
+    first = (pid // width) * GROUP
+    size = tl.minimum(num_major - first, GROUP)
+    return first + (pid % width) % size, (pid % width) // size
+
+
+@triton.jit
 def _rint(y):
     return (y + 12582912.0) - 12582912.0
 

@@ -10,7 +10,7 @@ product is two int8 dots and needs no interleaving.
 import triton
 import triton.language as tl
 
-from ._common import _cast
+from ._common import _cast, _grouped_pid
 
 
 @triton.jit
@@ -35,15 +35,8 @@ def _scaled_mm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # grouped ordering: GROUP_M row-blocks share their B tiles in L2
-    width = GROUP_M * num_pid_n
-    group = pid // width
-    first_m = group * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    # GROUP_M row-blocks share their B tiles in L2
+    pid_m, pid_n = _grouped_pid(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M     # wrapped rows: loads need no M/N mask
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N

@@ -25,23 +25,23 @@ conversions; both give the same bits, as u - z is exact and (u - z) * s rounds o
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast
+from ._common import INTERPRET, _cast, _grouped_pid
 
 CHUNK: tl.constexpr = tl.constexpr(64)
 HALF: tl.constexpr = tl.constexpr(32)
 
 
-@triton.jit
-def _nibbles_f16(b):
-    """uint8 -> (low nibble, high nibble) as float16 integers, two codes per instruction."""
-    return tl.inline_asm_elementwise(
-        asm="""{
+def _nibbles_asm(magic: str, one: str, neg_magic: str, fma: str) -> str:
+    """PTX: 4 bytes in $4 -> low nibbles in $0, $1 and high nibbles in $2, $3, as 16-bit float pairs:
+    prmt spreads two bytes into the halves of a register, lop3 ORs each nibble into the mantissa of
+    the magic number, and a paired fma (x * 1 - magic) leaves the code, exactly."""
+    return f"""{{
         .reg .b32 t0, t1, z, m, mg, one, nm;
         mov.b32 z, 0;
         mov.b32 m, 0x000F000F;
-        mov.b32 mg, 0x64006400;
-        mov.b32 one, 0x3C003C00;
-        mov.b32 nm, 0xE400E400;
+        mov.b32 mg, {magic};
+        mov.b32 one, {one};
+        mov.b32 nm, {neg_magic};
         prmt.b32 t0, $4, z, 0x4140;
         prmt.b32 t1, $4, z, 0x4342;
         lop3.b32 $0, t0, m, mg, 0xEA;
@@ -50,39 +50,27 @@ def _nibbles_f16(b):
         shr.b32 t1, t1, 4;
         lop3.b32 $2, t0, m, mg, 0xEA;
         lop3.b32 $3, t1, m, mg, 0xEA;
-        fma.rn.f16x2 $0, $0, one, nm;
-        fma.rn.f16x2 $1, $1, one, nm;
-        fma.rn.f16x2 $2, $2, one, nm;
-        fma.rn.f16x2 $3, $3, one, nm;
-        }""",
-        constraints="=r,=r,=r,=r,r", args=[b], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        fma.rn.{fma} $0, $0, one, nm;
+        fma.rn.{fma} $1, $1, one, nm;
+        fma.rn.{fma} $2, $2, one, nm;
+        fma.rn.{fma} $3, $3, one, nm;
+        }}"""
+
+
+_NIBBLES_F16: tl.constexpr = tl.constexpr(_nibbles_asm("0x64006400", "0x3C003C00", "0xE400E400", "f16x2"))    # 1024.0
+_NIBBLES_BF16: tl.constexpr = tl.constexpr(_nibbles_asm("0x43004300", "0x3F803F80", "0xC300C300", "bf16x2"))  # 128.0
 
 
 @triton.jit
-def _nibbles_bf16(b):
-    """uint8 -> (low nibble, high nibble) as bfloat16 integers (magic 128.0)."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t0, t1, z, m, mg, one, nm;
-        mov.b32 z, 0;
-        mov.b32 m, 0x000F000F;
-        mov.b32 mg, 0x43004300;
-        mov.b32 one, 0x3F803F80;
-        mov.b32 nm, 0xC300C300;
-        prmt.b32 t0, $4, z, 0x4140;
-        prmt.b32 t1, $4, z, 0x4342;
-        lop3.b32 $0, t0, m, mg, 0xEA;
-        lop3.b32 $1, t1, m, mg, 0xEA;
-        shr.b32 t0, t0, 4;
-        shr.b32 t1, t1, 4;
-        lop3.b32 $2, t0, m, mg, 0xEA;
-        lop3.b32 $3, t1, m, mg, 0xEA;
-        fma.rn.bf16x2 $0, $0, one, nm;
-        fma.rn.bf16x2 $1, $1, one, nm;
-        fma.rn.bf16x2 $2, $2, one, nm;
-        fma.rn.bf16x2 $3, $3, one, nm;
-        }""",
-        constraints="=r,=r,=r,=r,r", args=[b], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+def _nibbles(b, dt: tl.constexpr):
+    """uint8 -> (low nibble, high nibble) as dt (float16 / bfloat16) integers, two codes per instruction."""
+    if dt == tl.bfloat16:
+        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_BF16, constraints="=r,=r,=r,=r,r", args=[b],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_F16, constraints="=r,=r,=r,=r,r", args=[b],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    return lo, hi
 
 
 @triton.jit
@@ -151,10 +139,8 @@ def _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
         if INTERPRET:
             bi = b.to(tl.int32)
             lo, hi = (bi & 15).to(tl.float32), (bi >> 4).to(tl.float32)
-        elif dt == tl.bfloat16:
-            lo, hi = _nibbles_bf16(b)
         else:
-            lo, hi = _nibbles_f16(b)
+            lo, hi = _nibbles(b, dt)
     else:
         k0 = tl.multiple_of(k0, CHUNK)
         k = k0 + (c * CHUNK)[None, :, None] + j[None, None, :]
@@ -220,15 +206,8 @@ def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_N: tl.constexpr):
     pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    # grouped ordering: GROUP_N weight row-blocks share their x tiles in L2
-    width = GROUP_N * num_pid_m
-    group = pid // width
-    first_n = group * GROUP_N
-    size_n = tl.minimum(num_pid_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % width) % size_n
-    pid_m = (pid % width) // size_n
+    # GROUP_N weight row-blocks share their x tiles in L2
+    pid_n, pid_m = _grouped_pid(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)
 
     rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
