@@ -18,7 +18,8 @@ _EXPORTS = {
     "int8_matmul": ".ops.gemm", "fp8_matmul": ".ops.gemm", "int4_matmul": ".ops.gemm", "w8a8_linear": ".ops.gemm",
     "w4a16_linear": ".ops.weight_only", "w8a16_linear": ".ops.weight_only",
     "PackedWeight": ".packed_weight",
-    "QuantizedLinear": ".nn",
+    "QuantizedLinear": ".nn", "quantize_": ".nn.convert", "save_quantized": ".nn.convert",
+    "load_quantized": ".nn.convert",
     "FORMATS": ".formats", "GRANULARITIES": ".formats",
     "poison_outputs": "._runtime",
 }

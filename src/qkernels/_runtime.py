@@ -85,6 +85,12 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
            " (set TRITON_INTERPRET=1 before importing qkernels to run the kernels on the CPU)"))
 
 
+def runs_kernels(t: torch.Tensor) -> bool:
+    """Whether qkernels' kernels can run on t's device (CUDA, or the CPU under the interpreter).
+    Modules (QuantizedLinear) fall back to the bit-identical reference elsewhere; ops raise."""
+    return t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter())
+
+
 def check_same_device(ref_name: str, ref: torch.Tensor, **others) -> None:
     for name, t in others.items():
         if t is not None and isinstance(t, torch.Tensor) and t.device != ref.device:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import reference as ref
+from .._runtime import runs_kernels
+
 SCHEMES = ("w8a8", "w8a8-fp8", "w4a16", "w8a16")
 WEIGHT_ONLY_BITS = {"w4a16": 4, "w8a16": 8}
 
@@ -20,6 +23,10 @@ class QuantizedLinear(nn.Module):
       "w8a16"     8-bit weights (default per output channel), fp16/bf16 activations.
         Buffers: `qweight`, `scales`, `zeros` (asymmetric), `perm` (act-order), `bias`, in the
         PackedWeight layout (qkernels.packed_weight).
+
+    On a CUDA device (or the CPU under TRITON_INTERPRET=1) forward runs the kernels; on a plain CPU it
+    runs their pure-torch twins in qkernels.reference (same numerics; the tests prove they match), so
+    a quantized model can be evaluated on a machine without a GPU.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, scheme: str = "w8a8",
@@ -54,7 +61,6 @@ class QuantizedLinear(nn.Module):
                     symmetric: bool | None = None) -> "QuantizedLinear":
         """Quantize an nn.Linear. group_size / symmetric apply to the weight-only schemes (w4a16:
         default group 128, asymmetric; w8a16: default per channel, symmetric)."""
-        from ..ops.quant import quantize
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         if scheme not in SCHEMES:
@@ -70,9 +76,15 @@ class QuantizedLinear(nn.Module):
             b = linear.bias.detach().to(dtype) if linear.bias is not None else None
             return cls.from_packed(pw, b)
         mod = cls(linear.in_features, linear.out_features, linear.bias is not None, scheme, w.device, dtype)
-        qt = quantize(w, "int8" if scheme == "w8a8" else "fp8_e4m3", "row")
-        mod.weight.copy_(qt.data)
-        mod.weight_scale.copy_(qt.scale.reshape(-1))
+        fmt = "int8" if scheme == "w8a8" else "fp8_e4m3"
+        if runs_kernels(w):
+            from ..ops.quant import quantize
+            qt = quantize(w, fmt, "row")
+            data, scale = qt.data, qt.scale
+        else:
+            data, scale, _ = ref.quantize(w, fmt, "row")
+        mod.weight.copy_(data)
+        mod.weight_scale.copy_(scale.reshape(-1))
         if linear.bias is not None:
             mod.bias.copy_(linear.bias.detach().to(dtype))
         return mod
@@ -99,12 +111,35 @@ class QuantizedLinear(nn.Module):
                             (self.out_features, self.in_features), self.perm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not runs_kernels(x):
+            return self._reference_forward(x)
         if self.scheme in WEIGHT_ONLY_BITS:
             from ..ops.weight_only import _weight_only
             return _weight_only(x, self.packed_weight(), self.bias, self.bits, f"{self.scheme} QuantizedLinear")
         from ..ops.gemm import w8a8_linear
         return w8a8_linear(x, self.weight, self.weight_scale, self.bias,
                            dtype="int8" if self.scheme == "w8a8" else "fp8")
+
+    # codes and fp32 scales keep their dtype when the model is cast (model.half(), .to(bf16)): an
+    # e4m3 weight is a float dtype to nn.Module.to, and its scales must stay fp32
+    _FIXED_DTYPE = ("weight", "weight_scale", "qweight", "perm")
+
+    def _apply(self, fn, recurse=True):
+        before = {k: self._buffers[k].dtype for k in self._FIXED_DTYPE if self._buffers.get(k) is not None}
+        kept = {k: self._buffers[k] for k in before}
+        super()._apply(fn, recurse)
+        for k, dt in before.items():
+            t = self._buffers[k]
+            if t is not None and t.dtype != dt:
+                self._buffers[k] = kept[k].to(t.device)
+        return self
+
+    def _reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scheme in WEIGHT_ONLY_BITS:
+            return ref.weight_only_linear(x, self.qweight, self.scales, self.zeros, self.bits, self.group_size,
+                                          self.perm, self.bias)
+        return ref.w8a8_linear(x, self.weight, self.weight_scale, self.bias,
+                               dtype="int8" if self.scheme == "w8a8" else "fp8")
 
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme!r}"

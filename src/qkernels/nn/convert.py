@@ -1,0 +1,233 @@
+"""Whole-model conversion: quantize_(model, scheme), save_quantized / load_quantized (safetensors +
+a small JSON config).
+
+quantize_ swaps every accepted nn.Linear for a QuantizedLinear in place, one layer at a time: the
+float weight of a layer is released as soon as its quantized twin exists, so converting never holds
+a second copy of the model. With `device=` a CPU model is converted onto the GPU layer by layer
+(the full-precision model never goes to the GPU).
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
+
+CONFIG_NAME = "qkernels_config.json"
+WEIGHTS_NAME = "model.safetensors"
+_BUFFER_PREFIX = "__buffer__."   # non-persistent buffers (e.g. rotary inv_freq) saved under this prefix
+FORMAT_VERSION = 1
+
+
+def _scheme_error(scheme: str, device: torch.device) -> str | None:
+    """Why `scheme` cannot run on `device` (None when it can)."""
+    if scheme not in SCHEMES:
+        return f"scheme must be one of {SCHEMES}, got {scheme!r}"
+    if scheme == "w8a8-fp8" and device.type == "cuda":
+        from .._runtime import capability, device_name
+        cap = capability(device)
+        if cap < (8, 9):
+            return (f"scheme 'w8a8-fp8' needs FP8 tensor cores (compute capability >= 8.9), got "
+                    f"{cap[0]}.{cap[1]} on {device_name(device)}")
+    return None
+
+
+def _layer_problem(layer: nn.Linear, scheme: str, group_size: int) -> str | None:
+    """Why this layer's shape cannot take the scheme (it then stays in high precision)."""
+    K = layer.in_features
+    if scheme == "w4a16" and group_size != -1 and K % group_size:
+        return f"in_features={K} is not divisible by group_size={group_size}"
+    if scheme == "w8a8":
+        from ..ops.gemm import MAX_K_INT8
+        if K > MAX_K_INT8:
+            return f"in_features={K} exceeds the exact int32 accumulation limit {MAX_K_INT8}"
+    if layer.weight.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"weight dtype {layer.weight.dtype} is not a float type"
+    return None
+
+
+def _skipped(name: str, skip) -> bool:
+    return any(name == s or name.endswith("." + s) for s in skip)
+
+
+def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, symmetric: bool | None = None,
+              filter_fn: Callable[[nn.Module, str], bool] | None = None, skip=("lm_head",),
+              device=None, dtype: torch.dtype | None = None, progress: bool = True) -> nn.Module:
+    """Quantize `model` in place: every nn.Linear named `name` for which `filter_fn(module, name)` is
+    true (default: all) and whose name does not end in one of `skip` becomes a QuantizedLinear.
+
+    scheme: "w8a8" (int8 weights per channel, dynamic per-token int8 activations), "w8a8-fp8",
+    "w4a16" (group_size, default 128; asymmetric unless symmetric=True) or "w8a16" (per channel
+    unless group_size is given; symmetric unless symmetric=False).
+    Activations are fp16 / bf16: a float32 model needs `dtype` (float16 / bfloat16), to which the
+    whole model is cast. Layers the scheme cannot take (e.g. in_features not
+    divisible by group_size) stay in high precision and are listed in one warning.
+    device: convert onto this device layer by layer (the rest of the model follows at the end).
+    Returns the model.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"dtype must be float16 or bfloat16 (the activation dtype), got {dtype}")
+    device = torch.device(device) if device is not None else None
+    bits = WEIGHT_ONLY_BITS.get(scheme)
+    gs = group_size if group_size is not None else (128 if bits == 4 else -1)
+    if bits is not None:
+        from ..packed_weight import _check_group
+        _check_group(gs, max(gs, 64), bits)   # group_size itself valid (pow2 >= 32 or -1)
+    elif group_size not in (None, -1):
+        raise ValueError(f"scheme {scheme!r} quantizes weights per output channel; group_size must be None or -1, "
+                         f"got {group_size!r}")
+
+    targets, skipped = [], []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Linear) or isinstance(mod, QuantizedLinear):
+            continue
+        if _skipped(name, skip) or (filter_fn is not None and not filter_fn(mod, name)):
+            continue
+        why = _layer_problem(mod, scheme, gs)
+        if why:
+            skipped.append(f"{name} ({why})")
+        else:
+            targets.append(name)
+    if targets:
+        first = model.get_submodule(targets[0]).weight
+        err = _scheme_error(scheme, device or first.device)
+        if err:
+            raise RuntimeError(err)
+
+    if dtype is None:
+        for name in targets:
+            wdt = model.get_submodule(name).weight.dtype
+            if wdt not in (torch.float16, torch.bfloat16):
+                raise TypeError(f"the quantized schemes take float16 / bfloat16 activations, but layer {name!r} has "
+                                f"weight dtype {str(wdt).replace('torch.', '')}: pass dtype=torch.float16 or "
+                                f"torch.bfloat16 (the whole model is then cast to it), or cast the model first")
+    it = targets
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            it = tqdm(targets, desc=f"quantize_ {scheme}", unit="layer", leave=False)
+        except ImportError:
+            pass
+    for name in it:
+        lin = model.get_submodule(name)
+        w = lin.weight
+        dev, dt = device or w.device, dtype or w.dtype
+        src = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta")
+        src.weight = nn.Parameter(w.detach().to(dev, dt), requires_grad=False)
+        if lin.bias is not None:
+            src.bias = nn.Parameter(lin.bias.detach().to(dev, dt), requires_grad=False)
+        q = QuantizedLinear.from_linear(src, scheme, group_size=gs if bits else None, symmetric=symmetric)
+        _set_module(model, name, q)
+        del src, lin, w                      # the float weight goes now, not at the end
+    if device is not None or dtype is not None:
+        model.to(device=device, dtype=dtype)   # QuantizedLinear keeps its codes' and fp32 scales' dtypes
+    if skipped:
+        warnings.warn(f"quantize_({scheme!r}): {len(skipped)} linear layer(s) left in high precision: "
+                      + "; ".join(skipped), stacklevel=2)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# save / load
+
+
+def _layer_entry(q: QuantizedLinear) -> dict:
+    e = {"scheme": q.scheme, "in_features": q.in_features, "out_features": q.out_features,
+         "bias": q.bias is not None}
+    if q.scheme in WEIGHT_ONLY_BITS:
+        e.update(group_size=q.group_size, symmetric=q.zeros is None, act_order=q.perm is not None,
+                 dtype=str(q.scales.dtype).replace("torch.", ""))
+    else:
+        e.update(dtype=str(q.bias.dtype).replace("torch.", "") if q.bias is not None else "float16")
+    return e
+
+
+def save_quantized(model: nn.Module, path) -> Path:
+    """Write `path/model.safetensors` (every tensor of the model, quantized layers as their codes and
+    scales; tied weights stored once) and `path/qkernels_config.json` (which layers are quantized and
+    how). Returns the directory."""
+    from safetensors.torch import save_file
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    layers = {n: _layer_entry(m) for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    state = model.state_dict()
+    persistent = set(state)
+    for name, buf in model.named_buffers():
+        if name not in persistent and buf is not None:
+            state[_BUFFER_PREFIX + name] = buf
+    tensors, aliases, seen = {}, {}, {}
+    for name, t in state.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+               t.dtype) if t.device.type != "meta" else None
+        if key is not None and key in seen:
+            aliases[name] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = name
+        tensors[name] = t.detach().contiguous().cpu()
+    save_file(tensors, str(out / WEIGHTS_NAME))
+    cfg = {"format": "qkernels", "version": FORMAT_VERSION, "layers": layers, "aliases": aliases}
+    hf_cfg = getattr(model, "config", None)
+    if hf_cfg is not None and hasattr(hf_cfg, "to_dict"):
+        cfg["model_config"] = hf_cfg.to_dict()
+    (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=1, default=str))
+    return out
+
+
+def _build_from_config(model_config):
+    """A model with no storage (meta device) from a transformers config."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(model_config)
+
+
+def load_quantized(model_or_config, path, *, device="cpu") -> nn.Module:
+    """Restore what save_quantized wrote. `model_or_config`: the model (possibly built on the
+    `meta` device: no full-precision copy is ever made) or a transformers config, from which a
+    meta model is built. Quantized layers are swapped in from the JSON config, then every tensor is
+    loaded from the safetensors file onto `device` (assigned, not copied). Returns the model."""
+    from safetensors.torch import load_file
+    src = Path(path)
+    if not (src / CONFIG_NAME).exists():
+        raise FileNotFoundError(f"path must hold {CONFIG_NAME} and {WEIGHTS_NAME} (from save_quantized), "
+                                f"got {src}")
+    cfg = json.loads((src / CONFIG_NAME).read_text())
+    if cfg.get("format") != "qkernels":
+        raise ValueError(f"{src / CONFIG_NAME} is not a qkernels config (format={cfg.get('format')!r})")
+    model = model_or_config if isinstance(model_or_config, nn.Module) else _build_from_config(model_or_config)
+    for name, e in cfg["layers"].items():
+        dt = getattr(torch, e["dtype"])
+        wo = e["scheme"] in WEIGHT_ONLY_BITS
+        q = QuantizedLinear(e["in_features"], e["out_features"], e["bias"], e["scheme"], device="meta", dtype=dt,
+                            group_size=e.get("group_size") if wo else None, symmetric=e.get("symmetric", False))
+        if wo and e.get("act_order"):
+            q.perm = torch.empty(e["in_features"], dtype=torch.int64, device="meta")
+        _set_module(model, name, q)
+    state = load_file(str(src / WEIGHTS_NAME), device=str(device))
+    for name, target in cfg.get("aliases", {}).items():
+        state[name] = state[target]
+    buffers = {k[len(_BUFFER_PREFIX):]: state.pop(k) for k in list(state) if k.startswith(_BUFFER_PREFIX)}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise RuntimeError(f"{src / WEIGHTS_NAME} does not match the model: missing {missing[:8]}, "
+                           f"unexpected {unexpected[:8]}")
+    for name, buf in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        mod = model.get_submodule(owner) if owner else model
+        mod.register_buffer(leaf, buf, persistent=False)
+    return model
