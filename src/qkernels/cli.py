@@ -1,4 +1,4 @@
-"""`qkernels env` and `qkernels bench [quantize|gemm|weight-only|all]`.
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|all]` and `qkernels eval ppl`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
 set here, before any kernel module is imported) at small sizes, and the output says so.
@@ -9,7 +9,8 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize", "gemm", "weight-only")
+BENCHES = ("quantize", "gemm", "weight-only", "model")
+ALL = ("quantize", "gemm", "weight-only")   # "all": the kernel benchmarks; "model" runs on its own
 
 
 def _ensure_backend() -> bool:
@@ -56,11 +57,28 @@ def cmd_bench(args) -> int:
     if not has_gpu or is_interpreter():
         print("NOTE: no CUDA GPU in use: running the kernels in the Triton interpreter on the CPU at small sizes. "
               "Times below are host wall-clock of the interpreter, not GPU performance.")
-    names = BENCHES if args.name == "all" else (args.name,)
+    names = ALL if args.name == "all" else (args.name,)
     for name in names:
         print(f"== qkernels bench {name}")
         import importlib
-        importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out)
+        kw = {}
+        if name == "model":
+            kw = {"models": args.models.split(",") if args.models else None, "layers": args.layers,
+                  "schemes": tuple(args.schemes.split(",")) if args.schemes else None}
+            kw = {k: v for k, v in kw.items() if v}
+        importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out, **kw)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from qkernels.eval import ppl
+    schemes = tuple(s for s in args.schemes.split(",") if s)
+    for s in schemes:
+        ppl.parse_scheme(s)            # fail before loading anything
+    dtype = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    ppl.run(args.model, schemes, tokens=args.tokens, ctx=args.ctx, stride=args.stride, dtype=dtype, out=args.out)
     return 0
 
 
@@ -71,7 +89,22 @@ def main(argv=None) -> int:
     b = sub.add_parser("bench", help="run benchmarks against the peers and write results JSON + PNG")
     b.add_argument("name", nargs="?", default="quantize", choices=BENCHES + ("all",))
     b.add_argument("--out", default="benchmarks/results", help="results root (default: benchmarks/results)")
+    b.add_argument("--models", default="", help="model bench: comma-separated (llama3-8b, qwen3-1.7b; default both)")
+    b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,w8a8-fp8,w4a16,w8a16)")
+    b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.set_defaults(fn=cmd_bench)
+    e = sub.add_parser("eval", help="accuracy of quantized models")
+    e.add_argument("what", choices=("ppl",))
+    e.add_argument("--model", default="smollm2", choices=("smollm2",))
+    e.add_argument("--schemes", default="w8a8,w8a8-fp8,w4a16-g128,w4a16-g64,w4a16-g32,w4a16-g128-sym,w8a16",
+                   help="comma-separated: w8a8, w8a8-fp8, w4a16[-g<group>][-sym|-asym], w8a16[...]")
+    e.add_argument("--tokens", type=int, default=4096)
+    e.add_argument("--ctx", type=int, default=1024)
+    e.add_argument("--stride", type=int, default=512)
+    e.add_argument("--dtype", default="auto", choices=("auto", "float16", "bfloat16"),
+                   help="activation dtype (auto: float16 on a GPU, bfloat16 on the CPU)")
+    e.add_argument("--out", default="benchmarks/results", help="results root; JSON at <out>/<gpu|cpu>/ppl_smollm2.json")
+    e.set_defaults(fn=cmd_eval)
     args = parser.parse_args(argv)
     return args.fn(args)
 

