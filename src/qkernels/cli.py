@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     e = sub.add_parser("eval", help="accuracy of quantized models")
     e.add_argument("what", choices=("ppl",))
     e.add_argument("--model", default="smollm2", choices=("smollm2",))
-    e.add_argument("--schemes", default="w8a8,w8a8-fp8,w4a16-g128,w4a16-g64,w4a16-g32,w4a16-g128-sym,w8a16",
-                   help="comma-separated: w8a8, w8a8-fp8, w4a16[-g<group>][-sym|-asym], w8a16[...]")
+    e.add_argument("--schemes", default="w8a8,w8a8-sq,w8a8-fp8,w8a8-fp8-sq,w4a16-g128,w4a16-g64,w4a16-g32,w4a16-g128-sym,w8a16",
+                   help="comma-separated: w8a8[-sq] (-sq: SmoothQuant calibration), w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym], w8a16[...]")
     e.add_argument("--tokens", type=int, default=4096)
     e.add_argument("--ctx", type=int, default=1024)
     e.add_argument("--stride", type=int, default=512)

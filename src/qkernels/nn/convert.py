@@ -63,7 +63,8 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, symmetric: bool | None = None,
               filter_fn: Callable[[nn.Module, str], bool] | None = None, skip=("lm_head",),
-              device=None, dtype: torch.dtype | None = None, progress: bool = True) -> nn.Module:
+              device=None, dtype: torch.dtype | None = None, calibration=None, smooth_alpha: float = 0.5,
+              progress: bool = True) -> nn.Module:
     """Quantize `model` in place: every nn.Linear named `name` for which `filter_fn(module, name)` is
     true (default: all) and whose name does not end in one of `skip` becomes a QuantizedLinear.
 
@@ -74,6 +75,9 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     whole model is cast. Layers the scheme cannot take (e.g. in_features not
     divisible by group_size) stay in high precision and are listed in one warning.
     device: convert onto this device layer by layer (the rest of the model follows at the end).
+    calibration (w8a8 schemes): token ids [batch, seq] or an iterable of them; when given, the model
+    is first smoothed SmoothQuant-style (qkernels.nn.smooth.smooth_, strength smooth_alpha), which
+    moves activation outliers into the weights.
     Returns the model.
     """
     if not isinstance(model, nn.Module):
@@ -91,6 +95,12 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     elif group_size not in (None, -1):
         raise ValueError(f"scheme {scheme!r} quantizes weights per output channel; group_size must be None or -1, "
                          f"got {group_size!r}")
+
+    if calibration is not None:
+        if not scheme.startswith("w8a8"):
+            raise ValueError(f"calibration (SmoothQuant smoothing) applies to the w8a8 schemes, got scheme {scheme!r}")
+        from .smooth import smooth_
+        smooth_(model, calibration, smooth_alpha)
 
     targets, skipped = [], []
     for name, mod in model.named_modules():

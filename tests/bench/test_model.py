@@ -1,0 +1,31 @@
+"""Model benchmark pieces (src/qkernels/bench/model.py) on a tiny config; timing is not asserted."""
+import pytest
+import torch
+
+from qkernels.bench import model as bm
+from qkernels.nn import QuantizedLinear
+from tests.conftest import DEVICE
+
+pytest.importorskip("transformers")
+
+
+def test_build_random_model_with_rotary_buffers():
+    cfg = bm.model_configs(tiny=True)["tiny-llama"]
+    m = bm.build(cfg, "fp16", DEVICE)
+    ref = __import__("transformers").AutoModelForCausalLM.from_config(cfg)
+    ours = dict(m.named_buffers())
+    for name, buf in ref.named_buffers():
+        assert torch.equal(ours[name].cpu(), buf), name       # inv_freq rebuilt, not left uninitialised
+    assert all(p.dtype == torch.float16 and torch.isfinite(p).all() for p in m.parameters())
+    q = bm.build(cfg, "w4a16", DEVICE)
+    assert sum(isinstance(x, QuantizedLinear) for x in q.modules()) == 14
+    assert bm.nbytes(q) < bm.nbytes(m) * 0.6
+
+
+def test_decode_step_runs_and_skip_reasons():
+    cfg = bm.model_configs(tiny=True)["tiny-llama"]
+    m = bm.build(cfg, "bf16", DEVICE)
+    assert bm.decode_step_ms(m, 2, 8, DEVICE, graph=False) > 0
+    assert bm.prefill_ms(m, 1, 8, DEVICE, 1) > 0
+    assert "8.9" in bm.skip_reason("w8a8-fp8", {"fp8": False})
+    assert bm.skip_reason("w8a8", {"fp8": False}) is None

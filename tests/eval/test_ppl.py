@@ -1,0 +1,44 @@
+"""Perplexity evaluation helpers (src/qkernels/eval/ppl.py); the real model run is `qkernels eval ppl`."""
+import math
+
+import pytest
+import torch
+
+from qkernels.eval.ppl import parse_scheme, perplexity
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_parse_scheme():
+    assert parse_scheme("w8a8") == ("w8a8", {})
+    assert parse_scheme("w8a8-fp8-sq") == ("w8a8-fp8", {"smooth": True})
+    assert parse_scheme("w4a16-g64-sym") == ("w4a16", {"group_size": 64, "symmetric": True})
+    assert parse_scheme("w8a16-g-1") == ("w8a16", {"group_size": -1})
+    with pytest.raises(ValueError, match="scheme must look like"):
+        parse_scheme("w4a16-sq")
+
+
+def _model():
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@torch.no_grad()
+def test_perplexity_one_window_equals_the_mean_loss():
+    m = _model()
+    ids = torch.randint(0, 64, (1, 40))
+    want = math.exp(m(ids, labels=ids).loss.item())
+    got, n = perplexity(m, ids, ctx=64, stride=64)
+    assert n == 39 and got == pytest.approx(want, rel=1e-5)
+
+
+@torch.no_grad()
+def test_sliding_windows_score_every_token_once():
+    m = _model()
+    ids = torch.randint(0, 64, (1, 50))
+    _, n = perplexity(m, ids, ctx=16, stride=8)
+    assert n == 49
+    # windows with full context reproduce the single-window value when ctx covers everything
+    assert perplexity(m, ids, ctx=64, stride=8)[0] == pytest.approx(perplexity(m, ids, ctx=64, stride=64)[0],
+                                                                    rel=1e-4)
