@@ -191,7 +191,7 @@ def test_hf_llama_quantize_save_load_generate(tmp_path, scheme):
 @pytest.mark.gpu
 def test_gpu_convert_from_cpu_bounded_memory():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=4096, num_hidden_layers=4,
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=4096, num_hidden_layers=16,
                                    num_attention_heads=8, num_key_value_heads=8)
     model = transformers.LlamaForCausalLM(cfg).half().eval()          # on the CPU
     fp16_bytes = sum(p.numel() * 2 for p in model.parameters())
@@ -199,7 +199,7 @@ def test_gpu_convert_from_cpu_bounded_memory():
     base = torch.cuda.memory_allocated()
     quantize_(model, "w4a16", device="cuda", progress=False)
     peak = torch.cuda.max_memory_allocated() - base
-    assert peak < 0.6 * fp16_bytes, (peak, fp16_bytes)                # never the whole fp16 model on the GPU
+    assert peak < 0.5 * fp16_bytes, (peak, fp16_bytes)   # w4a16 ~0.27x + one layer's temporaries, never a full fp16 copy
     assert all(p.device.type == "cuda" for p in model.state_dict().values())
 
 

@@ -136,7 +136,13 @@ def decode_step_ms(model, batch: int, ctx: int, device, graph: bool) -> float:
     pos = torch.tensor([ctx], device=device)
     pos_ids = pos.expand(batch, 1)
 
+    layers = getattr(cache, "layers", [])
+
     def step():
+        for layer in layers:      # caches that count written tokens: rewind, so every replay writes slot ctx
+            n = getattr(layer, "cumulative_length", None)
+            if isinstance(n, torch.Tensor):
+                n.fill_(ctx)
         return model(tok, past_key_values=cache, cache_position=pos, position_ids=pos_ids, logits_to_keep=1).logits
 
     if not graph:

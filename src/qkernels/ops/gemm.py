@@ -96,7 +96,8 @@ def _flat_scale(name: str, s, n: int, ref: torch.Tensor, what: str) -> tuple[tor
         return None, float(s)
     check_tensor(name, s, dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.float64))
     check_same_device("a", ref, **{name: s})
-    if s.numel() not in (1, n):
+    numel = s.numel()
+    if numel != 1 and numel != n:       # (not `in (1, n)`: Dynamo mis-evaluates that with symbolic n)
         raise ValueError(f"{name} must be a scalar or have {n} elements ({what}), got shape {tuple(s.shape)}")
     return s.reshape(-1).to(torch.float32).contiguous(), 1.0
 
@@ -214,9 +215,11 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
     if w_q.dim() != 2 or w_q.shape[1] != x.shape[-1]:
         raise ValueError(f"w_q must be [N, K={x.shape[-1]}], got shape {tuple(w_q.shape)}")
     fmt = "int8" if dtype == "int8" else "fp8_e4m3"
+    x2 = x.reshape(-1, x.shape[-1])     # 2-D: per-row scales are then plainly [M, 1] (also under torch.compile)
     if act_scale is None:
-        qt = quantize(x, fmt, "row")
+        qt = quantize(x2, fmt, "row")
     else:
-        qt = quantize(x, fmt, "tensor", scale=act_scale)
+        qt = quantize(x2, fmt, "tensor", scale=act_scale)
     mm = int8_matmul if dtype == "int8" else fp8_matmul
-    return mm(qt.data, w_q.t(), qt.scale, w_scale, bias=bias, out_dtype=x.dtype)
+    y = mm(qt.data, w_q.t(), qt.scale, w_scale, bias=bias, out_dtype=x.dtype)
+    return y.reshape(*x.shape[:-1], w_q.shape[0])
