@@ -206,12 +206,20 @@ def test_gpu_convert_from_cpu_bounded_memory():
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_gpu_hf_generate_compiled_static_cache(scheme):
-    """Hugging Face generate with a static cache under torch.compile (CUDA graphs: reduce-overhead)."""
+    """Hugging Face generate with a static cache: generate compiles the decode step itself
+    (torch.compile fullgraph, mode reduce-overhead = CUDA graphs) through our custom ops."""
+    transformers = pytest.importorskip("transformers")
     model, _ = _tiny_llama()
     quantize_(model, scheme, group_size=64 if scheme == "w4a16" else None, progress=False)
     ids = torch.randint(0, 128, (2, 8), device="cuda")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     with torch.no_grad():
-        eager = model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static")
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        compiled = model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static")
-    assert torch.equal(compiled[:, :9], eager[:, :9])   # greedy: first new token identical
+        eager = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static",
+                               disable_compile=True)
+        cc = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+        compiled = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static",
+                                  compile_config=cc)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1     # the decode step was compiled
+    assert compiled.shape == eager.shape
+    assert torch.equal(compiled[:, :9], eager[:, :9])   # greedy: the first new token is identical
