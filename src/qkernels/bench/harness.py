@@ -145,15 +145,34 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def plot(json_path: str | os.PathLike, x: str, y: str, group: tuple[str, ...] = ("provider", "mode"),
-         facet: str | None = None, logx: bool = True) -> Path | None:
-    """PNG next to the JSON: `y` against `x`, one line per `group`, one panel per `facet` value."""
+def pyplot():
+    """matplotlib.pyplot with the file-only backend, or None (with a message) when not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install 'qkernels[bench]'): no plot")
+        return None
+    return plt
+
+
+def save_png(fig, json_path: str | os.PathLike, title: str, dpi: int = 110) -> Path:
+    """Title, lay out and write `fig` as the PNG next to the results JSON; returns its path."""
+    import matplotlib.pyplot as plt
+    fig.suptitle(title)
+    fig.tight_layout()
+    png = Path(json_path).with_suffix(".png")
+    fig.savefig(png, dpi=dpi)
+    plt.close(fig)
+    return png
+
+
+def plot(json_path: str | os.PathLike, x: str, y: str, group: tuple[str, ...] = ("provider", "mode"),
+         facet: str | None = None, logx: bool = True) -> Path | None:
+    """PNG next to the JSON: `y` against `x`, one line per `group`, one panel per `facet` value."""
+    plt = pyplot()
+    if plt is None:
         return None
     doc = json.loads(Path(json_path).read_text())
     rows = [r for r in doc["rows"] if x in r and y in r]
@@ -173,9 +192,4 @@ def plot(json_path: str | os.PathLike, x: str, y: str, group: tuple[str, ...] = 
         ax.set_title(f"{facet}={fv}" if facet else doc.get("gpu", ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{Path(json_path).stem} on {doc.get('gpu')}")
-    fig.tight_layout()
-    png = Path(json_path).with_suffix(".png")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+    return save_png(fig, json_path, f"{Path(json_path).stem} on {doc.get('gpu')}", dpi=110)

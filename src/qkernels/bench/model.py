@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from .harness import Row, format_table, on_gpu, write_json
+from .harness import Row, on_gpu, pyplot, save_png, write_json
 
 SCHEMES = ("fp32", "fp16", "bf16", "w8a8", "w8a8-fp8", "w4a16", "w8a16")
 PROMPT, DECODE_CTX = 2048, 128
@@ -214,11 +214,6 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
                                                                        "build_s": build_s}))
             print(f"{mname} {scheme}: weights {wmb:.0f} MB, peak {peak:.0f} MB, built in {build_s:.1f} s", flush=True)
             del model
-    if any(r.op == "decode" and r.mode == "eager" for r in rows) and gpu:
-        for r in rows:                  # one mode for every scheme
-            if r.op == "decode" and r.mode == "graph":
-                print("note: decode mixed graph / eager rows; graph capture failed midway")
-                break
     _print(rows)
     meta = {"capabilities": caps, "method": __doc__.split("Method")[1].strip() if gpu else
             "Triton interpreter on the CPU, tiny model: host wall-clock, not GPU performance"}
@@ -266,11 +261,8 @@ def plot_model(json_path):
     """Decode tokens/s (per batch) and weight memory per scheme, one row of panels per model."""
     import json
     from pathlib import Path
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     doc = json.loads(Path(json_path).read_text())
     rows = doc["rows"]
@@ -297,9 +289,4 @@ def plot_model(json_path):
         ax.set_xticks(range(len(schemes)), schemes)
         ax.set_ylabel("weight MB")
         ax.set_title(f"{m}: weight memory")
-    fig.suptitle(f"model benchmark on {doc.get('gpu')}")
-    fig.tight_layout()
-    png = Path(json_path).with_suffix(".png")
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return png
+    return save_png(fig, json_path, f"model benchmark on {doc.get('gpu')}", dpi=100)

@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -160,12 +161,11 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
     record("fp32", base, torch.float32, 0, time.perf_counter())
     t0 = time.perf_counter()
     half = copy.deepcopy(base).to(dtype)
-    record(f"unquantized", half, dtype, 0, t0)     # the reference for the deltas: same activation dtype
+    record("unquantized", half, dtype, 0, t0)     # the reference for the deltas: same activation dtype
     for spec in schemes:
         t0 = time.perf_counter()
         scheme, kw = parse_scheme(spec)
         m = copy.deepcopy(half)
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if kw.pop("smooth", False):
