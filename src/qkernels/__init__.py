@@ -18,6 +18,7 @@ _EXPORTS = {
     "int8_matmul": ".ops.gemm", "fp8_matmul": ".ops.gemm", "int4_matmul": ".ops.gemm", "w8a8_linear": ".ops.gemm",
     "w4a16_linear": ".ops.weight_only", "w8a16_linear": ".ops.weight_only",
     "PackedWeight": ".packed_weight",
+    "rms_norm": ".ops.fused", "layer_norm": ".ops.fused", "silu_and_mul": ".ops.fused", "softmax": ".ops.fused",
     "QuantizedLinear": ".nn", "quantize_": ".nn.convert", "save_quantized": ".nn.convert",
     "load_quantized": ".nn.convert",
     "FORMATS": ".formats", "GRANULARITIES": ".formats",

@@ -229,15 +229,19 @@ def int4_mm(a_packed: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
 
 
 def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias=None, act_scale=None,
-                dtype: str = "int8") -> torch.Tensor:
+                dtype: str = "int8", x_scale=None, out_dtype=None) -> torch.Tensor:
     """Per-token dynamic (or static per-tensor) activation quantization, then the scaled GEMM with the
-    dequantized-product epilogue in fp32, output in x's dtype."""
+    dequantized-product epilogue in fp32, output in x's dtype. Pre-quantized x (int8 / e4m3 codes):
+    its per-row scales x_scale are used as they are and the output is out_dtype (default fp16)."""
     fmt = "int8" if dtype == "int8" else "fp8_e4m3"
-    if act_scale is None:
+    if x_scale is not None:
+        q, s = x, x_scale.reshape(-1)
+        out_dtype = out_dtype or torch.float16
+    elif act_scale is None:
         q, s, _ = quantize(x, fmt, "row")
     else:
         q, s, _ = quantize(x, fmt, "tensor", scale=act_scale)
-    return scaled_mm(q, w_q.t(), s, w_scale, 1.0, bias, None, x.dtype, torch.float32)
+    return scaled_mm(q, w_q.t(), s, w_scale, 1.0, bias, None, out_dtype or x.dtype, torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,3 +302,78 @@ def weight_only_linear(x: torch.Tensor, qweight, scales, zeros, bits: int, group
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused LLM blocks (ops/fused.py). Arithmetic in fp32 (fp64 when compute_dtype says so), one
+# rounding to x's dtype at the end. With `quantize`, the rounded output is quantized per row
+# exactly as quantize(y, fmt, "row") does (the kernels match that bit for bit).
+
+NORM_QUANT_FORMATS = {"int8": "int8", "fp8_e4m3": "fp8_e4m3"}
+
+
+def _add_residual(x: torch.Tensor, residual):
+    """x + residual as an eager op computes it: in fp32, rounded once to x's dtype."""
+    if residual is None:
+        return x
+    return (x.float() + residual.float()).to(x.dtype)
+
+
+def _finish(y: torch.Tensor, dtype: torch.dtype, quantize_to):
+    y = y.to(dtype)
+    if quantize_to is None:
+        return (y,)
+    q, s, _ = quantize(y, NORM_QUANT_FORMATS[quantize_to], "row")
+    return q, s
+
+
+def rms_norm(x: torch.Tensor, weight, eps: float, residual=None, quantize_to=None,
+             compute_dtype=torch.float32):
+    """h = x (+ residual); y = h * rsqrt(mean(h^2) + eps) * weight, computed in compute_dtype and
+    rounded to x's dtype. Returns (y,) or (codes, scales) with quantize_to, plus h when residual is
+    given."""
+    h = _add_residual(x, residual)
+    hf = h.to(compute_dtype)
+    rstd = 1.0 / torch.sqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    y = hf * rstd
+    if weight is not None:
+        y = y * weight.to(compute_dtype)
+    out = _finish(y, x.dtype, quantize_to)
+    return out + (h,) if residual is not None else out
+
+
+def layer_norm(x: torch.Tensor, weight, bias, eps: float, residual=None, quantize_to=None,
+               compute_dtype=torch.float32):
+    """h = x (+ residual); y = (h - mean) * rsqrt(var + eps) * weight + bias (biased variance)."""
+    h = _add_residual(x, residual)
+    hf = h.to(compute_dtype)
+    d = hf - hf.mean(-1, keepdim=True)
+    y = d * (1.0 / torch.sqrt(d.pow(2).mean(-1, keepdim=True) + eps))
+    if weight is not None:
+        y = y * weight.to(compute_dtype)
+    if bias is not None:
+        y = y + bias.to(compute_dtype)
+    out = _finish(y, x.dtype, quantize_to)
+    return out + (h,) if residual is not None else out
+
+
+def silu_and_mul(gate_up: torch.Tensor, quantize_to=None, compute_dtype=torch.float32):
+    """SwiGLU on the concatenated projection [..., 2I]: silu(gate_up[..., :I]) * gate_up[..., I:]."""
+    g, u = gate_up.to(compute_dtype).chunk(2, dim=-1)
+    return _finish(g * torch.sigmoid(g) * u, gate_up.dtype, quantize_to)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, scale: float = 1.0, causal: bool = False,
+            compute_dtype=torch.float32) -> torch.Tensor:
+    """softmax(x * scale) along `dim` in compute_dtype, cast to x's dtype. causal (dim = -1, x at
+    least 2-D [..., Lq, Lk]): query i sees keys j <= i + (Lk - Lq). Rows with no finite logit (all
+    -inf or all masked) give zeros, not NaN; a NaN or +inf logit gives NaN in its row (as torch)."""
+    s = x.to(compute_dtype) * scale
+    if causal:
+        lq, lk = s.shape[-2], s.shape[-1]
+        i = torch.arange(lq, device=x.device).unsqueeze(1)
+        j = torch.arange(lk, device=x.device).unsqueeze(0)
+        s = s.masked_fill(j > i + (lk - lq), float("-inf"))
+    dead = (s == float("-inf")).all(dim=dim, keepdim=True)
+    y = torch.softmax(s, dim=dim)
+    return torch.where(dead, torch.zeros_like(y), y).to(x.dtype)

@@ -141,6 +141,32 @@ def test_w8a8_static_activation_scale():
     assert rel_err(got, ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, s)) < 2e-3
 
 
+@pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_w8a8_linear_prequantized_input(x_dtype, dtype):
+    # codes + per-row scales from a fused norm give exactly what the float path computes from the
+    # norm's float output (the norm kernel's quantization is quantize(y, fmt, "row") bit for bit)
+    x = torch.randn(2, 9, 72, device=DEVICE, dtype=x_dtype)
+    w = torch.rand(72, device=DEVICE, dtype=x_dtype) + 0.5
+    lin = torch.nn.Linear(72, 40, device=DEVICE, dtype=x_dtype)
+    ql = qk.QuantizedLinear.from_linear(lin, "w8a8" if dtype == "int8" else "w8a8-fp8")
+    fmt = "int8" if dtype == "int8" else "fp8_e4m3"
+    q, s = qk.rms_norm(x, w, quantize=fmt)
+    got = qk.w8a8_linear(q, ql.weight, ql.weight_scale, ql.bias, dtype=dtype, x_scale=s, out_dtype=x_dtype)
+    want = qk.w8a8_linear(qk.rms_norm(x, w), ql.weight, ql.weight_scale, ql.bias, dtype=dtype)
+    assert got.shape == (2, 9, 40) and got.dtype == x_dtype
+    assert_bit_exact(got, want)
+    assert_bit_exact(got, ref.w8a8_linear(q, ql.weight, ql.weight_scale, ql.bias, dtype=dtype, x_scale=s,
+                                          out_dtype=x_dtype))
+    assert_bit_exact(ql.forward_quantized(q, s, x_dtype), got)
+    with pytest.raises(ValueError, match="pass their per-row scales as x_scale"):
+        qk.w8a8_linear(q, ql.weight, ql.weight_scale, dtype=dtype)
+    with pytest.raises(ValueError, match=r"x_scale must hold one fp32 scale per row of x \(M=18\)"):
+        qk.w8a8_linear(q, ql.weight, ql.weight_scale, dtype=dtype, x_scale=s[:1])
+    with pytest.raises(ValueError, match="x_scale goes with pre-quantized x"):
+        qk.w8a8_linear(x, ql.weight, ql.weight_scale, dtype=dtype, x_scale=s)
+
+
 def test_quantized_linear_state_dict_round_trip():
     lin = torch.nn.Linear(64, 32, device=DEVICE, dtype=torch.float16)
     ql = qk.QuantizedLinear.from_linear(lin)

@@ -331,3 +331,13 @@ def test_torch_compile_fullgraph():
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if not DEVICE.type == "cuda" else "inductor")
     for got, want in zip(compiled(x), f(x)):
         assert_bit_exact(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_negative_zero_keeps_its_sign(dtype):
+    # -0.0 and negatives that round to zero encode as 0x80, as torch's (and the GPU's) conversion does
+    x = torch.tensor([[-0.0, 0.0, 1.0, -1e-9]], device=DEVICE)
+    got = qk.quantize(x, dtype, "row").data.view(torch.uint8)
+    want = ref.quantize(x, dtype, "row")[0].view(torch.uint8)
+    assert_bit_exact(got, want)
+    assert got[0, 0].item() == 0x80 and got[0, 1].item() == 0

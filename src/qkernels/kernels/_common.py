@@ -64,7 +64,7 @@ def _f32_to_fp8_bits_emulated(y, MAN: tl.constexpr, BIAS: tl.constexpr):
     r = _rint(ay * inv_quantum).to(tl.int32)          # exact scaling, then RNE to MAN bits
     # (e + BIAS - 1) << MAN plus r encodes normals, subnormals and a carry into the next binade.
     bits = ((e + BIAS - 1) << MAN) + r
-    bits = tl.where(y < 0, bits | 0x80, bits)
+    bits = tl.where((y.to(tl.uint32, bitcast=True) >> 31) != 0, bits | 0x80, bits)   # sign bit: -0.0 too
     bits = tl.where(y != y, 0x7F, bits)
     return bits.to(tl.uint8)
 

@@ -16,12 +16,14 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .fused import QuantizedMLP, RMSNorm, fusable, is_rms_norm
 from .linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
 
 CONFIG_NAME = "qkernels_config.json"
 WEIGHTS_NAME = "model.safetensors"
 _BUFFER_PREFIX = "__buffer__."   # non-persistent buffers (e.g. rotary inv_freq) saved under this prefix
 FORMAT_VERSION = 1
+_FUSED_SCHEMES = ("w8a8", "w8a8-fp8")
 
 
 def _scheme_error(scheme: str, device: torch.device) -> str | None:
@@ -55,6 +57,11 @@ def _skipped(name: str, skip) -> bool:
     return any(name == s or name.endswith("." + s) for s in skip)
 
 
+def _parent(model: nn.Module, name: str) -> nn.Module:
+    parent_name = name.rpartition(".")[0]
+    return model.get_submodule(parent_name) if parent_name else model
+
+
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -64,7 +71,7 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, symmetric: bool | None = None,
               filter_fn: Callable[[nn.Module, str], bool] | None = None, skip=("lm_head",),
               device=None, dtype: torch.dtype | None = None, calibration=None, smooth_alpha: float = 0.5,
-              progress: bool = True) -> nn.Module:
+              fuse: bool = True, progress: bool = True) -> nn.Module:
     """Quantize `model` in place: every nn.Linear named `name` for which `filter_fn(module, name)` is
     true (default: all) and whose name does not end in one of `skip` becomes a QuantizedLinear.
 
@@ -78,6 +85,10 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     calibration (w8a8 schemes): token ids [batch, seq] or an iterable of them; when given, the model
     is first smoothed SmoothQuant-style (qkernels.nn.smooth.smooth_, strength smooth_alpha), which
     moves activation outliers into the weights.
+    fuse (default): Llama / Qwen-style RMSNorm modules become qkernels.nn.RMSNorm (one kernel), and
+    with the w8a8 schemes each decoder layer's post-attention RMSNorm + SwiGLU MLP becomes a
+    qkernels.nn.QuantizedMLP: the norm and SwiGLU kernels quantize the activations they produce,
+    gate and up run as one GEMM (qkernels.nn.fused).
     Returns the model.
     """
     if not isinstance(model, nn.Module):
@@ -102,8 +113,19 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
         from .smooth import smooth_
         smooth_(model, calibration, smooth_alpha)
 
+    mlp_layers = []
+    if fuse and scheme in _FUSED_SCHEMES:
+        for name, mod in model.named_modules():
+            if fusable(mod):
+                names = [f"{name}.mlp.{p}" if name else f"mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
+                if not any(_skipped(n, skip) or (filter_fn is not None and not filter_fn(model.get_submodule(n), n))
+                           or _layer_problem(model.get_submodule(n), scheme, gs) for n in names):
+                    mlp_layers.append(name)
+    in_fused = tuple(f"{n}.mlp." if n else "mlp." for n in mlp_layers)
     targets, skipped = [], []
     for name, mod in model.named_modules():
+        if in_fused and name.startswith(in_fused):
+            continue
         if not isinstance(mod, nn.Linear) or isinstance(mod, QuantizedLinear):
             continue
         if _skipped(name, skip) or (filter_fn is not None and not filter_fn(mod, name)):
@@ -126,6 +148,22 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
                 raise TypeError(f"the quantized schemes take float16 / bfloat16 activations, but layer {name!r} has "
                                 f"weight dtype {str(wdt).replace('torch.', '')}: pass dtype=torch.float16 or "
                                 f"torch.bfloat16 (the whole model is then cast to it), or cast the model first")
+    if mlp_layers:
+        err = _scheme_error(scheme, device or model.get_submodule(mlp_layers[0]).mlp.gate_proj.weight.device)
+        if err:
+            raise RuntimeError(err)
+        if dtype is None:
+            wdt = model.get_submodule(mlp_layers[0]).mlp.gate_proj.weight.dtype
+            if wdt not in (torch.float16, torch.bfloat16):
+                raise TypeError(f"the quantized schemes take float16 / bfloat16 activations, got weight dtype "
+                                f"{str(wdt).replace('torch.', '')}: pass dtype=torch.float16 or torch.bfloat16")
+    for name in mlp_layers:     # fused norm + SwiGLU MLPs first (their linears are not in targets)
+        layer = model.get_submodule(name)
+        layer.mlp = QuantizedMLP.from_modules(layer.post_attention_layernorm, layer.mlp, scheme, device, dtype)
+        layer.post_attention_layernorm = nn.Identity()
+    if fuse:
+        for name in [n for n, m in model.named_modules() if is_rms_norm(m) and not isinstance(m, RMSNorm)]:
+            _set_module(model, name, RMSNorm.from_module(model.get_submodule(name)))
     it = targets
     if progress:
         try:
@@ -191,7 +229,13 @@ def save_quantized(model: nn.Module, path) -> Path:
             seen[key] = name
         tensors[name] = t.detach().contiguous().cpu()
     save_file(tensors, str(out / WEIGHTS_NAME))
-    cfg = {"format": "qkernels", "version": FORMAT_VERSION, "layers": layers, "aliases": aliases}
+    fused = {"mlps": {n: {"hidden": m.hidden_size, "intermediate": m.intermediate_size,
+                          "eps": m.norm.variance_epsilon, "scheme": m.scheme, "bias": m.down_proj.bias is not None}
+                      for n, m in model.named_modules() if isinstance(m, QuantizedMLP)},
+             "norms": {n: {"hidden": m.weight.shape[0], "eps": m.variance_epsilon}
+                       for n, m in model.named_modules()
+                       if isinstance(m, RMSNorm) and not isinstance(_parent(model, n), QuantizedMLP)}}
+    cfg = {"format": "qkernels", "version": FORMAT_VERSION, "layers": layers, "aliases": aliases, "fused": fused}
     hf_cfg = getattr(model, "config", None)
     if hf_cfg is not None and hasattr(hf_cfg, "to_dict"):
         cfg["model_config"] = hf_cfg.to_dict()
@@ -220,6 +264,13 @@ def load_quantized(model_or_config, path, *, device="cpu") -> nn.Module:
     if cfg.get("format") != "qkernels":
         raise ValueError(f"{src / CONFIG_NAME} is not a qkernels config (format={cfg.get('format')!r})")
     model = model_or_config if isinstance(model_or_config, nn.Module) else _build_from_config(model_or_config)
+    fused = cfg.get("fused", {})
+    for name, e in fused.get("mlps", {}).items():
+        layer = _parent(model, name)
+        layer.mlp = QuantizedMLP(e["hidden"], e["intermediate"], e["eps"], e["scheme"], e["bias"], device="meta")
+        layer.post_attention_layernorm = nn.Identity()
+    for name, e in fused.get("norms", {}).items():
+        _set_module(model, name, RMSNorm(e["hidden"], e["eps"], device="meta"))
     for name, e in cfg["layers"].items():
         dt = getattr(torch, e["dtype"])
         wo = e["scheme"] in WEIGHT_ONLY_BITS

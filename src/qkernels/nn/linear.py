@@ -120,6 +120,19 @@ class QuantizedLinear(nn.Module):
         return w8a8_linear(x, self.weight, self.weight_scale, self.bias,
                            dtype="int8" if self.scheme == "w8a8" else "fp8")
 
+    def forward_quantized(self, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """w8a8 schemes: forward from activations already quantized per row (codes `q` [..., K] and
+        fp32 scales [..., 1], e.g. from a fused norm or silu_and_mul), output in out_dtype."""
+        if self.scheme in WEIGHT_ONLY_BITS:
+            raise TypeError(f"forward_quantized takes quantized activations: scheme {self.scheme!r} is weight-only")
+        dtype = "int8" if self.scheme == "w8a8" else "fp8"
+        if not runs_kernels(q):
+            return ref.w8a8_linear(q, self.weight, self.weight_scale, self.bias, dtype=dtype, x_scale=scale,
+                                   out_dtype=out_dtype)
+        from ..ops.gemm import w8a8_linear
+        return w8a8_linear(q, self.weight, self.weight_scale, self.bias, dtype=dtype, x_scale=scale,
+                           out_dtype=out_dtype)
+
     # codes and fp32 scales keep their dtype when the model is cast (model.half(), .to(bf16)): an
     # e4m3 weight is a float dtype to nn.Module.to, and its scales must stay fp32
     _FIXED_DTYPE = ("weight", "weight_scale", "qweight", "perm")

@@ -202,24 +202,50 @@ def int4_matmul(a_packed: torch.Tensor, b_packed: torch.Tensor, k: int) -> torch
 
 
 def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
-                act_scale=None, dtype: str = "int8") -> torch.Tensor:
+                act_scale=None, dtype: str = "int8", x_scale: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """y = x @ dequant(w_q).T + bias with 8-bit activations: x (fp16/bf16 [..., K]) is quantized per
     token in one fused pass (or per tensor with a static `act_scale`), then the int8 / fp8 GEMM applies
     act_scale * w_scale (+ bias) in its epilogue. w_q: [N, K] int8 or float8_e4m3fn; w_scale: [N]
-    (per output channel) or scalar. Output dtype = x.dtype."""
-    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim_min=1)
+    (per output channel) or scalar. Output dtype = x.dtype.
+
+    Pre-quantized input: x may instead be the codes (int8 / float8_e4m3fn, matching `dtype`) with
+    their per-row scales `x_scale` ([..., 1] or [M], e.g. from rms_norm(..., quantize="int8") or
+    silu_and_mul(..., quantize=...)); the output is then `out_dtype` (default float16)."""
     if dtype not in ("int8", "fp8"):
         raise ValueError(f"dtype must be 'int8' or 'fp8', got {dtype!r}")
     want = torch.int8 if dtype == "int8" else torch.float8_e4m3fn
+    prequantized = isinstance(x, torch.Tensor) and x.dtype in (torch.int8, torch.float8_e4m3fn)
+    if prequantized:
+        check_tensor("x", x, dtypes=(want,), ndim_min=1)
+        if x_scale is None:
+            raise ValueError(f"x holds {x.dtype} codes: pass their per-row scales as x_scale")
+        if act_scale is not None:
+            raise ValueError("act_scale quantizes a float x; with pre-quantized x pass x_scale only")
+        if out_dtype is not None and out_dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"out_dtype must be float16 or bfloat16, got {out_dtype}")
+    else:
+        check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim_min=1)
+        if x_scale is not None:
+            raise ValueError(f"x_scale goes with pre-quantized x (int8 / float8_e4m3fn codes), got x of {x.dtype}")
+        if out_dtype is not None and out_dtype != x.dtype:
+            raise TypeError(f"out_dtype must be None or x's dtype {x.dtype} for a float x, got {out_dtype}")
     check_tensor("w_q", w_q, dtypes=(want,))
     if w_q.dim() != 2 or w_q.shape[1] != x.shape[-1]:
         raise ValueError(f"w_q must be [N, K={x.shape[-1]}], got shape {tuple(w_q.shape)}")
     fmt = "int8" if dtype == "int8" else "fp8_e4m3"
     x2 = x.reshape(-1, x.shape[-1])     # 2-D: per-row scales are then plainly [M, 1] (also under torch.compile)
-    if act_scale is None:
-        qt = quantize(x2, fmt, "row")
-    else:
-        qt = quantize(x2, fmt, "tensor", scale=act_scale)
     mm = int8_matmul if dtype == "int8" else fp8_matmul
-    y = mm(qt.data, w_q.t(), qt.scale, w_scale, bias=bias, out_dtype=x.dtype)
+    if prequantized:
+        M = x2.shape[0]
+        check_tensor("x_scale", x_scale, dtypes=(torch.float32,))
+        if x_scale.numel() != M:
+            raise ValueError(f"x_scale must hold one fp32 scale per row of x (M={M}), got shape {tuple(x_scale.shape)}")
+        y = mm(x2, w_q.t(), x_scale.reshape(M, 1), w_scale, bias=bias, out_dtype=out_dtype or torch.float16)
+    else:
+        if act_scale is None:
+            qt = quantize(x2, fmt, "row")
+        else:
+            qt = quantize(x2, fmt, "tensor", scale=act_scale)
+        y = mm(qt.data, w_q.t(), qt.scale, w_scale, bias=bias, out_dtype=x.dtype)
     return y.reshape(*x.shape[:-1], w_q.shape[0])

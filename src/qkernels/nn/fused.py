@@ -1,0 +1,134 @@
+"""Fused modules for Llama / Qwen-style decoder blocks in a quantized model.
+
+- `RMSNorm`: drop-in for the models' RMSNorm (weight, variance_epsilon), one qkernels.rms_norm kernel
+  instead of six eager ops.
+- `QuantizedMLP` (w8a8 schemes): replaces a block's post-attention RMSNorm and its SwiGLU MLP.
+  The norm kernel writes the int8 / fp8 codes of its output and their per-token scales (the float
+  output never goes to memory), one GEMM computes gate and up together, silu_and_mul quantizes its
+  output in the same pass, and down_proj takes those codes. Per layer that removes two activation
+  quantization passes, the norm's float output, one GEMM launch and the eager SwiGLU ops.
+
+Attention stays the model's own (PyTorch scaled_dot_product_attention): the q/k/v projections
+still quantize the input norm's output themselves, because the model's attention module calls them
+separately.
+
+On a plain CPU (no GPU, no interpreter) the modules run the reference twins, like QuantizedLinear.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import reference as ref
+from .._runtime import runs_kernels
+from .linear import QuantizedLinear
+
+_ACT_FORMAT = {"w8a8": "int8", "w8a8-fp8": "fp8_e4m3"}
+
+
+class RMSNorm(nn.Module):
+    """y = x * rsqrt(mean(x^2) + eps) * weight in fp32, one rounding to x's dtype."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+
+    @classmethod
+    def from_module(cls, norm: nn.Module) -> "RMSNorm":
+        w = norm.weight.detach()
+        mod = cls(w.shape[0], float(norm.variance_epsilon), device="meta", dtype=w.dtype)
+        mod.weight = nn.Parameter(w, requires_grad=False)
+        return mod
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not runs_kernels(x):
+            return ref.rms_norm(x, self.weight, self.variance_epsilon)[0]
+        from ..ops.fused import rms_norm
+        return rms_norm(x, self.weight, self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"
+
+
+class QuantizedMLP(nn.Module):
+    """post-attention RMSNorm -> gate|up W8A8 GEMM -> SiLU(gate) * up -> down W8A8 GEMM, with the
+    activations quantized per token inside the norm and SwiGLU kernels."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, eps: float = 1e-6, scheme: str = "w8a8",
+                 bias: bool = False, device=None, dtype: torch.dtype = torch.float16):
+        super().__init__()
+        if scheme not in _ACT_FORMAT:
+            raise ValueError(f"scheme must be one of {tuple(_ACT_FORMAT)}, got {scheme!r}")
+        self.scheme, self.hidden_size, self.intermediate_size = scheme, hidden_size, intermediate_size
+        self.norm = RMSNorm(hidden_size, eps, device=device, dtype=dtype)
+        self.gate_up_proj = QuantizedLinear(hidden_size, 2 * intermediate_size, bias, scheme, device, dtype)
+        self.down_proj = QuantizedLinear(intermediate_size, hidden_size, bias, scheme, device, dtype)
+
+    @classmethod
+    def from_modules(cls, norm: nn.Module, mlp: nn.Module, scheme: str, device=None,
+                     dtype: torch.dtype | None = None) -> "QuantizedMLP":
+        """From a model's post-attention RMSNorm and its gate/up/down nn.Linear MLP (see fusable)."""
+        g, u, d = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        dev = device or g.weight.device
+        dt = dtype or g.weight.dtype
+        bias = g.bias is not None
+        mod = cls(g.in_features, g.out_features, float(norm.variance_epsilon), scheme, bias, "meta", dt)
+        mod.norm.weight = nn.Parameter(norm.weight.detach().to(dev, dt), requires_grad=False)
+        gate_up = nn.Linear(g.in_features, 2 * g.out_features, bias=bias, device="meta")
+        gate_up.weight = nn.Parameter(torch.cat([g.weight.detach().to(dev, dt), u.weight.detach().to(dev, dt)]),
+                                      requires_grad=False)
+        if bias:
+            gate_up.bias = nn.Parameter(torch.cat([g.bias.detach(), u.bias.detach()]).to(dev, dt), requires_grad=False)
+        mod.gate_up_proj = QuantizedLinear.from_linear(gate_up, scheme)
+        del gate_up
+        down = nn.Linear(d.in_features, d.out_features, bias=d.bias is not None, device="meta")
+        down.weight = nn.Parameter(d.weight.detach().to(dev, dt), requires_grad=False)
+        if d.bias is not None:
+            down.bias = nn.Parameter(d.bias.detach().to(dev, dt), requires_grad=False)
+        mod.down_proj = QuantizedLinear.from_linear(down, scheme)
+        return mod
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        fmt = _ACT_FORMAT[self.scheme]
+        eps = self.norm.variance_epsilon
+        if runs_kernels(h):
+            from ..ops.fused import rms_norm, silu_and_mul
+            q, s = rms_norm(h, self.norm.weight, eps, quantize=fmt)
+            q2, s2 = silu_and_mul(self.gate_up_proj.forward_quantized(q, s, h.dtype), quantize=fmt)
+        else:
+            q, s = ref.rms_norm(h, self.norm.weight, eps, quantize_to=fmt)
+            q2, s2 = ref.silu_and_mul(self.gate_up_proj.forward_quantized(q, s, h.dtype), quantize_to=fmt)
+        return self.down_proj.forward_quantized(q2, s2, h.dtype)
+
+    def extra_repr(self) -> str:
+        return f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, scheme={self.scheme!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# recognising the blocks
+
+
+def is_rms_norm(mod: nn.Module) -> bool:
+    """A Llama / Qwen / Mistral-style RMSNorm: y = weight * normalized x (Gemma's (1 + weight)
+    variant has no `variance_epsilon` and is not matched)."""
+    return (type(mod).__name__.endswith("RMSNorm") and hasattr(mod, "variance_epsilon")
+            and isinstance(getattr(mod, "weight", None), torch.Tensor) and mod.weight.dim() == 1)
+
+
+def _is_silu(act) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def fusable(layer: nn.Module) -> bool:
+    """A decoder layer whose post_attention_layernorm -> mlp is RMSNorm -> SwiGLU(gate, up) -> down
+    with plain nn.Linear projections."""
+    norm, mlp = getattr(layer, "post_attention_layernorm", None), getattr(layer, "mlp", None)
+    if norm is None or mlp is None or not is_rms_norm(norm):
+        return False
+    lins = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(m) is nn.Linear for m in lins) or not _is_silu(getattr(mlp, "act_fn", None)):
+        return False
+    g, u, d = lins
+    return (g.in_features == u.in_features == d.out_features and g.out_features == u.out_features == d.in_features
+            and (g.bias is None) == (u.bias is None))

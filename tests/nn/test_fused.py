@@ -1,0 +1,133 @@
+"""Fused decoder-block modules (src/qkernels/nn/fused.py) and their wiring by quantize_."""
+import pytest
+import torch
+from torch import nn
+
+import qkernels as qk
+from qkernels import reference as ref
+from qkernels.nn import QuantizedLinear
+from qkernels.nn.convert import load_quantized, quantize_, save_quantized
+from qkernels.nn.fused import QuantizedMLP, RMSNorm, fusable
+from tests.conftest import DEVICE, ON_GPU
+from tests.helpers import assert_bit_exact, rel_err
+
+FP8_OK = not ON_GPU or torch.cuda.get_device_capability() >= (8, 9)
+W8A8 = ["w8a8", pytest.param("w8a8-fp8", marks=pytest.mark.skipif(not FP8_OK, reason="fp8 needs sm_89+"))]
+
+
+def _tiny(arch: str):
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    if arch == "llama":
+        cfg, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    else:
+        cfg, cls = transformers.Qwen3Config(head_dim=16, **common), transformers.Qwen3ForCausalLM
+    model = cls(cfg).to(DEVICE, torch.float16).eval()
+    with torch.no_grad():          # norm weights are ones at init: make them matter
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(torch.rand_like(p) + 0.5)
+    return model, cfg
+
+
+def _copy(model, cfg):
+    other = type(model)(cfg).to(DEVICE, torch.float16).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("scheme", W8A8)
+def test_fused_model_matches_unfused(arch, scheme):
+    model, cfg = _tiny(arch)
+    plain = _copy(model, cfg)
+    ids = torch.randint(0, 128, (2, 7), device=DEVICE)
+    with torch.no_grad():
+        want = model(ids).logits
+        quantize_(model, scheme, progress=False)               # fuse=True is the default
+        quantize_(plain, scheme, progress=False, fuse=False)
+        got, unfused = model(ids).logits, plain(ids).logits
+    for layer in model.model.layers:
+        assert isinstance(layer.mlp, QuantizedMLP) and isinstance(layer.post_attention_layernorm, nn.Identity)
+        assert isinstance(layer.input_layernorm, RMSNorm)
+    assert isinstance(model.model.norm, RMSNorm)
+    assert not any(isinstance(m, (RMSNorm, QuantizedMLP)) for m in plain.modules())
+    assert sum(isinstance(m, QuantizedLinear) for m in model.modules()) == 2 * 6
+    # same quantization points, different rounding of the SwiGLU (one rounding instead of two)
+    assert rel_err(got, unfused) < (0.02 if scheme == "w8a8" else 0.05)
+    assert rel_err(got, want) < (0.03 if scheme == "w8a8" else 0.08)
+
+
+@pytest.mark.parametrize("scheme", W8A8)
+def test_quantized_mlp_is_the_fused_ops(scheme):
+    model, _ = _tiny("llama")
+    layer = model.model.layers[0]
+    norm, mlp = layer.post_attention_layernorm, layer.mlp
+    assert fusable(layer)
+    qm = QuantizedMLP.from_modules(norm, mlp, scheme)
+    h = torch.randn(3, 5, 64, device=DEVICE, dtype=torch.float16)
+    fmt = "int8" if scheme == "w8a8" else "fp8_e4m3"
+    dt = "int8" if scheme == "w8a8" else "fp8"
+    with qk.poison_outputs():
+        got = qm(h)
+    q, s = qk.rms_norm(h, qm.norm.weight, qm.norm.variance_epsilon, quantize=fmt)
+    gu = qk.w8a8_linear(q, qm.gate_up_proj.weight, qm.gate_up_proj.weight_scale, dtype=dt, x_scale=s,
+                        out_dtype=h.dtype)
+    q2, s2 = qk.silu_and_mul(gu, quantize=fmt)
+    want = qk.w8a8_linear(q2, qm.down_proj.weight, qm.down_proj.weight_scale, dtype=dt, x_scale=s2,
+                          out_dtype=h.dtype)
+    assert_bit_exact(got, want)
+    # the gate|up GEMM is the two GEMMs stacked: per-channel weight scales are per row either way
+    gq = QuantizedLinear.from_linear(mlp.gate_proj, scheme)
+    assert_bit_exact(qm.gate_up_proj.weight[:96], gq.weight)
+    # the float model's MLP, within quantization error
+    with torch.no_grad():
+        flt = mlp(norm(h))
+    assert rel_err(got, flt) < (0.03 if scheme == "w8a8" else 0.1)
+    # and the pure-torch twin chain the module runs on a plain CPU
+    rq, rs = ref.rms_norm(h, qm.norm.weight, qm.norm.variance_epsilon, quantize_to=fmt)
+    rgu = ref.w8a8_linear(rq, qm.gate_up_proj.weight, qm.gate_up_proj.weight_scale, dtype=dt, x_scale=rs,
+                          out_dtype=h.dtype)
+    rq2, rs2 = ref.silu_and_mul(rgu, quantize_to=fmt)
+    twin = ref.w8a8_linear(rq2, qm.down_proj.weight, qm.down_proj.weight_scale, dtype=dt, x_scale=rs2,
+                           out_dtype=h.dtype)
+    assert rel_err(got, twin) < 0.01
+
+
+def test_rms_norm_module_matches_hf():
+    model, _ = _tiny("qwen3")
+    hf = model.model.layers[0].self_attn.q_norm        # head_dim 16
+    ours = RMSNorm.from_module(hf)
+    x = torch.randn(2, 3, 4, 16, device=DEVICE, dtype=torch.float16) * 3
+    with torch.no_grad():
+        assert rel_err(ours(x), hf(x)) < 2e-3           # HF rounds twice (before and after the weight)
+
+
+def test_fused_save_load_round_trip(tmp_path):
+    model, cfg = _tiny("qwen3")
+    quantize_(model, "w8a8", progress=False)
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    save_quantized(model, tmp_path)
+    loaded = load_quantized(cfg, tmp_path, device=DEVICE).eval()
+    assert isinstance(loaded.model.layers[1].mlp, QuantizedMLP)
+    assert isinstance(loaded.model.layers[1].self_attn.k_norm, RMSNorm)
+    with torch.no_grad():
+        assert_bit_exact(loaded(ids).logits, model(ids).logits)
+
+
+def test_fuse_respects_skip_and_non_swiglu():
+    model, _ = _tiny("llama")
+    quantize_(model, "w8a8", skip=("lm_head", "layers.1.mlp.down_proj"), progress=False)
+    assert isinstance(model.model.layers[0].mlp, QuantizedMLP)
+    assert not isinstance(model.model.layers[1].mlp, QuantizedMLP)          # one of its linears is skipped
+    assert type(model.model.layers[1].mlp.down_proj) is nn.Linear
+    assert isinstance(model.model.layers[1].mlp.gate_proj, QuantizedLinear)
+    model, _ = _tiny("llama")
+    model.model.layers[0].mlp.act_fn = nn.GELU()
+    assert not fusable(model.model.layers[0])
+    # weight-only schemes: norms become the kernel, the MLP stays (no quantized activations to fuse)
+    model, _ = _tiny("llama")
+    quantize_(model, "w4a16", group_size=32, progress=False)
+    assert isinstance(model.model.layers[0].input_layernorm, RMSNorm)
+    assert not any(isinstance(m, QuantizedMLP) for m in model.modules())
