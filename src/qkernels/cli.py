@@ -1,4 +1,4 @@
-"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|all]` and `qkernels eval ppl`.
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|all]` and `qkernels eval ppl`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
 set here, before any kernel module is imported) at small sizes, and the output says so.
@@ -9,8 +9,8 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize", "gemm", "weight-only", "model")
-ALL = ("quantize", "gemm", "weight-only")   # "all": the kernel benchmarks; "model" runs on its own
+BENCHES = ("quantize", "gemm", "weight-only", "fused", "model")
+ALL = ("quantize", "gemm", "weight-only", "fused")   # "all": the kernel benchmarks; "model" runs on its own
 
 
 def _ensure_backend() -> bool:
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     b.add_argument("name", nargs="?", default="quantize", choices=BENCHES + ("all",))
     b.add_argument("--out", default="benchmarks/results", help="results root (default: benchmarks/results)")
     b.add_argument("--models", default="", help="model bench: comma-separated (llama3-8b, qwen3-1.7b; default both)")
-    b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,w8a8-fp8,w4a16,w8a16)")
+    b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.set_defaults(fn=cmd_bench)
     e = sub.add_parser("eval", help="accuracy of quantized models")

@@ -2,7 +2,7 @@
 throughput, time to first token and decode throughput.
 
 Models are built from a transformers config with random weights (no download): Llama-3-8B-shaped
-and Qwen3-1.7B-shaped. Schemes: fp32, fp16, bf16, w8a8, w8a8-fp8, w4a16 (g128 asym), w8a16; the
+and Qwen3-1.7B-shaped. Schemes: fp32, fp16, bf16, w8a8, w8a8-fp8 (each also "-unfused": fuse=False), w4a16 (g128 asym), w8a16; the
 quantized ones start from the fp16 model and go through `quantize_` (lm_head kept in fp16).
 
 Method (the same for every scheme):
@@ -27,7 +27,9 @@ import torch
 
 from .harness import Row, on_gpu, pyplot, save_png, write_json
 
-SCHEMES = ("fp32", "fp16", "bf16", "w8a8", "w8a8-fp8", "w4a16", "w8a16")
+# "-unfused": quantize_(fuse=False), the model's own norms and MLP around the quantized linears (the
+# model-level gain of the fused norm / SwiGLU quantization is the difference)
+SCHEMES = ("fp32", "fp16", "bf16", "w8a8", "w8a8-unfused", "w8a8-fp8", "w8a8-fp8-unfused", "w4a16", "w8a16")
 PROMPT, DECODE_CTX = 2048, 128
 PREFILL_BATCHES, DECODE_BATCHES = (1, 8), (1, 8, 32)
 
@@ -57,7 +59,7 @@ def capabilities(device: torch.device) -> dict:
 
 
 def skip_reason(scheme: str, caps: dict) -> str | None:
-    if scheme == "w8a8-fp8" and not caps["fp8"]:
+    if scheme.startswith("w8a8-fp8") and not caps["fp8"]:
         return "no FP8 tensor cores (compute capability < 8.9)"
     if scheme == "bf16" and caps.get("bf16") is False:
         return "no bf16 support (compute capability < 8.0)"
@@ -87,7 +89,8 @@ def build(cfg, scheme: str, device: torch.device):
                     mod._buffers[name] = buf.to(device)
     model.eval()
     if scheme not in ("fp32", "fp16", "bf16"):
-        quantize_(model, scheme, progress=False)
+        unfused = scheme.endswith("-unfused")
+        quantize_(model, scheme.removesuffix("-unfused"), fuse=not unfused, progress=False)
     return model
 
 
