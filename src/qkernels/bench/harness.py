@@ -44,8 +44,11 @@ def on_gpu() -> bool:
     return torch.cuda.is_available() and not is_interpreter()
 
 
-def time_us(fn: Callable[[], object], *, mode: str = "eager", rep_ms: int = 200, warmup_ms: int = 50) -> float:
-    """Median time of one call of `fn` in microseconds."""
+def time_us(fn: Callable[[], object], *, mode: str = "eager", rep_ms: int = 200, warmup_ms: int = 50,
+            calls: int = 1) -> float:
+    """Median time of one call of `fn` in microseconds. mode="graph" with calls > 1 captures that many
+    back-to-back calls in one graph and returns the time per call: what a call costs inside a
+    model's decode graph, without the replay's own launch cost."""
     if not on_gpu():
         fn()
         times = []
@@ -65,9 +68,10 @@ def time_us(fn: Callable[[], object], *, mode: str = "eager", rep_ms: int = 200,
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            for _ in range(calls):
+                fn()
         torch.cuda.synchronize()
-        return triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+        return triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3 / calls
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
 
 

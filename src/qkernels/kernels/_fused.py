@@ -2,8 +2,8 @@
 per-row output quantization), SiLU-and-mul (optional quantization) and softmax. Launchers:
 ops/fused.py. Numerics: qkernels.reference (rms_norm, layer_norm, silu_and_mul, softmax).
 
-Every kernel views its input as rows [M, N] with a unit column stride. Statistics and arithmetic are
-fp32. The float output is rounded once to the output dtype; the fused quantization quantizes that
+Every kernel views its input as rows [M, N] with a unit column stride. Arithmetic is fp32; the norms'
+row sums are accumulated in fp64 (see _rstd). The float output is rounded once to the output dtype; the fused quantization quantizes that
 rounded value with the exact arithmetic of kernels/_quant.py, so `op(..., quantize=f)` equals
 `quantize(op(...), f, "row")` bit for bit.
 
@@ -20,7 +20,16 @@ from ._quant import _quantize_values, _scale_and_zero_point
 
 @triton.jit
 def _rstd(sum_sq, N, eps):
-    return tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(sum_sq, N * 1.0) + eps))
+    """sum_sq: fp64 row sums of squares (products of fp32 values are exact in fp64, so the sum does
+    not depend on the reduction order at fp32 precision: the plain and the quantizing kernel, whose
+    layouts and reduction trees differ, get the same fp32 statistics)."""
+    ms = (sum_sq / N).to(tl.float32)
+    return tl.math.div_rn(1.0, tl.sqrt_rn(ms + eps))
+
+
+@triton.jit
+def _mean(row_sum, N):
+    return (row_sum / N).to(tl.float32)
 
 
 @triton.jit
@@ -86,11 +95,13 @@ def _norm_kernel(
         if HAS_RES:
             tl.store(rout_ptr + row_o + cols[None, :], h.to(DT), mask=mask)
         if RMS:
-            y = h * _rstd(tl.sum(h * h, axis=1), N, eps)[:, None]
+            h64 = h.to(tl.float64)
+            y = h * _rstd(tl.sum(h64 * h64, axis=1), N, eps)[:, None]
         else:
-            mean = tl.math.div_rn(tl.sum(h, axis=1), N * 1.0)
+            mean = _mean(tl.sum(h.to(tl.float64), axis=1), N)
             d = tl.where(mask, h - mean[:, None], 0.0)
-            y = d * _rstd(tl.sum(d * d, axis=1), N, eps)[:, None]
+            d64 = d.to(tl.float64)
+            y = d * _rstd(tl.sum(d64 * d64, axis=1), N, eps)[:, None]
         yr = _cast(_affine(y, w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT).to(tl.float32)
         inv = tl.zeros([BLOCK_M], tl.float32)
         if QUANT:
@@ -100,28 +111,29 @@ def _norm_kernel(
         _store_out(y_ptr, row_y + cols[None, :], mask, yr, inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
     else:
         # pass 1: statistics (and the residual output)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float64)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = rmask[:, None] & (cols < N)[None, :]
             h = _load_h(x_ptr, r_ptr, row_x + cols[None, :], row_r + cols[None, :], mask, HAS_RES)
             if HAS_RES:
                 tl.store(rout_ptr + row_o + cols[None, :], h.to(DT), mask=mask)
+            h64 = h.to(tl.float64)
             if RMS:
-                acc += h * h
+                acc += h64 * h64
             else:
-                acc += h
+                acc += h64
         mean = tl.zeros([BLOCK_M], tl.float32)
         if RMS:
             rstd = _rstd(tl.sum(acc, axis=1), N, eps)
         else:
-            mean = tl.math.div_rn(tl.sum(acc, axis=1), N * 1.0)
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            mean = _mean(tl.sum(acc, axis=1), N)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float64)
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 mask = rmask[:, None] & (cols < N)[None, :]
                 h = _load_h(x_ptr, r_ptr, row_x + cols[None, :], row_r + cols[None, :], mask, HAS_RES)
-                d = tl.where(mask, h - mean[:, None], 0.0)
+                d = tl.where(mask, h - mean[:, None], 0.0).to(tl.float64)
                 acc += d * d
             rstd = _rstd(tl.sum(acc, axis=1), N, eps)
         # pass 2 (quantized output): the row's absmax of the rounded output
