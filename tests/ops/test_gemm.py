@@ -156,8 +156,11 @@ def test_w8a8_linear_prequantized_input(x_dtype, dtype):
     want = qk.w8a8_linear(qk.rms_norm(x, w), ql.weight, ql.weight_scale, ql.bias, dtype=dtype)
     assert got.shape == (2, 9, 40) and got.dtype == x_dtype
     assert_bit_exact(got, want)
-    assert_bit_exact(got, ref.w8a8_linear(q, ql.weight, ql.weight_scale, ql.bias, dtype=dtype, x_scale=s,
-                                          out_dtype=x_dtype))
+    twin = ref.w8a8_linear(q, ql.weight, ql.weight_scale, ql.bias, dtype=dtype, x_scale=s, out_dtype=x_dtype)
+    if dtype == "int8":      # exact int32 accumulation: bit for bit; fp8 accumulates in fp32 in another order
+        assert_bit_exact(got, twin)
+    else:
+        assert rel_err(got, twin) < 1e-2
     assert_bit_exact(ql.forward_quantized(q, s, x_dtype), got)
     with pytest.raises(ValueError, match="pass their per-row scales as x_scale"):
         qk.w8a8_linear(q, ql.weight, ql.weight_scale, dtype=dtype)

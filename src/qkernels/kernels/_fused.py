@@ -102,13 +102,13 @@ def _norm_kernel(
             d = tl.where(mask, h - mean[:, None], 0.0)
             d64 = d.to(tl.float64)
             y = d * _rstd(tl.sum(d64 * d64, axis=1), N, eps)[:, None]
-        yr = _cast(_affine(y, w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT).to(tl.float32)
+        yd = _cast(_affine(y, w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT)   # held narrow across the amax
         inv = tl.zeros([BLOCK_M], tl.float32)
         if QUANT:
-            scale = _row_scale(tl.max(tl.abs(_finite_or_zero(yr)), axis=1), QMAX)
+            scale = _row_scale(tl.max(tl.abs(_finite_or_zero(yd.to(tl.float32))), axis=1), QMAX)
             tl.store(s_ptr + rows, scale, mask=rmask)
             inv = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), scale)
-        _store_out(y_ptr, row_y + cols[None, :], mask, yr, inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
+        _store_out(y_ptr, row_y + cols[None, :], mask, yd.to(tl.float32), inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
     else:
         # pass 1: statistics (and the residual output)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float64)
@@ -167,7 +167,13 @@ def _norm_kernel(
 @triton.jit
 def _silu_mul(g, u, DT: tl.constexpr):
     """silu(g) * u in fp32, rounded to DT, returned as fp32 values."""
-    return _cast(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u, DT).to(tl.float32)
+    return _silu_mul_narrow(g, u, DT).to(tl.float32)
+
+
+@triton.jit
+def _silu_mul_narrow(g, u, DT: tl.constexpr):
+    """silu(g) * u in fp32, rounded to DT (returned in DT)."""
+    return _cast(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u, DT)
 
 
 @triton.jit
@@ -189,12 +195,12 @@ def _silu_and_mul_kernel(
         mask = rmask[:, None] & (cols < I)[None, :]
         g = tl.load(x_ptr + row_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x_ptr + row_x + I + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        yr = _silu_mul(g, u, DT)
+        yd = _silu_mul_narrow(g, u, DT)       # held in DT across the row's amax: half the registers
         if QUANT:
-            scale = _row_scale(tl.max(tl.abs(_finite_or_zero(yr)), axis=1), QMAX)
+            scale = _row_scale(tl.max(tl.abs(_finite_or_zero(yd.to(tl.float32))), axis=1), QMAX)
             tl.store(s_ptr + rows, scale, mask=rmask)
             inv = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), scale)
-        _store_out(y_ptr, row_y + cols[None, :], mask, yr, inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
+        _store_out(y_ptr, row_y + cols[None, :], mask, yd.to(tl.float32), inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
     else:
         amax = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, I, BLOCK_N):

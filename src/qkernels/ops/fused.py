@@ -23,13 +23,18 @@ QUANTIZE_FORMATS = {"int8": (torch.int8, 127), "fp8_e4m3": (torch.float8_e4m3fn,
 
 # Tiles as data (one place): rows up to max_block elements stay in registers (one pass); longer rows
 # loop over loop_block chunks. Short rows are batched rows_tile elements per program.
-TILES = {"max_block": 16384, "loop_block": 4096, "rows_tile": 4096, "elems_per_warp": 512, "max_warps": 16,
-         "silu_block": 1024}
+# elems_per_warp sets num_warps (elems_per_warp_quant for the kernels that also quantize: they hold a
+# row across two reductions). silu_block: widest column tile of the elementwise SwiGLU, narrowed to
+# the widest that pads the row by at most 1/16. Values from an H100 sweep (scripts/tune_fused.py,
+# benchmarks/logs/tune_fused_h100.log).
+TILES = {"max_block": 16384, "loop_block": 4096, "rows_tile": 4096, "elems_per_warp": 512,
+         "elems_per_warp_quant": 1024, "max_warps": 16, "silu_block": 4096}
 
 
 @contextlib.contextmanager
 def tiles(**overrides):
-    """Scoped override of TILES (tests force the chunked path on small rows with it)."""
+    """Scoped override of TILES (tests force the chunked path on small rows with it; the tuning script
+    sweeps them)."""
     bad = set(overrides) - set(TILES)
     if bad:
         raise KeyError(f"unknown tile keys {sorted(bad)}; known: {sorted(TILES)}")
@@ -47,7 +52,7 @@ def _kf():
     return _fused
 
 
-def _row_tiles(M: int, N: int) -> tuple[int, int, bool, int]:
+def _row_tiles(M: int, N: int, quant: bool = False) -> tuple[int, int, bool, int]:
     """(BLOCK_M, BLOCK_N, ONE_BLOCK, num_warps) for a kernel that owns whole rows."""
     if N <= TILES["max_block"]:
         block_n = max(2, next_pow2(N))
@@ -55,8 +60,17 @@ def _row_tiles(M: int, N: int) -> tuple[int, int, bool, int]:
         one = True
     else:
         block_n, block_m, one = TILES["loop_block"], 1, False
-    warps = max(1, min(TILES["max_warps"], block_m * block_n // TILES["elems_per_warp"]))
+    epw = TILES["elems_per_warp_quant" if quant else "elems_per_warp"]
+    warps = max(1, min(TILES["max_warps"], block_m * block_n // epw))
     return block_m, block_n, one, next_pow2(warps)
+
+
+def _column_block(I: int) -> int:
+    """The widest power-of-two column tile <= silu_block that pads I by at most 1/16."""
+    bn = min(TILES["silu_block"], max(2, next_pow2(I)))
+    while bn > 256 and (triton.cdiv(I, bn) * bn - I) * 16 > I:
+        bn //= 2
+    return bn
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +109,7 @@ def _norm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
     if N == 0:
         scale.fill_(1.0)
         return y, scale, rout
-    bm, bn, one, warps = _row_tiles(M, N)
+    bm, bn, one, warps = _row_tiles(M, N, bool(quantize))
     unused = x
     _kf()._norm_kernel[(triton.cdiv(M, bm),)](
         x, residual if residual is not None else unused, weight if weight is not None else unused,
@@ -132,11 +146,11 @@ def _silu_and_mul_impl(x: torch.Tensor, quantize: str) -> tuple[torch.Tensor, to
     y_arg = y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y
     kf = _kf()
     if quantize:
-        bm, bn, one, warps = _row_tiles(M, I)
+        bm, bn, one, warps = _row_tiles(M, I, True)
         grid = (triton.cdiv(M, bm), 1)
         meta = _quant_meta(quantize, x.device)
     else:   # elementwise: a 2-D grid of tiles
-        bn = min(TILES["silu_block"], max(2, next_pow2(I)))
+        bn = _column_block(I)
         bm = max(1, min(TILES["rows_tile"] // bn, next_pow2(M)))
         one, warps = True, next_pow2(max(1, min(TILES["max_warps"], bm * bn // TILES["elems_per_warp"])))
         grid = (triton.cdiv(M, bm), triton.cdiv(I, bn))
