@@ -27,8 +27,9 @@ QUANTIZE_FORMATS = {"int8": (torch.int8, 127), "fp8_e4m3": (torch.float8_e4m3fn,
 # row across two reductions). silu_block: widest column tile of the elementwise SwiGLU, narrowed to
 # the widest that pads the row by at most 1/16. Values from an H100 sweep (scripts/tune_fused.py,
 # benchmarks/logs/tune_fused_h100.log).
+# Quantizing kernels on rows wider than 8192 use quant_long_warps (fewer values per thread).
 TILES = {"max_block": 16384, "loop_block": 4096, "rows_tile": 4096, "elems_per_warp": 512,
-         "elems_per_warp_quant": 1024, "max_warps": 16, "silu_block": 4096}
+         "elems_per_warp_quant": 1024, "max_warps": 16, "quant_long_warps": 32, "silu_block": 4096}
 
 
 @contextlib.contextmanager
@@ -62,6 +63,8 @@ def _row_tiles(M: int, N: int, quant: bool = False) -> tuple[int, int, bool, int
         block_n, block_m, one = TILES["loop_block"], 1, False
     epw = TILES["elems_per_warp_quant" if quant else "elems_per_warp"]
     warps = max(1, min(TILES["max_warps"], block_m * block_n // epw))
+    if quant and block_m * block_n > 8192:
+        warps = TILES["quant_long_warps"]
     return block_m, block_n, one, next_pow2(warps)
 
 
