@@ -89,7 +89,9 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     if cfg["path"] == "dequant":
         w = _dequant_into(qweight, scales, zeros, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group,
                           cfg)
-        return torch.nn.functional.linear(x, w, bias.to(x.dtype) if bias is not None else None)
+        # cuBLAS picks its kernel (and summation order) by layout: rows first, so a transposed view of
+        # x gives the bits of the contiguous x
+        return torch.nn.functional.linear(x.contiguous(), w, bias.to(x.dtype) if bias is not None else None)
     return _launch(x, qweight, scales, zeros, bias, alloc((M, N), x.dtype, x.device), bits, group, cfg)
 
 
