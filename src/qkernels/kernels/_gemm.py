@@ -10,7 +10,7 @@ product is two int8 dots and needs no interleaving.
 import triton
 import triton.language as tl
 
-from ._common import _cast, _grouped_pid
+from ._common import INTERPRET, _cast, _fp8_bits_to_f32, _grouped_pid
 
 
 @triton.jit
@@ -73,6 +73,9 @@ def _scaled_mm_kernel(
             b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k0, other=0)
             if ACC_INT:
                 acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            elif INTERPRET:   # the interpreter's fp8 dot decodes NaN (0x7F) as a number: decode exactly
+                acc = tl.dot(_fp8_bits_to_f32(a, 3, 7, True), _fp8_bits_to_f32(b, 3, 7, True), acc,
+                             out_dtype=tl.float32)
             else:   # fp8 operands arrive as uint8 bits (a masked load cannot fill fp8 with 0)
                 acc = tl.dot(a.to(tl.float8e4nv, bitcast=True), b.to(tl.float8e4nv, bitcast=True), acc,
                              out_dtype=tl.float32)
