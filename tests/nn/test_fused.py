@@ -71,13 +71,7 @@ def test_quantized_mlp_is_the_fused_ops(scheme):
     dt = "int8" if scheme == "w8a8" else "fp8"
     with qk.poison_outputs():
         got = qm(h)
-    q, s = qk.rms_norm(h, qm.norm.weight, qm.norm.variance_epsilon, quantize=fmt)
-    gu = qk.w8a8_linear(q, qm.gate_up_proj.weight, qm.gate_up_proj.weight_scale, dtype=dt, x_scale=s,
-                        out_dtype=h.dtype)
-    q2, s2 = qk.silu_and_mul(gu, quantize=fmt)
-    want = qk.w8a8_linear(q2, qm.down_proj.weight, qm.down_proj.weight_scale, dtype=dt, x_scale=s2,
-                          out_dtype=h.dtype)
-    assert_bit_exact(got, want)
+    assert_bit_exact(got, _chain(qm, h, fmt, dt, qk.rms_norm, qk.silu_and_mul, qk.w8a8_linear, "quantize"))
     # the gate|up GEMM is the two GEMMs stacked: per-channel weight scales are per row either way
     gq = QuantizedLinear.from_linear(mlp.gate_proj, scheme)
     assert_bit_exact(qm.gate_up_proj.weight[:96], gq.weight)
@@ -86,13 +80,16 @@ def test_quantized_mlp_is_the_fused_ops(scheme):
         flt = mlp(norm(h))
     assert rel_err(got, flt) < (0.03 if scheme == "w8a8" else 0.1)
     # and the pure-torch twin chain the module runs on a plain CPU
-    rq, rs = ref.rms_norm(h, qm.norm.weight, qm.norm.variance_epsilon, quantize_to=fmt)
-    rgu = ref.w8a8_linear(rq, qm.gate_up_proj.weight, qm.gate_up_proj.weight_scale, dtype=dt, x_scale=rs,
-                          out_dtype=h.dtype)
-    rq2, rs2 = ref.silu_and_mul(rgu, quantize_to=fmt)
-    twin = ref.w8a8_linear(rq2, qm.down_proj.weight, qm.down_proj.weight_scale, dtype=dt, x_scale=rs2,
-                           out_dtype=h.dtype)
+    twin = _chain(qm, h, fmt, dt, ref.rms_norm, ref.silu_and_mul, ref.w8a8_linear, "quantize_to")
     assert rel_err(got, twin) < 0.01
+
+
+def _chain(qm, h, fmt, dt, rms_norm, silu_and_mul, w8a8_linear, qkw):
+    """norm + quantize -> gate|up GEMM -> silu*up + quantize -> down GEMM, with the given ops."""
+    q, s = rms_norm(h, qm.norm.weight, qm.norm.variance_epsilon, **{qkw: fmt})[:2]
+    gu = w8a8_linear(q, qm.gate_up_proj.weight, qm.gate_up_proj.weight_scale, dtype=dt, x_scale=s, out_dtype=h.dtype)
+    q2, s2 = silu_and_mul(gu, **{qkw: fmt})[:2]
+    return w8a8_linear(q2, qm.down_proj.weight, qm.down_proj.weight_scale, dtype=dt, x_scale=s2, out_dtype=h.dtype)
 
 
 def test_rms_norm_module_matches_hf():

@@ -49,6 +49,13 @@ def _norm_args(shape, dtype, rms):
     return _x(shape, dtype), w, b
 
 
+def _norm_case(shape, dtype, rms, loop):
+    """x, weight, bias (layer norm), residual; the chunked path is forced only on short rows."""
+    if loop and shape[-1] > LOOP_MAX_N:
+        pytest.skip("chunked path forced only on short rows")
+    return (*_norm_args(shape, dtype, rms), _x(shape, dtype))
+
+
 def _call_norm(rms, x, w, b, **kw):
     return qk.rms_norm(x, w, 1e-6, **kw) if rms else qk.layer_norm(x, w, b, 1e-5, **kw)
 
@@ -78,10 +85,7 @@ def _assert_quant_of(q, s, y, fmt):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rms", [True, False], ids=["rms", "layer"])
 def test_norm_matches_reference(rms, dtype, shape, loop):
-    if loop and shape[-1] > LOOP_MAX_N:
-        pytest.skip("chunked path forced only on short rows")
-    x, w, b = _norm_args(shape, dtype, rms)
-    r = _x(shape, dtype)
+    x, w, b, r = _norm_case(shape, dtype, rms, loop)
     with tiles(**(LOOP if loop else {})), qk.poison_outputs():
         y = _call_norm(rms, x, w, b)
         y2, h = _call_norm(rms, x, w, b, residual=r)
@@ -95,10 +99,7 @@ def test_norm_matches_reference(rms, dtype, shape, loop):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rms", [True, False], ids=["rms", "layer"])
 def test_norm_quantize_bit_exact(rms, dtype, shape, loop):
-    if loop and shape[-1] > LOOP_MAX_N:
-        pytest.skip("chunked path forced only on short rows")
-    x, w, b = _norm_args(shape, dtype, rms)
-    r = _x(shape, dtype)
+    x, w, b, r = _norm_case(shape, dtype, rms, loop)
     with tiles(**(LOOP if loop else {})), qk.poison_outputs():
         y = _call_norm(rms, x, w, b)
         y2, _ = _call_norm(rms, x, w, b, residual=r)

@@ -70,6 +70,20 @@ def _store_out(y_ptr, offs, mask, yr, inv, QUANT: tl.constexpr, QMAX: tl.constex
 
 
 @triton.jit
+def _store_rows(y_ptr, s_ptr, rows, rmask, offs, mask, yd, QUANT: tl.constexpr, QMAX: tl.constexpr,
+                IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Store whole rows yd (already in the output dtype) as they are, or (QUANT) as codes with their
+    per-row scales."""
+    yr = yd.to(tl.float32)
+    inv = tl.zeros([BLOCK_M], tl.float32)
+    if QUANT:
+        scale = _row_scale(tl.max(tl.abs(_finite_or_zero(yr)), axis=1), QMAX)
+        tl.store(s_ptr + rows, scale, mask=rmask)
+        inv = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), scale)
+    _store_out(y_ptr, offs, mask, yr, inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
+
+
+@triton.jit
 def _norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, s_ptr,
     M, N, eps,
@@ -102,13 +116,9 @@ def _norm_kernel(
             d = tl.where(mask, h - mean[:, None], 0.0)
             d64 = d.to(tl.float64)
             y = d * _rstd(tl.sum(d64 * d64, axis=1), N, eps)[:, None]
-        yd = _cast(_affine(y, w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT)   # held narrow across the amax
-        inv = tl.zeros([BLOCK_M], tl.float32)
-        if QUANT:
-            scale = _row_scale(tl.max(tl.abs(_finite_or_zero(yd.to(tl.float32))), axis=1), QMAX)
-            tl.store(s_ptr + rows, scale, mask=rmask)
-            inv = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), scale)
-        _store_out(y_ptr, row_y + cols[None, :], mask, yd.to(tl.float32), inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
+        yd = _cast(_affine(y, w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT)
+        _store_rows(y_ptr, s_ptr, rows, rmask, row_y + cols[None, :], mask, yd, QUANT, QMAX, IS_FP8, FP8_EMULATE,
+                    BLOCK_M)
     else:
         # pass 1: statistics (and the residual output)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float64)
@@ -189,18 +199,13 @@ def _silu_and_mul_kernel(
     rmask = rows < M
     row_x = rows[:, None] * stride_xm
     row_y = rows[:, None] * stride_ym
-    inv = tl.zeros([BLOCK_M], tl.float32)
     if ONE_BLOCK:
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = rmask[:, None] & (cols < I)[None, :]
         g = tl.load(x_ptr + row_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x_ptr + row_x + I + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        yd = _silu_mul_narrow(g, u, DT)       # held in DT across the row's amax: half the registers
-        if QUANT:
-            scale = _row_scale(tl.max(tl.abs(_finite_or_zero(yd.to(tl.float32))), axis=1), QMAX)
-            tl.store(s_ptr + rows, scale, mask=rmask)
-            inv = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), scale)
-        _store_out(y_ptr, row_y + cols[None, :], mask, yd.to(tl.float32), inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
+        _store_rows(y_ptr, s_ptr, rows, rmask, row_y + cols[None, :], mask, _silu_mul_narrow(g, u, DT), QUANT, QMAX,
+                    IS_FP8, FP8_EMULATE, BLOCK_M)
     else:
         amax = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, I, BLOCK_N):
