@@ -8,10 +8,13 @@ Layout (for an nn.Linear weight W of shape [N, K]):
            k-values (32 bytes) byte j holds k = j in its low nibble and k = 32 + j in its high nibble,
            so a kernel splits a byte tile into two tiles of 32 consecutive k with no interleaving
            (reference.pack_weight_codes).
-  scales   [N, K / G] float16 or bfloat16 (G = group_size; per-channel: [N, 1]).
-  zeros    [N, K / G] float (same dtype as scales) or None. None means symmetric: the implicit zero
-           point is 2**(bits - 1) (the signed code q is stored as u = q + 2**(bits - 1)).
-           Integer zero points (GPTQ, AWQ, our asymmetric quantizer) and float ones (HQQ) both fit.
+  scale_zero  [N, K / G, 2] float16 or bfloat16 (G = group_size; per-channel: [N, 1, 2]): the scale
+           and the zero point of each group side by side, so that a kernel fetches both with one 32-bit
+           load (which Triton's software pipeliner turns into an asynchronous copy; 16-bit loads stay
+           synchronous and stall every step). `scales` and `zeros` are views of it.
+           Symmetric weights (zeros None) store the implicit zero point 2**(bits - 1) (the signed code
+           q is stored as u = q + 2**(bits - 1)). Integer zero points (GPTQ, AWQ, our asymmetric
+           quantizer) and float ones (HQQ) both fit.
   perm     int64 [K] or None: act-order (GPTQ desc_act). The input channels were reordered so that
            groups are contiguous: column j of qweight is input channel perm[j], and x is gathered
            x[..., perm] before the product.
@@ -56,22 +59,47 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"bits must be 4 or 8, got {bits!r}")
 
 
+def pack_scale_zero(scales: torch.Tensor, zeros: torch.Tensor | None, bits: int) -> torch.Tensor:
+    """scales [N, G] and zeros [N, G] (None: the symmetric zero point 2**(bits - 1)) -> [N, G, 2] in
+    scales' dtype."""
+    z = torch.full_like(scales, 2 ** (bits - 1)) if zeros is None else zeros.to(scales.dtype)
+    return torch.stack((scales, z), dim=-1).contiguous()
+
+
 @dataclass
 class PackedWeight:
     """A weight-only quantized [N, K] linear weight in the kernel layout (see the module docstring)."""
 
     qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
+    scale_zero: torch.Tensor  # [N, K / G, 2]: scale, zero point
     bits: int
     group_size: int          # -1: per output channel
     shape: tuple[int, int]   # (N, K)
     perm: torch.Tensor | None = None
+    symmetric: bool = False  # zero point 2**(bits - 1) for every group; `zeros` is None
+
+    def __post_init__(self):
+        if self.scale_zero.dim() != 3 or self.scale_zero.shape[-1] != 2:
+            raise ValueError(f"scale_zero must have shape [N, K / group_size, 2], got {tuple(self.scale_zero.shape)}")
+        self.scale_zero = self.scale_zero.contiguous()
+
+    @classmethod
+    def from_parts(cls, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int,
+                   group_size: int, shape: tuple[int, int], perm: torch.Tensor | None = None) -> "PackedWeight":
+        """From separate scales [N, G] and zeros [N, G] (None: symmetric), already in the kernel layout."""
+        return cls(qweight, pack_scale_zero(scales, zeros, bits), bits, group_size, tuple(shape), perm,
+                   zeros is None)
 
     # ---- properties -----------------------------------------------------------------------
     @property
-    def symmetric(self) -> bool:
-        return self.zeros is None
+    def scales(self) -> torch.Tensor:
+        """[N, K / G] view of scale_zero."""
+        return self.scale_zero[..., 0]
+
+    @property
+    def zeros(self) -> torch.Tensor | None:
+        """[N, K / G] view of scale_zero, or None for symmetric weights."""
+        return None if self.symmetric else self.scale_zero[..., 1]
 
     @property
     def group_len(self) -> int:
@@ -83,13 +111,13 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros, self.perm)
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scale_zero, self.perm)
                    if t is not None)
 
     def to(self, device) -> "PackedWeight":
         mv = (lambda t: None if t is None else t.to(device))
-        return PackedWeight(mv(self.qweight), mv(self.scales), mv(self.zeros), self.bits, self.group_size,
-                            self.shape, mv(self.perm))
+        return PackedWeight(mv(self.qweight), mv(self.scale_zero), self.bits, self.group_size, self.shape,
+                            mv(self.perm), self.symmetric)
 
     def codes(self) -> torch.Tensor:
         """Unsigned codes u [N, K] (uint8), in the stored (possibly permuted) column order."""
@@ -194,7 +222,7 @@ class PackedWeight:
                 u = u[:, perm]
         u = u.to(torch.uint8)
         qweight = ref.pack_weight_codes(u, bits)
-        return cls(qweight.contiguous(), scales.to(sdt).contiguous(), zeros, bits, group_size, (N, K), perm)
+        return cls.from_parts(qweight.contiguous(), scales.to(sdt), zeros, bits, group_size, (N, K), perm)
 
     @classmethod
     def from_gptq(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,

@@ -203,9 +203,9 @@ def test_opcheck():
     x = torch.randn(5, 64, device=DEVICE, dtype=torch.float16)
     b = torch.randn(24, device=DEVICE, dtype=torch.float16)
     for path in ("", "gemv", "mm"):
-        torch.library.opcheck(WO._weight_only_op, (x, pw.qweight, pw.scales, pw.zeros, b, 4, 32, path))
+        torch.library.opcheck(WO._weight_only_op, (x, pw.qweight, pw.scale_zero, b, 4, 32, path))
     pw8 = _weight(24, 64, 8, -1, True)
-    torch.library.opcheck(WO._weight_only_op, (x, pw8.qweight, pw8.scales, None, None, 8, 64, ""))
+    torch.library.opcheck(WO._weight_only_op, (x, pw8.qweight, pw8.scale_zero, None, 8, 64, ""))
 
 
 def test_quantized_linear_schemes():
@@ -220,6 +220,14 @@ def test_quantized_linear_schemes():
         ql2 = qk.QuantizedLinear(128, 48, True, scheme, DEVICE, torch.float16, ql.group_size, ql.zeros is None)
         ql2.load_state_dict(sd)
         assert_bit_exact(ql2(x), ql(x), "state_dict round trip")
+        # state dicts from before scale_zero (separate scales / zeros) still load
+        old = {k: v for k, v in sd.items() if k != "scale_zero"}
+        old["scales"] = ql.scales.clone()
+        if ql.zeros is not None:
+            old["zeros"] = ql.zeros.clone()
+        ql3 = qk.QuantizedLinear(128, 48, True, scheme, DEVICE, torch.float16, ql.group_size, ql.zeros is None)
+        ql3.load_state_dict(old)
+        assert_bit_exact(ql3(x), ql(x), "old state_dict layout")
 
 
 def test_torch_compile_fullgraph():

@@ -91,25 +91,38 @@ def _bytes_f16(b):
 
 
 @triton.jit
-def _scale_tile(u, s_ptr, z_ptr, s_row, kc, K, GROUP: tl.constexpr, BITS: tl.constexpr,
-                HAS_ZERO: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr):
-    """(u - z) * s for a [BLOCK_N, NC, 32] tile; kc [NC]: first k of each 32-run (inside one group)."""
+def _group_sz(sz_ptr, s_row, kc, K, GROUP: tl.constexpr):
+    """Scale and zero point [BLOCK_N, NC] of the 32-runs starting at kc [NC], in the scales' dtype. One
+    32-bit word per group holds both (PackedWeight.scale_zero); s_row counts words. Masked:
+    kc may run past K, as the kernels prefetch the next step's scales."""
     if GROUP == 0:
         g = kc * 0
     else:
         g = kc // GROUP
-    off = s_row[:, None] + g[None, :]
-    if MASKED:
-        s = tl.load(s_ptr + off, mask=(kc < K)[None, :], other=0.0)
+    words = sz_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    w = tl.load(words + s_row[:, None] + g[None, :], mask=(kc < K)[None, :], other=0)
+    st: tl.constexpr = sz_ptr.dtype.element_ty
+    s = (w & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
+    z = ((w >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
+    return s, z
+
+
+@triton.jit
+def _scales(sz_ptr, s_row, k0, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(s_lo, z_lo, s_hi, z_hi) for the step at k0: [BLOCK_N, NC] each, lo for k = k0 + 64 c + [0, 32),
+    hi for the next 32 (the same group unless GROUP == 32)."""
+    kc = k0 + tl.arange(0, BLOCK_K // CHUNK) * CHUNK
+    s_lo, z_lo = _group_sz(sz_ptr, s_row, kc, K, GROUP)
+    if GROUP == 32:
+        s_hi, z_hi = _group_sz(sz_ptr, s_row, kc + HALF, K, GROUP)
     else:
-        s = tl.load(s_ptr + off)
-    if HAS_ZERO:
-        if MASKED:
-            z = tl.load(z_ptr + off, mask=(kc < K)[None, :], other=0.0)
-        else:
-            z = tl.load(z_ptr + off)
-    else:
-        z = tl.full(s.shape, 2 ** (BITS - 1), tl.float32)
+        s_hi, z_hi = s_lo, z_lo
+    return s_lo, z_lo, s_hi, z_hi
+
+
+@triton.jit
+def _apply(u, s, z, dt: tl.constexpr):
+    """(u - z) * s for a [BLOCK_N, NC, 32] code tile u with s, z [BLOCK_N, NC]."""
     if u.dtype == tl.float32:       # portable path: exact in fp32, one rounding to dt
         w = _cast((u - z.to(tl.float32)[:, :, None]) * s.to(tl.float32)[:, :, None], dt)
     else:
@@ -118,17 +131,16 @@ def _scale_tile(u, s_ptr, z_ptr, s_row, kc, K, GROUP: tl.constexpr, BITS: tl.con
 
 
 @triton.jit
-def _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
-          BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, MASKED: tl.constexpr,
-          dt: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi,
+          BITS: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr, BLOCK_K: tl.constexpr):
     """Dequantized weights of rows offs_n, k in [k0, k0 + BLOCK_K), as two [BLOCK_N, NC, 32] tiles
-    (NC = BLOCK_K / 64) in x's dtype dt: w_lo[n, c, j] is k = k0 + 64 c + j, w_hi[n, c, j] is that + 32."""
+    (NC = BLOCK_K / 64) in x's dtype dt: w_lo[n, c, j] is k = k0 + 64 c + j, w_hi[n, c, j] is that + 32.
+    s_* / z_*: this step's scales and zero points (_scales)."""
     NC: tl.constexpr = BLOCK_K // CHUNK
     c = tl.arange(0, NC)
     j = tl.arange(0, HALF)
     kc = k0 + c * CHUNK                                        # [NC]
     row = offs_n[:, None, None].to(tl.int64) * stride_wn
-    s_row = offs_n.to(tl.int64) * stride_sn
     if BITS == 4:
         kb = tl.multiple_of(k0 // 2, HALF)
         p = w_ptr + row + kb + (c * HALF)[:, None][None, :, :] + j[None, None, :]    # k0 / 2 + 32 c + j
@@ -155,15 +167,13 @@ def _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
             lo, hi = b_lo.to(tl.float32), b_hi.to(tl.float32)
         else:
             lo, hi = _bytes_f16(b_lo), _bytes_f16(b_hi)
-    w_lo = _scale_tile(lo, s_ptr, z_ptr, s_row, kc, K, GROUP, BITS, HAS_ZERO, MASKED, dt)
-    w_hi = _scale_tile(hi, s_ptr, z_ptr, s_row, kc + HALF, K, GROUP, BITS, HAS_ZERO, MASKED, dt)
-    return w_lo, w_hi
+    return _apply(lo, s_lo, z_lo, dt), _apply(hi, s_hi, z_hi, dt)
 
 
 @triton.jit
-def _wo_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
-                    stride_xm, stride_xk, stride_wn, stride_sn, stride_om,
-                    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+                    stride_xm, stride_wn, stride_sn, stride_om,
+                    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
@@ -174,18 +184,23 @@ def _wo_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     dt: tl.constexpr = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, NC, HALF), dtype=tl.float32)
     x_row = x_ptr + m * stride_xm
+    s_row = offs_n.to(tl.int64) * stride_sn
+    s_lo, z_lo, s_hi, z_hi = _scales(sz_ptr, s_row, 0, K, GROUP, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
-        w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
-                           BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
+        if GROUP != 0:      # the next step's scales, a step ahead (no dot here: Triton does not pipeline)
+            ns_lo, nz_lo, ns_hi, nz_hi = _scales(sz_ptr, s_row, k0 + BLOCK_K, K, GROUP, BLOCK_K)
+        w_lo, w_hi = _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi, BITS, not EVEN_K, dt, BLOCK_K)
         if EVEN_K:
-            x_lo = tl.load(x_row + (k0 + kx) * stride_xk)
-            x_hi = tl.load(x_row + (k0 + HALF + kx) * stride_xk)
+            x_lo = tl.load(x_row + (k0 + kx))
+            x_hi = tl.load(x_row + (k0 + HALF + kx))
         else:
-            x_lo = tl.load(x_row + (k0 + kx) * stride_xk, mask=k0 + kx < K, other=0.0)
-            x_hi = tl.load(x_row + (k0 + HALF + kx) * stride_xk, mask=k0 + kx < K - HALF, other=0.0)
+            x_lo = tl.load(x_row + (k0 + kx), mask=k0 + kx < K, other=0.0)
+            x_hi = tl.load(x_row + (k0 + HALF + kx), mask=k0 + kx < K - HALF, other=0.0)
         acc += w_lo.to(tl.float32) * x_lo.to(tl.float32)[None, :, :]
         acc += w_hi.to(tl.float32) * x_hi.to(tl.float32)[None, :, :]
+        if GROUP != 0:
+            s_lo, z_lo, s_hi, z_hi = ns_lo, nz_lo, ns_hi, nz_hi
     out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n).to(tl.float32)
@@ -200,9 +215,9 @@ def _dot(a, b, acc):
 
 
 @triton.jit
-def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
-                  stride_xm, stride_xk, stride_wn, stride_sn, stride_om,
-                  BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+                  stride_xm, stride_wn, stride_sn, stride_om,
+                  BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_N: tl.constexpr):
     pid = tl.program_id(0)
@@ -220,19 +235,22 @@ def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
     dt: tl.constexpr = x_ptr.dtype.element_ty
     xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [NC * 32, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    s_row = offs_n.to(tl.int64) * stride_sn
     for k0 in range(0, K, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
-        w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, offs_n, k0, K, stride_wn, stride_sn,
-                           BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
+        # 32-bit scale/zero words: Triton pipelines these loads with the codes and x (async copies), and
+        # the dequantized tile stays in registers as the MMA's A operand
+        s_lo, z_lo, s_hi, z_hi = _scales(sz_ptr, s_row, k0, K, GROUP, BLOCK_K)
+        w_lo, w_hi = _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi, BITS, not EVEN_K, dt, BLOCK_K)
         w_lo = tl.reshape(w_lo, (BLOCK_N, NC * HALF))
         w_hi = tl.reshape(w_hi, (BLOCK_N, NC * HALF))
-        p_lo = xt_base + (k0 + kr)[:, None] * stride_xk
+        p_lo = xt_base + (k0 + kr)[:, None]
         if EVEN_K:
             x_lo = tl.load(p_lo)
-            x_hi = tl.load(p_lo + HALF * stride_xk)
+            x_hi = tl.load(p_lo + HALF)
         else:
             x_lo = tl.load(p_lo, mask=(k0 + kr < K)[:, None], other=0.0)
-            x_hi = tl.load(p_lo + HALF * stride_xk, mask=(k0 + kr < K - HALF)[:, None], other=0.0)
+            x_hi = tl.load(p_lo + HALF, mask=(k0 + kr < K - HALF)[:, None], other=0.0)
         acc = _dot(w_lo, x_lo, acc)
         acc = _dot(w_hi, x_hi, acc)
     if HAS_BIAS:
@@ -242,8 +260,8 @@ def _wo_mm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, M, N, K,
 
 
 @triton.jit
-def _wo_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on,
-                       BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, EVEN_K: tl.constexpr,
+def _wo_dequant_kernel(w_ptr, sz_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on,
+                       BITS: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     k0 = tl.program_id(1) * BLOCK_K
@@ -251,8 +269,8 @@ def _wo_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_wn, stride_sn,
     NC: tl.constexpr = BLOCK_K // CHUNK
     kx = k0 + tl.arange(0, NC)[:, None] * CHUNK + tl.arange(0, HALF)[None, :]     # [NC, 32]
     dt: tl.constexpr = out_ptr.dtype.element_ty
-    w_lo, w_hi = _tile(w_ptr, s_ptr, z_ptr, rows % N, k0, K, stride_wn, stride_sn,
-                       BITS, GROUP, HAS_ZERO, not EVEN_K, dt, BLOCK_K)
+    s_lo, z_lo, s_hi, z_hi = _scales(sz_ptr, (rows % N).to(tl.int64) * stride_sn, k0, K, GROUP, BLOCK_K)
+    w_lo, w_hi = _tile(w_ptr, rows % N, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi, BITS, not EVEN_K, dt, BLOCK_K)
     o = out_ptr + rows[:, None, None].to(tl.int64) * stride_on + kx[None, :, :]
     rmask = (rows < N)[:, None, None]
     tl.store(o, w_lo, mask=rmask & (kx < K)[None, :, :])

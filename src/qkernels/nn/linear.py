@@ -21,8 +21,10 @@ class QuantizedLinear(nn.Module):
       "w4a16"     4-bit weights, group-wise (group_size; -1 = per channel), symmetric or with zero
                   points; fp16/bf16 activations (weight-only).
       "w8a16"     8-bit weights (default per output channel), fp16/bf16 activations.
-        Buffers: `qweight`, `scales`, `zeros` (asymmetric), `perm` (act-order), `bias`, in the
-        PackedWeight layout (qkernels.packed_weight).
+        Buffers: `qweight`, `scale_zero` (scales and zero points side by side; `scales` and `zeros`
+        are views of it), `perm` (act-order), `bias`, in the PackedWeight layout
+        (qkernels.packed_weight). State dicts with separate `scales` / `zeros` entries (before
+        qkernels 0.2) still load.
 
     On a CUDA device (or the CPU under TRITON_INTERPRET=1) forward runs the kernels; on a plain CPU it
     runs their pure-torch twins in qkernels.reference (same numerics; the tests prove they match), so
@@ -45,9 +47,10 @@ class QuantizedLinear(nn.Module):
             ng = num_groups(group_size, in_features)
             self.register_buffer("qweight", torch.zeros(out_features, qweight_width(in_features, bits), dtype=torch.uint8,
                                                         device=device))
-            self.register_buffer("scales", torch.ones(out_features, ng, dtype=dtype, device=device))
-            self.register_buffer("zeros", None if symmetric else
-                                 torch.zeros(out_features, ng, dtype=dtype, device=device))
+            self.symmetric = symmetric
+            sz = torch.ones(out_features, ng, 2, dtype=dtype, device=device)
+            sz[..., 1] = 2 ** (bits - 1) if symmetric else 0
+            self.register_buffer("scale_zero", sz)
             self.register_buffer("perm", None)
             self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
             return
@@ -97,9 +100,7 @@ class QuantizedLinear(nn.Module):
         mod = cls(K, N, bias is not None, scheme, packed.device, packed.scales.dtype, packed.group_size,
                   packed.symmetric)
         mod.qweight.copy_(packed.qweight)
-        mod.scales.copy_(packed.scales)
-        if packed.zeros is not None:
-            mod.zeros.copy_(packed.zeros)
+        mod.scale_zero.copy_(packed.scale_zero)
         mod.perm = packed.perm
         if bias is not None:
             mod.bias.copy_(bias)
@@ -107,8 +108,29 @@ class QuantizedLinear(nn.Module):
 
     def packed_weight(self):
         from ..packed_weight import PackedWeight
-        return PackedWeight(self.qweight, self.scales, self.zeros, self.bits, self.group_size,
-                            (self.out_features, self.in_features), self.perm)
+        return PackedWeight(self.qweight, self.scale_zero, self.bits, self.group_size,
+                            (self.out_features, self.in_features), self.perm, self.symmetric)
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """Weight-only schemes: [N, K / G] view of scale_zero."""
+        return self.scale_zero[..., 0]
+
+    @property
+    def zeros(self) -> torch.Tensor | None:
+        """Weight-only schemes: [N, K / G] view of scale_zero, None when symmetric."""
+        return None if self.symmetric else self.scale_zero[..., 1]
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # state dicts from before scale_zero: separate `scales` and `zeros`
+        if self.scheme in WEIGHT_ONLY_BITS and prefix + "scales" in state_dict and \
+                prefix + "scale_zero" not in state_dict:
+            from ..packed_weight import pack_scale_zero
+            state_dict[prefix + "scale_zero"] = pack_scale_zero(state_dict.pop(prefix + "scales"),
+                                                                state_dict.pop(prefix + "zeros", None), self.bits)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not runs_kernels(x):
@@ -157,5 +179,5 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme!r}"
         if self.scheme in WEIGHT_ONLY_BITS:
-            s += f", group_size={self.group_size}, symmetric={self.zeros is None}, act_order={self.perm is not None}"
+            s += f", group_size={self.group_size}, symmetric={self.symmetric}, act_order={self.perm is not None}"
         return s

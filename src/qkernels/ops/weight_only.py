@@ -40,18 +40,18 @@ def config_for(bits: int, M: int, device: torch.device) -> dict:
     return _config_bucket(bits, next_pow2(max(M, 1)), device)
 
 
-def _launch(x2, qweight, scales, zeros, bias, out, bits, group, cfg):
-    """gemv / mm paths: out [M, N] written by one kernel."""
+def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
+    """gemv / mm paths: out [M, N] written by one kernel. x2 rows are contiguous; scale_zero is
+    [N, G, 2] contiguous, read as one 32-bit word per group (stride in words: G)."""
     M, K = x2.shape
     N = qweight.shape[0]
     p = {k: v for k, v in cfg.items() if k != "path"}
     g = 0 if group == K else group
     if p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
-    args = (x2, qweight, scales, zeros if zeros is not None else scales, bias if bias is not None else scales, out,
-            M, N, K, x2.stride(0), x2.stride(1), qweight.stride(0), scales.stride(0), out.stride(0))
-    flags = dict(BITS=bits, GROUP=g, HAS_ZERO=zeros is not None, HAS_BIAS=bias is not None,
-                 EVEN_K=K % p["BLOCK_K"] == 0)
+    args = (x2, qweight, scale_zero, bias if bias is not None else scale_zero, out,
+            M, N, K, x2.stride(0), qweight.stride(0), scale_zero.shape[1], out.stride(0))
+    flags = dict(BITS=bits, GROUP=g, HAS_BIAS=bias is not None, EVEN_K=K % p["BLOCK_K"] == 0)
     if cfg["path"] == "gemv":
         _kw()._wo_gemv_kernel[(triton.cdiv(N, p["BLOCK_N"]), M)](*args, **flags, **p)
     else:
@@ -60,13 +60,13 @@ def _launch(x2, qweight, scales, zeros, bias, out, bits, group, cfg):
     return out
 
 
-def _dequant_into(qweight, scales, zeros, w, bits, group, cfg):
+def _dequant_into(qweight, scale_zero, w, bits, group, cfg):
     N, K = w.shape
     p = {k: v for k, v in cfg.items() if k != "path"}
     g = 0 if group == K else group
     _kw()._wo_dequant_kernel[(triton.cdiv(N, p["BLOCK_N"]), triton.cdiv(K, p["BLOCK_K"]))](
-        qweight, scales, zeros if zeros is not None else scales, w, N, K, qweight.stride(0), scales.stride(0),
-        w.stride(0), BITS=bits, GROUP=g, HAS_ZERO=zeros is not None, EVEN_K=K % p["BLOCK_K"] == 0, **p)
+        qweight, scale_zero, w, N, K, qweight.stride(0), scale_zero.shape[1], w.stride(0), BITS=bits, GROUP=g,
+        EVEN_K=K % p["BLOCK_K"] == 0, **p)
     return w
 
 
@@ -74,12 +74,14 @@ def _dequant_into(qweight, scales, zeros, w, bits, group, cfg):
 # custom op
 
 
-def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
                       bias: torch.Tensor | None, bits: int, group: int, path: str) -> torch.Tensor:
-    """x [M, K] (stride-1 rows or columns), qweight/scales/zeros in the PackedWeight layout (contiguous),
+    """x [M, K] with contiguous rows, qweight / scale_zero in the PackedWeight layout (contiguous),
     group: group length (K: per channel); path "" = pick by M from the config table."""
     M, K = x.shape
     N = qweight.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
     if M == 0 or N == 0 or K == 0:    # empty product: zeros (+ bias)
         out = torch.zeros((M, N), dtype=torch.float32, device=x.device)
         return (out + bias.float() if bias is not None else out).to(x.dtype)
@@ -87,12 +89,12 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     if path:
         cfg = _path_config(cfg, path, bits, x.device)
     if cfg["path"] == "dequant":
-        w = _dequant_into(qweight, scales, zeros, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group,
+        w = _dequant_into(qweight, scale_zero, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group,
                           cfg)
-        # cuBLAS picks its kernel (and summation order) by layout: rows first, so a transposed view of
-        # x gives the bits of the contiguous x
+        # cuBLAS picks its kernel (and summation order) by layout: a row-sliced x must give the bits of
+        # the contiguous x
         return torch.nn.functional.linear(x.contiguous(), w, bias.to(x.dtype) if bias is not None else None)
-    return _launch(x, qweight, scales, zeros, bias, alloc((M, N), x.dtype, x.device), bits, group, cfg)
+    return _launch(x, qweight, scale_zero, bias, alloc((M, N), x.dtype, x.device), bits, group, cfg)
 
 
 def _path_config(cfg: dict, path: str, bits: int, device) -> dict:
@@ -112,7 +114,7 @@ _weight_only_op = torch.library.custom_op("qkernels::weight_only_linear", mutate
 
 
 @_weight_only_op.register_fake
-def _(x, qweight, scales, zeros, bias, bits, group, path):
+def _(x, qweight, scale_zero, bias, bits, group, path):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
@@ -142,10 +144,10 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
     x2 = x.reshape(M, K)
     if w.perm is not None:
         x2 = x2.index_select(1, w.perm)
-    elif x2.stride(1) != 1 and x2.stride(0) != 1:
-        x2 = x2.contiguous()
-    out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scales, w.zeros, bias, bits,
-                  w.group_len, path)
+    elif x2.stride(1) != 1:
+        x2 = x2.contiguous()     # the kernels read x rows as contiguous runs (vector loads, async copies)
+    out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, bias, bits, w.group_len,
+                  path)
     return out.reshape(*x.shape[:-1], N)
 
 
