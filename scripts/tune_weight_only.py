@@ -34,25 +34,29 @@ def dq(bn, bk, w):
 
 
 def candidates(m: int) -> list[dict]:
+    """Tensor-core (mm) candidates from M = 1 up: BLOCK_N weight rows are the MMA's M side (4 warps:
+    wgmma with the dequantized tile as its register A operand; 1-2 warps: mma.sync), BLOCK_M >= 16
+    x rows its N side."""
     c = []
-    if m <= 4:
-        c += [gemv(*p) for p in [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 3), (32, 256, 4, 3), (32, 128, 4, 4),
-                                 (64, 128, 8, 3), (16, 1024, 8, 2), (8, 1024, 4, 2), (4, 1024, 4, 2), (32, 512, 8, 2)]]
+    small_mm = [(16, 128, 1, 4), (16, 256, 1, 4), (32, 128, 2, 4), (32, 256, 2, 4), (64, 128, 4, 4),
+                (64, 256, 4, 3), (64, 128, 4, 6), (128, 128, 4, 4), (128, 64, 4, 6), (64, 64, 4, 8)]
+    if m <= 2:
+        c += [gemv(*p) for p in [(8, 512, 4, 3), (8, 1024, 4, 2), (4, 1024, 4, 2), (16, 512, 4, 3)]]
     if m <= 32:
-        bm = max(16, m)
-        c += [mm(bm, bn, bk, 4, s) for bn, bk, s in itertools.product((16, 32, 64, 128), (128, 256), (3, 4))]
-        # 1-2 warps: below a warpgroup Triton uses mma.sync, whose A operand stays in registers
-        c += [mm(bm, bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32), (128, 256), (1, 2), (3, 4))]
+        c += [mm(max(16, m), bn, bk, w, s) for bn, bk, w, s in small_mm]
     elif m <= 64:
-        c += [mm(64, bn, bk, 4, s) for bn, bk, s in itertools.product((32, 64, 128), (64, 128), (3, 4))]
+        c += [mm(64, bn, bk, 4, s) for bn, bk, s in itertools.product((64, 128), (64, 128), (3, 4, 5))]
     elif m <= 256:
         c += [mm(bm, bn, bk, w, s) for bm, bn, bk, w, s in
-              itertools.product((64, 128), (64, 128), (64, 128), (4, 8), (3, 4))]
+              [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3),
+               (64, 128, 128, 4, 3), (128, 128, 64, 4, 4), (64, 64, 128, 4, 4), (128, 128, 128, 8, 3),
+               (64, 256, 64, 8, 3), (128, 256, 64, 8, 3)]]
     else:
         c += [mm(bm, bn, bk, w, s) for bm, bn, bk, w, s in
               [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 3),
-               (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (256, 64, 64, 8, 3)]]
-        c += [dq(32, 128, 4), dq(64, 128, 8), dq(16, 256, 4)]
+               (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (256, 128, 64, 8, 4),
+               (128, 256, 64, 8, 4), (256, 256, 64, 8, 3)]]
+        c += [dq(32, 128, 4), dq(16, 256, 4)]
     return c
 
 
@@ -60,6 +64,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--buckets", type=int, nargs="+", default=BUCKETS)
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
     args = ap.parse_args()
     dev = torch.device("cuda")
     slug = gpu_slug(device_name(dev))
@@ -76,6 +81,9 @@ def main():
         key = f"w{bits}a16"
         tab = dict(table.get(key) or {})
         for m in args.buckets:
+            if time.time() - t0 > args.budget_s:
+                print(f"budget spent: {key} M={m} and later keep their configs", flush=True)
+                break
             results = []
             for cfg in candidates(m):
                 WO.config_for = lambda bits, M, device, cfg=cfg: cfg
