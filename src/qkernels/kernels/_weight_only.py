@@ -20,6 +20,8 @@ conversions; both give the same bits, as u - z is exact and (u - z) * s rounds o
   _wo_mm_kernel:      tensor cores, computed as out.T = W @ x.T ("swap AB"): the dequantized
                       weight tile is the MMA's A operand (BLOCK_N rows), x.T the B operand, so a
                       small M (>= 1, padded to BLOCK_M >= 16) wastes no weight bandwidth.
+                      SPLIT_K > 1 splits K over program columns (small grids: few weight row-blocks
+                      and a long K), partial sums reduced in a fixed order by _wo_splitk_reduce.
   _wo_dequant_kernel: writes the dequantized weight, for a cuBLAS GEMM at large M.
 """
 import triton
@@ -219,7 +221,9 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om,
                   BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_N: tl.constexpr):
+                  GROUP_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """SPLIT_K > 1: program column pid_k covers K_STEP-aligned slice pid_k of K and writes its fp32
+    partial sums to out_ptr [SPLIT_K, M, N] (no bias); _wo_splitk_reduce adds them in a fixed order."""
     pid = tl.program_id(0)
     # GROUP_N weight row-blocks share their x tiles in L2
     pid_n, pid_m = _grouped_pid(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)
@@ -236,7 +240,14 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [NC * 32, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     s_row = offs_n.to(tl.int64) * stride_sn
-    for k0 in range(0, K, BLOCK_K):
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = tl.program_id(1) * k_per
+        k_hi = tl.minimum(K, k_lo + k_per)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
         # 32-bit scale/zero words: Triton pipelines these loads with the codes and x (async copies), and
         # the dequantized tile stays in registers as the MMA's A operand
@@ -253,10 +264,30 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             x_hi = tl.load(p_lo + HALF, mask=(k0 + kr < K - HALF)[:, None], other=0.0)
         acc = _dot(w_lo, x_lo, acc)
         acc = _dot(w_hi, x_hi, acc)
+    o_mask = (rows_n < N)[:, None] & (rows_m < M)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
+        o_ptrs = out_ptr + rows_m[None, :].to(tl.int64) * stride_om + rows_n[:, None]
+        tl.store(o_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        ws = out_ptr + tl.program_id(1).to(tl.int64) * M * N
+        tl.store(ws + rows_m[None, :].to(tl.int64) * N + rows_n[:, None], acc, mask=o_mask)
+
+
+@triton.jit
+def _wo_splitk_reduce(ws_ptr, bias_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """out[m, n] = sum over s in order of ws[s, m, n] (+ bias[n]): deterministic split-K."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < MN
+    acc = tl.load(ws_ptr + i, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + i, mask=mask, other=0.0)
+    n = i % N
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
-    o_ptrs = out_ptr + rows_m[None, :].to(tl.int64) * stride_om + rows_n[:, None]
-    tl.store(o_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=(rows_n < N)[:, None] & (rows_m < M)[None, :])
+        acc += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (i // N) * stride_om + n, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -2,7 +2,8 @@
 
 One op, three paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
 "w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode),
-"mm" (tensor cores with in-register dequantization) and "dequant" (dequantize to x's dtype, then
+"mm" (tensor cores with in-register dequantization; SPLIT_K > 1 in a config splits K over programs
+when the grid is small) and "dequant" (dequantize to x's dtype, then
 cuBLAS: the large-M fallback that keeps the op as fast as fp16 there).
 Kernels: kernels/_weight_only.py. Reference: reference.weight_only_linear.
 """
@@ -20,7 +21,7 @@ from .._runtime import alloc, call_op, check_kernel_device, check_same_device, c
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
-PATHS = ("gemv", "mm", "dequant")
+PATHS = ("gemv", "mm", "dequant", "mm-splitk")   # "mm-splitk": the mm path with K split 3 ways (tests)
 
 
 def _kw():
@@ -54,9 +55,19 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
     flags = dict(BITS=bits, GROUP=g, HAS_BIAS=bias is not None, EVEN_K=K % p["BLOCK_K"] == 0)
     if cfg["path"] == "gemv":
         _kw()._wo_gemv_kernel[(triton.cdiv(N, p["BLOCK_N"]), M)](*args, **flags, **p)
-    else:
-        grid = (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]),)
-        _kw()._wo_mm_kernel[grid](*args, **flags, **p)
+        return out
+    split = min(int(p.pop("SPLIT_K", 1)), triton.cdiv(K, p["BLOCK_K"]))
+    grid = (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]), split)
+    if split == 1:
+        _kw()._wo_mm_kernel[grid](*args, **flags, SPLIT_K=1, **p)
+        return out
+    # split-K: fp32 partials [split, M, N], then one reduce kernel adds them in order (+ bias)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
+    _kw()._wo_mm_kernel[grid](*args[:4], ws, *args[5:], **flags, SPLIT_K=split, **p)
+    block = 1024
+    _kw()._wo_splitk_reduce[(triton.cdiv(M * N, block),)](
+        ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
     return out
 
 
@@ -101,6 +112,8 @@ def _path_config(cfg: dict, path: str, bits: int, device) -> dict:
     """The config of the first bucket whose path is `path` (tests use it to run every path at every M)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path == "mm-splitk":
+        return dict(_path_config(cfg, "mm", bits, device), SPLIT_K=3)
     if cfg["path"] == path:
         return cfg
     for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536):
