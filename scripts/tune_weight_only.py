@@ -25,8 +25,9 @@ def gemv(bn, bk, w, s):
     return dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
 
 
-def mm(bm, bn, bk, w, s, g=8):
-    return dict(path="mm", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=g, num_warps=w, num_stages=s)
+def mm(bm, bn, bk, w, s, g=8, split=1):
+    c = dict(path="mm", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=g, num_warps=w, num_stages=s)
+    return c if split == 1 else dict(c, SPLIT_K=split)
 
 
 def dq(bn, bk, w):
@@ -44,6 +45,9 @@ def candidates(m: int) -> list[dict]:
         c += [gemv(*p) for p in [(8, 512, 4, 3), (8, 1024, 4, 2), (4, 1024, 4, 2), (16, 512, 4, 3)]]
     if m <= 32:
         c += [mm(max(16, m), bn, bk, w, s) for bn, bk, w, s in small_mm]
+        # split-K: more programs when N / BLOCK_N is small and K long (4096 x 14336)
+        c += [mm(max(16, m), bn, bk, w, s, split=sp) for bn, bk, w, s in
+              [(16, 128, 1, 4), (32, 256, 2, 4), (32, 128, 2, 4), (64, 128, 4, 4)] for sp in (2, 4)]
     elif m <= 64:
         c += [mm(64, bn, bk, 4, s) for bn, bk, s in itertools.product((64, 128), (64, 128), (3, 4, 5))]
     elif m <= 256:
@@ -51,6 +55,8 @@ def candidates(m: int) -> list[dict]:
               [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3),
                (64, 128, 128, 4, 3), (128, 128, 64, 4, 4), (64, 64, 128, 4, 4), (128, 128, 128, 8, 3),
                (64, 256, 64, 8, 3), (128, 256, 64, 8, 3)]]
+        c += [mm(bm, bn, bk, w, s, split=sp) for bm, bn, bk, w, s in
+              [(64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3)] for sp in (2, 4)]
     else:
         c += [mm(bm, bn, bk, w, s) for bm, bn, bk, w, s in
               [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 3),
