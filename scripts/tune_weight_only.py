@@ -21,9 +21,8 @@ BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 
 
-def gemv(bn, bk, w, s, rows=1):
-    c = dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
-    return c if rows == 1 else dict(c, ROWS=rows)
+def gemv(bn, bk, w, s):
+    return dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
 
 
 def mm(bm, bn, bk, w, s, g=8, split=1):
@@ -42,9 +41,8 @@ def candidates(m: int) -> list[dict]:
     c = []
     small_mm = [(16, 128, 1, 4), (16, 256, 1, 4), (32, 128, 2, 4), (32, 256, 2, 4), (64, 128, 4, 4),
                 (64, 256, 4, 3), (64, 128, 4, 6), (128, 128, 4, 4), (128, 64, 4, 6), (64, 64, 4, 8)]
-    if m <= 8:   # ROWS = m x rows per program share each dequantized weight tile
-        c += [gemv(*p, rows=m) for p in [(8, 512, 4, 3), (8, 1024, 4, 2), (4, 1024, 4, 2), (16, 512, 4, 3),
-                                         (4, 512, 4, 3), (2, 1024, 4, 2)]]
+    if m <= 2:
+        c += [gemv(*p) for p in [(8, 512, 4, 3), (8, 1024, 4, 2), (4, 1024, 4, 2), (16, 512, 4, 3)]]
     if m <= 32:
         c += [mm(max(16, m), bn, bk, w, s) for bn, bk, w, s in small_mm]
         # split-K: more programs when N / BLOCK_N is small and K long (4096 x 14336)

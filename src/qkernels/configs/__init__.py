@@ -32,7 +32,6 @@ DEFAULT_WEIGHT_ONLY = {
 }
 INTERPRETER_WEIGHT_ONLY = {
     "1": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
-    "4": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, ROWS=2, num_warps=4, num_stages=1),
     "64": dict(path="mm", BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, GROUP_N=4, num_warps=4, num_stages=1),
     "65536": dict(path="dequant", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
 }

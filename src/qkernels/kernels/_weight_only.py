@@ -16,7 +16,7 @@ with a paired fma: two codes per instruction, exact. The Triton interpreter (no 
 one case where the magic number cannot hold a code exactly (8-bit codes in bf16) use plain
 conversions; both give the same bits, as u - z is exact and (u - z) * s rounds once either way.
 
-  _wo_gemv_kernel:    ROWS x rows per program column, fp32 FMA reduction (decode, M = 1-4).
+  _wo_gemv_kernel:    one x row per program column, fp32 FMA reduction (decode, M = 1).
   _wo_mm_kernel:      tensor cores, computed as out.T = W @ x.T ("swap AB"): the dequantized
                       weight tile is the MMA's A operand (BLOCK_N rows), x.T the B operand, so a
                       small M (>= 1, padded to BLOCK_M >= 16) wastes no weight bandwidth.
@@ -176,18 +176,16 @@ def _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi,
 def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                     stride_xm, stride_wn, stride_sn, stride_om,
                     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr):
-    """ROWS x rows per program (M = 2-4 reuse each dequantized weight tile ROWS times)."""
+                    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = rows % N                                   # wrapped: loads need no row mask
-    ms = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    xm = tl.minimum(ms, M - 1).to(tl.int64)             # clamped: loads need no row mask
     NC: tl.constexpr = BLOCK_K // CHUNK
     kx = tl.arange(0, NC)[:, None] * CHUNK + tl.arange(0, HALF)[None, :]     # [NC, 32]: k - k0 of w_lo
     dt: tl.constexpr = x_ptr.dtype.element_ty
-    acc = tl.zeros((ROWS, BLOCK_N, NC, HALF), dtype=tl.float32)
-    x_rows = x_ptr + xm[:, None, None] * stride_xm
+    acc = tl.zeros((BLOCK_N, NC, HALF), dtype=tl.float32)
+    x_row = x_ptr + m * stride_xm
     s_row = offs_n.to(tl.int64) * stride_sn
     s_lo, z_lo, s_hi, z_hi = _scales(sz_ptr, s_row, 0, K, GROUP, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
@@ -196,20 +194,19 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             ns_lo, nz_lo, ns_hi, nz_hi = _scales(sz_ptr, s_row, k0 + BLOCK_K, K, GROUP, BLOCK_K)
         w_lo, w_hi = _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi, BITS, not EVEN_K, dt, BLOCK_K)
         if EVEN_K:
-            x_lo = tl.load(x_rows + (k0 + kx)[None, :, :])
-            x_hi = tl.load(x_rows + (k0 + HALF + kx)[None, :, :])
+            x_lo = tl.load(x_row + (k0 + kx))
+            x_hi = tl.load(x_row + (k0 + HALF + kx))
         else:
-            x_lo = tl.load(x_rows + (k0 + kx)[None, :, :], mask=(k0 + kx < K)[None, :, :], other=0.0)
-            x_hi = tl.load(x_rows + (k0 + HALF + kx)[None, :, :], mask=(k0 + kx < K - HALF)[None, :, :], other=0.0)
-        acc += w_lo.to(tl.float32)[None, :, :, :] * x_lo.to(tl.float32)[:, None, :, :]
-        acc += w_hi.to(tl.float32)[None, :, :, :] * x_hi.to(tl.float32)[:, None, :, :]
+            x_lo = tl.load(x_row + (k0 + kx), mask=k0 + kx < K, other=0.0)
+            x_hi = tl.load(x_row + (k0 + HALF + kx), mask=k0 + kx < K - HALF, other=0.0)
+        acc += w_lo.to(tl.float32) * x_lo.to(tl.float32)[None, :, :]
+        acc += w_hi.to(tl.float32) * x_hi.to(tl.float32)[None, :, :]
         if GROUP != 0:
             s_lo, z_lo, s_hi, z_hi = ns_lo, nz_lo, ns_hi, nz_hi
-    out = tl.sum(tl.sum(acc, axis=3), axis=2)           # [ROWS, BLOCK_N]
+    out = tl.sum(tl.sum(acc, axis=2), axis=1)
     if HAS_BIAS:
-        out += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
-    o_ptrs = out_ptr + ms[:, None].to(tl.int64) * stride_om + rows[None, :]
-    tl.store(o_ptrs, _cast(out, out_ptr.dtype.element_ty), mask=(ms < M)[:, None] & (rows < N)[None, :])
+        out += tl.load(bias_ptr + offs_n).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=rows < N)
 
 
 @triton.jit

@@ -21,9 +21,7 @@ from .._runtime import alloc, call_op, check_kernel_device, check_same_device, c
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
-# tests force each path; "mm-splitk" (K split 3 ways) and "gemv-rows" (4 x rows per program) are
-# variants that the config tables pick at some M
-PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-rows")
+PATHS = ("gemv", "mm", "dequant", "mm-splitk")   # "mm-splitk": the mm path with K split 3 ways (tests)
 
 
 def _kw():
@@ -56,8 +54,7 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
             M, N, K, x2.stride(0), qweight.stride(0), scale_zero.shape[1], out.stride(0))
     flags = dict(BITS=bits, GROUP=g, HAS_BIAS=bias is not None, EVEN_K=K % p["BLOCK_K"] == 0)
     if cfg["path"] == "gemv":
-        rows = int(p.pop("ROWS", 1))
-        _kw()._wo_gemv_kernel[(triton.cdiv(N, p["BLOCK_N"]), triton.cdiv(M, rows))](*args, **flags, ROWS=rows, **p)
+        _kw()._wo_gemv_kernel[(triton.cdiv(N, p["BLOCK_N"]), M)](*args, **flags, **p)
         return out
     split = min(int(p.pop("SPLIT_K", 1)), triton.cdiv(K, p["BLOCK_K"]))
     grid = (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]), split)
@@ -117,8 +114,6 @@ def _path_config(cfg: dict, path: str, bits: int, device) -> dict:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "mm-splitk":
         return dict(_path_config(cfg, "mm", bits, device), SPLIT_K=3)
-    if path == "gemv-rows":
-        return dict(_path_config(cfg, "gemv", bits, device), ROWS=4)
     if cfg["path"] == path:
         return cfg
     for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536):
