@@ -133,3 +133,14 @@ def test_gptq_awq_bad_shapes():
     with pytest.raises(ValueError, match=r"scales must be \[K / group_size, N=64\]"):
         qk.PackedWeight.from_awq(torch.zeros(128, 8, dtype=torch.int32), torch.zeros(1, 8, dtype=torch.int32),
                                  torch.ones(1, 32, dtype=torch.float16))
+
+
+def test_scale_zero_storage_is_word_aligned():
+    """Kernels read (scale, zero) as one 32-bit word: a scale_zero view at an odd fp16 offset is copied."""
+    base = torch.randn(1 + 4 * 2 * 2, dtype=torch.float16)
+    sz = base[1:].view(4, 2, 2)
+    assert sz.data_ptr() % 4
+    pw = qk.PackedWeight(torch.zeros(4, 64, dtype=torch.uint8), sz, 4, 64, (4, 128), None, False)
+    assert pw.scale_zero.data_ptr() % 4 == 0
+    assert torch.equal(pw.scale_zero, sz)
+    assert torch.equal(pw.scales, sz[..., 0]) and torch.equal(pw.zeros, sz[..., 1])
