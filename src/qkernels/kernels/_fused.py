@@ -84,6 +84,22 @@ def _store_rows(y_ptr, s_ptr, rows, rmask, offs, mask, yd, QUANT: tl.constexpr, 
 
 
 @triton.jit
+def _norm_chunk(x_ptr, r_ptr, w_ptr, b_ptr, row_x, row_r, rmask, start, N, mean, rstd, BLOCK_N: tl.constexpr,
+                HAS_RES: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                DT: tl.constexpr):
+    """Columns [start, start + BLOCK_N) of the normalized rows, rounded to DT, as fp32 values; with the
+    column indices and the element mask (the multi-pass kernel recomputes them in each later pass)."""
+    cols = start + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    h = _load_h(x_ptr, r_ptr, row_x + cols[None, :], row_r + cols[None, :], mask, HAS_RES)
+    if not RMS:
+        h = h - mean[:, None]
+    yr = _cast(_affine(h * rstd[:, None], w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT).to(tl.float32)
+    return yr, cols, mask
+
+
+@triton.jit
 def _norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, s_ptr,
     M, N, eps,
@@ -151,26 +167,16 @@ def _norm_kernel(
         if QUANT:
             amax = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for start in range(0, N, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                cmask = cols < N
-                mask = rmask[:, None] & cmask[None, :]
-                h = _load_h(x_ptr, r_ptr, row_x + cols[None, :], row_r + cols[None, :], mask, HAS_RES)
-                if not RMS:
-                    h = h - mean[:, None]
-                yr = _cast(_affine(h * rstd[:, None], w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT).to(tl.float32)
+                yr, cols, mask = _norm_chunk(x_ptr, r_ptr, w_ptr, b_ptr, row_x, row_r, rmask, start, N, mean, rstd,
+                                             BLOCK_N, HAS_RES, RMS, HAS_W, HAS_B, DT)
                 amax = tl.maximum(amax, tl.where(mask, tl.abs(_finite_or_zero(yr)), 0.0))
             scale = _row_scale(tl.max(amax, axis=1), QMAX)
             tl.store(s_ptr + rows, scale, mask=rmask)
             inv = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), scale)
         # last pass: the output
         for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            cmask = cols < N
-            mask = rmask[:, None] & cmask[None, :]
-            h = _load_h(x_ptr, r_ptr, row_x + cols[None, :], row_r + cols[None, :], mask, HAS_RES)
-            if not RMS:
-                h = h - mean[:, None]
-            yr = _cast(_affine(h * rstd[:, None], w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT).to(tl.float32)
+            yr, cols, mask = _norm_chunk(x_ptr, r_ptr, w_ptr, b_ptr, row_x, row_r, rmask, start, N, mean, rstd,
+                                         BLOCK_N, HAS_RES, RMS, HAS_W, HAS_B, DT)
             _store_out(y_ptr, row_y + cols[None, :], mask, yr, inv, QUANT, QMAX, IS_FP8, FP8_EMULATE)
 
 
