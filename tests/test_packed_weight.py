@@ -136,11 +136,13 @@ def test_gptq_awq_bad_shapes():
 
 
 def test_scale_zero_storage_is_word_aligned():
-    """Kernels read (scale, zero) as one 32-bit word: a scale_zero view at an odd fp16 offset is copied."""
-    base = torch.randn(1 + 4 * 2 * 2, dtype=torch.float16)
-    sz = base[1:].view(4, 2, 2)
+    """Kernels read (scale, zero) as one 32-bit word: a scale_zero at an odd fp16 offset gives the same result."""
+    pw = qk.PackedWeight.from_float(torch.randn(24, 128, device=DEVICE, dtype=torch.float16), 4, 64)
+    base = torch.empty(1 + pw.scale_zero.numel(), dtype=pw.scale_zero.dtype, device=DEVICE)
+    sz = base[1:].view(pw.scale_zero.shape)
+    sz.copy_(pw.scale_zero)
     assert sz.data_ptr() % 4
-    pw = qk.PackedWeight(torch.zeros(4, 64, dtype=torch.uint8), sz, 4, 64, (4, 128), None, False)
-    assert pw.scale_zero.data_ptr() % 4 == 0
-    assert torch.equal(pw.scale_zero, sz)
-    assert torch.equal(pw.scales, sz[..., 0]) and torch.equal(pw.zeros, sz[..., 1])
+    odd = qk.PackedWeight(pw.qweight, sz, pw.bits, pw.group_size, pw.shape, pw.perm, pw.symmetric)
+    assert torch.equal(odd.scales, pw.scales) and torch.equal(odd.zeros, pw.zeros)
+    x = torch.randn(3, 128, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(qk.w4a16_linear(x, odd), qk.w4a16_linear(x, pw), "misaligned scale_zero")

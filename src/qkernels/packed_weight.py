@@ -82,8 +82,6 @@ class PackedWeight:
         if self.scale_zero.dim() != 3 or self.scale_zero.shape[-1] != 2:
             raise ValueError(f"scale_zero must have shape [N, K / group_size, 2], got {tuple(self.scale_zero.shape)}")
         self.scale_zero = self.scale_zero.contiguous()
-        if self.scale_zero.data_ptr() % 4:     # kernels read each (scale, zero) pair as one 32-bit word
-            self.scale_zero = self.scale_zero.clone()
 
     @classmethod
     def from_parts(cls, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int,
