@@ -113,13 +113,13 @@ class QuantizedLinear(nn.Module):
 
     @property
     def scales(self) -> torch.Tensor:
-        """Weight-only schemes: [N, K / G] view of scale_zero."""
-        return self.scale_zero[..., 0]
+        """Weight-only schemes: [N, K / G] view of scale_zero (as PackedWeight.scales)."""
+        return self.packed_weight().scales
 
     @property
     def zeros(self) -> torch.Tensor | None:
-        """Weight-only schemes: [N, K / G] view of scale_zero, None when symmetric."""
-        return None if self.symmetric else self.scale_zero[..., 1]
+        """Weight-only schemes: [N, K / G] view of scale_zero, None when symmetric (as PackedWeight.zeros)."""
+        return self.packed_weight().zeros
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

@@ -92,7 +92,9 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
     M, K = x.shape
     N = qweight.shape[0]
     if x.stride(1) != 1:
-        x = x.contiguous()
+        x = x.contiguous()     # the kernels read x rows as contiguous runs (vector loads, async copies)
+    if scale_zero.data_ptr() % 4 or not scale_zero.is_contiguous():
+        scale_zero = scale_zero.contiguous().clone()   # the kernels read each (scale, zero) as one 32-bit word
     if M == 0 or N == 0 or K == 0:    # empty product: zeros (+ bias)
         out = torch.zeros((M, N), dtype=torch.float32, device=x.device)
         return (out + bias.float() if bias is not None else out).to(x.dtype)
@@ -157,8 +159,6 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
     x2 = x.reshape(M, K)
     if w.perm is not None:
         x2 = x2.index_select(1, w.perm)
-    elif x2.stride(1) != 1:
-        x2 = x2.contiguous()     # the kernels read x rows as contiguous runs (vector loads, async copies)
     out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, bias, bits, w.group_len,
                   path)
     return out.reshape(*x.shape[:-1], N)
