@@ -18,25 +18,32 @@ CANDIDATES = {
     "16": [C(16, 32, 256, 4, 4), C(16, 64, 256, 4, 4), C(16, 64, 128, 4, 5), C(16, 128, 128, 4, 4),
            C(16, 32, 512, 4, 3), C(16, 64, 512, 4, 3), C(32, 64, 256, 4, 4)],
     "128": [C(64, 64, 128, 4, 4), C(64, 128, 128, 4, 4), C(128, 64, 128, 4, 4), C(128, 128, 128, 8, 3),
-            C(64, 128, 256, 4, 3), C(128, 128, 64, 4, 4)],
+            C(64, 128, 256, 4, 3), C(128, 128, 64, 4, 4), C(64, 32, 256, 4, 4), C(128, 32, 128, 4, 4),
+            C(64, 64, 256, 4, 3), C(128, 32, 256, 4, 3), C(64, 32, 128, 2, 5)],
+    # Triton keeps an int32-accumulating wgmma synchronous (wait 0 after each step; only fp32 accumulators
+    # are pipelined): configs that fit two CTAs per SM let one CTA's MMAs cover the other's bubble
     "1024": [C(128, 128, 128, 8, 3), C(128, 256, 128, 8, 3), C(128, 128, 128, 4, 4), C(128, 256, 64, 8, 4),
-             C(256, 128, 128, 8, 3), C(128, 128, 256, 8, 3)],
+             C(256, 128, 128, 8, 3), C(128, 128, 256, 8, 3), C(128, 128, 128, 4, 3), C(128, 128, 64, 4, 4),
+             C(64, 128, 128, 4, 4), C(64, 256, 128, 4, 3)],
     "4096": [C(128, 256, 128, 8, 3), C(128, 256, 64, 8, 4), C(256, 128, 128, 8, 3), C(128, 128, 128, 8, 4),
-             C(128, 256, 128, 8, 4, 16), C(256, 256, 64, 8, 3)],
+             C(128, 256, 128, 8, 4, 16), C(256, 256, 64, 8, 3), C(128, 128, 128, 4, 3), C(128, 128, 64, 4, 4),
+             C(128, 256, 64, 8, 3), C(64, 256, 128, 4, 3), C(128, 128, 128, 4, 3, 16), C(256, 128, 64, 8, 3)],
 }
 M_OF = {"16": [1, 16], "128": [128], "1024": [1024], "4096": [4096]}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--kinds", nargs="+", default=["int8", "fp8"])
+ap.add_argument("--buckets", nargs="+", default=list(CANDIDATES), help="M buckets to tune (others keep their configs)")
 args = ap.parse_args()
 dev = torch.device("cuda")
 slug = gpu_slug(device_name(dev))
 path = Path(configs.__file__).parent / f"{slug}.json"
 table = json.loads(path.read_text()) if path.exists() else {}
 for kind in args.kinds:
-    table[kind] = {}
-    for bucket, cands in CANDIDATES.items():
+    table[kind] = dict(table.get(kind) or {})
+    for bucket in args.buckets:
+        cands = CANDIDATES[bucket]
         best = None
         for cfg in cands:
             G._gemm_config = lambda k, M, d, cfg=cfg: cfg

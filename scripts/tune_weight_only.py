@@ -35,20 +35,20 @@ def dq(bn, bk, w):
 
 
 def candidates(m: int) -> list[dict]:
-    """Tensor-core (mm) candidates from M = 1 up: BLOCK_N weight rows are the MMA's M side (4 warps:
-    wgmma with the dequantized tile as its register A operand; 1-2 warps: mma.sync), BLOCK_M >= 16
-    x rows its N side."""
+    """Tensor-core (mm) candidates from M = 1 up: BLOCK_N weight rows are the MMA's M side, BLOCK_M x rows
+    its N side. tl.dot pads small N itself, so BLOCK_M = 8 serves M <= 8 with half the x tile of 16
+    (mma.sync m16n8k16; 4 warps with BLOCK_M = 16 pick wgmma with the dequantized tile as register A)."""
     c = []
-    small_mm = [(16, 128, 1, 4), (16, 256, 1, 4), (32, 128, 2, 4), (32, 256, 2, 4), (64, 128, 4, 4),
-                (64, 256, 4, 3), (64, 128, 4, 6), (128, 128, 4, 4), (128, 64, 4, 6), (64, 64, 4, 8)]
+    small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
+                (64, 64, 2, 6)]
     if m <= 2:
-        c += [gemv(*p) for p in [(8, 512, 4, 3), (8, 1024, 4, 2), (4, 1024, 4, 2), (16, 512, 4, 3)]]
+        # GEMV tiles are [BLOCK_K / 64, BLOCK_N, 32]: 32 threads span 16 chunks x 2, so BLOCK_N = 2 x warps
+        # gives each thread two rows at the same k (x converted once for both)
+        c += [gemv(*p) for p in [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 8, 1), (8, 512, 2, 1),
+                                 (16, 256, 2, 1), (4, 1024, 4, 1), (32, 256, 4, 1)]]
     if m <= 32:
-        c += [mm(max(16, m), bn, bk, w, s) for bn, bk, w, s in small_mm]
-        # split-K: more programs when N / BLOCK_N is small and K long (4096 x 14336)
-        c += [mm(max(16, m), bn, bk, w, s, split=sp) for bn, bk, w, s in
-              [(16, 128, 1, 4), (32, 256, 2, 4), (32, 128, 2, 4), (64, 128, 4, 4), (64, 64, 4, 6)]
-              for sp in (2, 4, 8)]
+        bms = [8] if m <= 8 else [m // 2, m]     # M = 16 as two 8-row blocks (weights re-read from L2) or one
+        c += [mm(bm, bn, bk, w, s, split=sp) for bm in bms for bn, bk, w, s in small_mm for sp in (1, 2, 4, 8)]
     elif m <= 64:
         c += [mm(64, bn, bk, 4, s) for bn, bk, s in itertools.product((64, 128), (64, 128), (3, 4, 5))]
         c += [mm(64, bn, bk, w, s, split=sp) for bn, bk, w, s in [(64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 8, 3),

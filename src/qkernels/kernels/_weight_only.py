@@ -16,7 +16,8 @@ with a paired fma: two codes per instruction, exact. The Triton interpreter (no 
 one case where the magic number cannot hold a code exactly (8-bit codes in bf16) use plain
 conversions; both give the same bits, as u - z is exact and (u - z) * s rounds once either way.
 
-  _wo_gemv_kernel:    one x row per program column, fp32 FMA reduction (decode, M = 1).
+  _wo_gemv_kernel:    one x row per program column (decode, M = 1): (u - z) times x in an fp32 FMA
+                      chain, the scale applied once per 32-run and row.
   _wo_mm_kernel:      tensor cores, computed as out.T = W @ x.T ("swap AB"): the dequantized
                       weight tile is the MMA's A operand (BLOCK_N rows), x.T the B operand, so a
                       small M (>= 1, padded to BLOCK_M >= 16) wastes no weight bandwidth.
@@ -173,37 +174,105 @@ def _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi,
 
 
 @triton.jit
+def _codes_t(w_ptr, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr, NC: tl.constexpr):
+    """Codes of the rows at offsets `row` [BLOCK_N] for k in [k0, k0 + 64 NC), chunk first: two
+    [NC, BLOCK_N, 32] tiles of exact integers (dt; fp32 where the magic-number conversion does not apply),
+    lo[c, n, j] for k = k0 + 64 c + j, hi for that + 32."""
+    c = tl.arange(0, NC)
+    j = tl.arange(0, HALF)
+    kc = k0 + c * CHUNK
+    if BITS == 4:
+        kb = tl.multiple_of(k0 // 2, HALF)
+        p = w_ptr + row[None, :, None] + kb + (c * HALF)[:, None, None] + j[None, None, :]
+        if MASKED:
+            b = tl.load(p, mask=(kc < K)[:, None, None], other=0)       # 4-bit rows are padded to whole chunks
+        else:
+            b = tl.load(p)
+        if INTERPRET:
+            bi = b.to(tl.int32)
+            lo, hi = (bi & 15).to(tl.float32), (bi >> 4).to(tl.float32)
+        else:
+            lo, hi = _nibbles(b, dt)
+    else:
+        k = kc[:, None, None] + j[None, None, :]
+        p = w_ptr + row[None, :, None] + k
+        if MASKED:
+            b_lo = tl.load(p, mask=k < K, other=0)
+            b_hi = tl.load(p + HALF, mask=k + HALF < K, other=0)
+        else:
+            b_lo = tl.load(p)
+            b_hi = tl.load(p + HALF)
+        if INTERPRET or dt == tl.bfloat16:
+            lo, hi = b_lo.to(tl.float32), b_hi.to(tl.float32)
+        else:
+            lo, hi = _bytes_f16(b_lo), _bytes_f16(b_hi)
+    return lo, hi
+
+
+@triton.jit
+def _group_sz_t(sz_ptr, s_row, kc, K, GROUP: tl.constexpr):
+    """Scale (fp32) and zero point (the scales' dtype) [NC, BLOCK_N] of the 32-runs starting at kc [NC]
+    (0 past K)."""
+    if GROUP == 0:
+        g = kc * 0
+    else:
+        g = kc // GROUP
+    words = sz_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    w = tl.load(words + s_row[None, :] + g[:, None], mask=(kc < K)[:, None], other=0)
+    st: tl.constexpr = sz_ptr.dtype.element_ty
+    s = (w & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
+    z = ((w >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
+    return s.to(tl.float32), z
+
+
+@triton.jit
 def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                     stride_xm, stride_wn, stride_sn, stride_om,
                     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One x row per program column. The scale is factored out of each run of 32 k sharing one group:
+    sum_k (u_k - z) s x_k = s sum_k (u_k - z) x_k, so the integer differences u - z (exact) enter an fp32
+    FMA chain and the scale is applied once per run and row, not once per weight. Tiles are chunk first
+    ([NC, BLOCK_N, 32]): a thread holds several rows at the same k and converts x once for all of them."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = rows % N                                   # wrapped: loads need no row mask
     NC: tl.constexpr = BLOCK_K // CHUNK
-    kx = tl.arange(0, NC)[:, None] * CHUNK + tl.arange(0, HALF)[None, :]     # [NC, 32]: k - k0 of w_lo
+    c = tl.arange(0, NC)
+    j = tl.arange(0, HALF)
     dt: tl.constexpr = x_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_N, NC, HALF), dtype=tl.float32)
-    x_row = x_ptr + m * stride_xm
+    row = offs_n.to(tl.int64) * stride_wn
     s_row = offs_n.to(tl.int64) * stride_sn
-    s_lo, z_lo, s_hi, z_hi = _scales(sz_ptr, s_row, 0, K, GROUP, BLOCK_K)
+    x_row = x_ptr + m * stride_xm
+    acc = tl.zeros((NC, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
-        if GROUP != 0:      # the next step's scales, a step ahead (no dot here: Triton does not pipeline)
-            ns_lo, nz_lo, ns_hi, nz_hi = _scales(sz_ptr, s_row, k0 + BLOCK_K, K, GROUP, BLOCK_K)
-        w_lo, w_hi = _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi, BITS, not EVEN_K, dt, BLOCK_K)
+        kc = k0 + c * CHUNK
+        u_lo, u_hi = _codes_t(w_ptr, row, k0, K, BITS, not EVEN_K, dt, NC)
+        kx = kc[:, None] + j[None, :]                                       # [NC, 32]
         if EVEN_K:
-            x_lo = tl.load(x_row + (k0 + kx))
-            x_hi = tl.load(x_row + (k0 + HALF + kx))
+            x_lo = tl.load(x_row + kx).to(tl.float32)
+            x_hi = tl.load(x_row + kx + HALF).to(tl.float32)
         else:
-            x_lo = tl.load(x_row + (k0 + kx), mask=k0 + kx < K, other=0.0)
-            x_hi = tl.load(x_row + (k0 + HALF + kx), mask=k0 + kx < K - HALF, other=0.0)
-        acc += w_lo.to(tl.float32) * x_lo.to(tl.float32)[None, :, :]
-        acc += w_hi.to(tl.float32) * x_hi.to(tl.float32)[None, :, :]
-        if GROUP != 0:
-            s_lo, z_lo, s_hi, z_hi = ns_lo, nz_lo, ns_hi, nz_hi
-    out = tl.sum(tl.sum(acc, axis=2), axis=1)
+            x_lo = tl.load(x_row + kx, mask=kx < K, other=0.0).to(tl.float32)
+            x_hi = tl.load(x_row + kx + HALF, mask=kx + HALF < K, other=0.0).to(tl.float32)
+        s_lo, z_lo = _group_sz_t(sz_ptr, s_row, kc, K, GROUP)
+        if GROUP == 32:     # the two runs of a chunk are different groups
+            s_hi, z_hi = _group_sz_t(sz_ptr, s_row, kc + HALF, K, GROUP)
+        else:
+            s_hi, z_hi = s_lo, z_lo
+        # u - z in the codes' dtype (two per instruction, exact for integer zero points), then an fp32 FMA
+        # chain per run: p[c, n] = sum_j (u - z) x, scaled once
+        d_lo = (u_lo - z_lo.to(u_lo.dtype)[:, :, None]).to(tl.float32)
+        d_hi = (u_hi - z_hi.to(u_hi.dtype)[:, :, None]).to(tl.float32)
+        p_lo = tl.sum(d_lo * x_lo[:, None, :], axis=2)                    # [NC, BLOCK_N]
+        p_hi = tl.sum(d_hi * x_hi[:, None, :], axis=2)
+        if GROUP == 32:
+            acc += s_lo * p_lo + s_hi * p_hi
+        else:
+            acc += s_lo * (p_lo + p_hi)
+    out = tl.sum(acc, axis=0)
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n).to(tl.float32)
     tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=rows < N)

@@ -1,0 +1,71 @@
+"""Workloads for Nsight Compute: compile / warm up every case, then run each once between
+cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one launch of each kernel.
+
+  ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section LaunchStats python3 scripts/profile_ncu.py [case ...]
+
+Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), wo128, w8 (W8A16 M=1), fp16-1 / fp16-16 (cuBLAS), int8 (core
+GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
+unless --nk says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+import qkernels  # noqa: E402
+
+
+def cases(n: int, k: int, dev: str = "cuda"):
+    w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
+    pw4 = qkernels.PackedWeight.from_float(w, bits=4, group_size=128, symmetric=False)
+    pw8 = qkernels.PackedWeight.from_float(w, bits=8, group_size=-1, symmetric=True)
+    xs = {m: torch.randn(m, k, device=dev, dtype=torch.float16) for m in (1, 2, 16, 128, 4096)}
+    a8 = torch.randint(-128, 128, (4096, k), device=dev, dtype=torch.int8)
+    w8 = torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8)
+    ws = torch.rand(n, device=dev) / 100
+    return {
+        "wo1": lambda: qkernels.w4a16_linear(xs[1], pw4),
+        "wo2": lambda: qkernels.w4a16_linear(xs[2], pw4),
+        "wo16": lambda: qkernels.w4a16_linear(xs[16], pw4),
+        "wo128": lambda: qkernels.w4a16_linear(xs[128], pw4),
+        "w8": lambda: qkernels.w8a16_linear(xs[1], pw8),
+        "fp16-1": lambda: torch.nn.functional.linear(xs[1], w),
+        "fp16-16": lambda: torch.nn.functional.linear(xs[16], w),
+        "int8": lambda: (qkernels.int8_matmul(a8, w8.t()), torch._int_mm(a8, w8.t())),
+        "w8a8": lambda: qkernels.w8a8_linear(xs[4096], w8, ws),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cases", nargs="*")
+    ap.add_argument("--nk", default="14336x4096")
+    ap.add_argument("--cpu-check", action="store_true", help="run each case once on the CPU (interpreter)")
+    a = ap.parse_args()
+    n, k = (int(v) for v in a.nk.split("x"))
+    table = cases(n, k, "cpu" if a.cpu_check else "cuda")
+    if a.cpu_check:
+        for name in a.cases or list(table):
+            table[name]()
+        print("cpu check ok")
+        return
+    names = a.cases or list(table)
+    for name in names:       # compile and warm up outside the profiled range
+        table[name]()
+        table[name]()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name in names:
+        table[name]()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print("profiled:", " ".join(names), f"N x K = {n} x {k}")
+
+
+if __name__ == "__main__":
+    main()
