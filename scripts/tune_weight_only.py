@@ -21,8 +21,9 @@ BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 
 
-def gemv(bn, bk, w, s):
-    return dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
+def gemv(bn, bk, w, s, min_programs=0):
+    c = dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
+    return c if not min_programs else dict(c, SPLIT_K=4, MIN_PROGRAMS=min_programs)
 
 
 def mm(bm, bn, bk, w, s, g=8, split=1):
@@ -44,8 +45,8 @@ def candidates(m: int) -> list[dict]:
     if m <= 2:
         # GEMV tiles are [BLOCK_K / 64, BLOCK_N, 32]: 32 threads span 16 chunks x 2, so BLOCK_N = 2 x warps
         # gives each thread two rows at the same k (x converted once for both)
-        c += [gemv(*p) for p in [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 8, 1), (8, 512, 2, 1),
-                                 (16, 256, 2, 1), (4, 1024, 4, 1), (32, 256, 4, 1)]]
+        c += [gemv(*p, mp) for p in [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 8, 1), (8, 512, 2, 1),
+                                     (4, 1024, 4, 1)] for mp in (0, 1024, 2048)]
     if m <= 32:
         bms = [8] if m <= 8 else [m // 2, m]     # M = 16 as two 8-row blocks (weights re-read from L2) or one
         c += [mm(bm, bn, bk, w, s, split=sp) for bm in bms for bn, bk, w, s in small_mm for sp in (1, 2, 4, 8)]

@@ -174,34 +174,60 @@ def _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi,
 
 
 @triton.jit
-def _codes_t(w_ptr, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr, NC: tl.constexpr):
-    """Codes of the rows at offsets `row` [BLOCK_N] for k in [k0, k0 + 64 NC), chunk first: two
-    [NC, BLOCK_N, 32] tiles of exact integers (dt; fp32 where the magic-number conversion does not apply),
-    lo[c, n, j] for k = k0 + 64 c + j, hi for that + 32."""
+def _load_t(w_ptr, sz_ptr, x_row, row, s_row, k0, K, BITS: tl.constexpr, GROUP: tl.constexpr,
+            MASKED: tl.constexpr, NC: tl.constexpr):
+    """Raw operands of the GEMV step at k0, chunk first: code bytes [NC, BLOCK_N, 32] (two tiles for 8-bit
+    codes, k and k + 32; one for 4-bit, whose bytes hold both), x [NC, 32] twice, and the (scale, zero)
+    words [NC, BLOCK_N] of the two 32-runs of each chunk; MASKED: zeros past K."""
     c = tl.arange(0, NC)
     j = tl.arange(0, HALF)
     kc = k0 + c * CHUNK
+    kx = kc[:, None] + j[None, :]
     if BITS == 4:
-        kb = tl.multiple_of(k0 // 2, HALF)
-        p = w_ptr + row[None, :, None] + kb + (c * HALF)[:, None, None] + j[None, None, :]
+        p = w_ptr + row[None, :, None] + k0 // 2 + (c * HALF)[:, None, None] + j[None, None, :]
         if MASKED:
-            b = tl.load(p, mask=(kc < K)[:, None, None], other=0)       # 4-bit rows are padded to whole chunks
+            b_lo = tl.load(p, mask=(kc < K)[:, None, None], other=0)    # 4-bit rows are padded to whole chunks
         else:
-            b = tl.load(p)
-        if INTERPRET:
-            bi = b.to(tl.int32)
-            lo, hi = (bi & 15).to(tl.float32), (bi >> 4).to(tl.float32)
-        else:
-            lo, hi = _nibbles(b, dt)
+            b_lo = tl.load(p)
+        b_hi = b_lo
     else:
-        k = kc[:, None, None] + j[None, None, :]
-        p = w_ptr + row[None, :, None] + k
+        p = w_ptr + row[None, :, None] + kx[:, None, :]
         if MASKED:
-            b_lo = tl.load(p, mask=k < K, other=0)
-            b_hi = tl.load(p + HALF, mask=k + HALF < K, other=0)
+            b_lo = tl.load(p, mask=kx[:, None, :] < K, other=0)
+            b_hi = tl.load(p + HALF, mask=kx[:, None, :] + HALF < K, other=0)
         else:
             b_lo = tl.load(p)
             b_hi = tl.load(p + HALF)
+    if MASKED:
+        x_lo = tl.load(x_row + kx, mask=kx < K, other=0.0)
+        x_hi = tl.load(x_row + kx + HALF, mask=kx + HALF < K, other=0.0)
+    else:
+        x_lo = tl.load(x_row + kx)
+        x_hi = tl.load(x_row + kx + HALF)
+    if GROUP == 0:
+        g = kc * 0
+    else:
+        g = kc // GROUP
+    words = sz_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + s_row[None, :]
+    sz_lo = tl.load(words + g[:, None], mask=(kc < K)[:, None], other=0)
+    if GROUP == 32:     # the two runs of a chunk are different groups
+        sz_hi = tl.load(words + g[:, None] + 1, mask=(kc + HALF < K)[:, None], other=0)
+    else:
+        sz_hi = sz_lo
+    return b_lo, b_hi, x_lo, x_hi, sz_lo, sz_hi
+
+
+@triton.jit
+def _codes_t(b_lo, b_hi, BITS: tl.constexpr, dt: tl.constexpr):
+    """Code bytes (_load_t) -> two tiles of exact integers (dt; fp32 where the magic-number conversion
+    does not apply): lo[c, n, j] for k = k0 + 64 c + j, hi for that + 32."""
+    if BITS == 4:
+        if INTERPRET:
+            bi = b_lo.to(tl.int32)
+            lo, hi = (bi & 15).to(tl.float32), (bi >> 4).to(tl.float32)
+        else:
+            lo, hi = _nibbles(b_lo, dt)
+    else:
         if INTERPRET or dt == tl.bfloat16:
             lo, hi = b_lo.to(tl.float32), b_hi.to(tl.float32)
         else:
@@ -210,72 +236,67 @@ def _codes_t(w_ptr, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, dt: tl
 
 
 @triton.jit
-def _group_sz_t(sz_ptr, s_row, kc, K, GROUP: tl.constexpr):
-    """Scale (fp32) and zero point (the scales' dtype) [NC, BLOCK_N] of the 32-runs starting at kc [NC]
-    (0 past K)."""
-    if GROUP == 0:
-        g = kc * 0
-    else:
-        g = kc // GROUP
-    words = sz_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    w = tl.load(words + s_row[None, :] + g[:, None], mask=(kc < K)[:, None], other=0)
-    st: tl.constexpr = sz_ptr.dtype.element_ty
-    s = (w & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
-    z = ((w >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
-    return s.to(tl.float32), z
+def _run_dot(u, sz, x, st: tl.constexpr):
+    """[NC, BLOCK_N]: s * sum_j (u - z) x over each 32-run; u - z in u's dtype (two per instruction,
+    exact for integer zero points), the sum an fp32 FMA chain, the scale applied once."""
+    s = (sz & 0xFFFF).to(tl.uint16).to(st, bitcast=True).to(tl.float32)
+    z = ((sz >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
+    d = (u - z.to(u.dtype)[:, :, None]).to(tl.float32)
+    return s * tl.sum(d * x.to(tl.float32)[:, None, :], axis=2)
 
 
 @triton.jit
 def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                     stride_xm, stride_wn, stride_sn, stride_om,
                     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One x row per program column. The scale is factored out of each run of 32 k sharing one group:
+                    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """One x row per program column. SPLIT_K > 1: program z covers BLOCK_K-aligned slice z of K and writes
+    fp32 partial sums to out_ptr [SPLIT_K, M, N] (no bias), added in order by _wo_splitk_reduce. The scale is factored out of each run of 32 k sharing one group:
     sum_k (u_k - z) s x_k = s sum_k (u_k - z) x_k, so the integer differences u - z (exact) enter an fp32
     FMA chain and the scale is applied once per run and row, not once per weight. Tiles are chunk first
-    ([NC, BLOCK_N, 32]): a thread holds several rows at the same k and converts x once for all of them."""
+    ([NC, BLOCK_N, 32]): a thread holds several rows at the same k and converts x once for all of them.
+    The (scale, zero) words are loaded a step ahead (Triton does not pipeline loops without a dot); the
+    code bytes are not: carried across iterations as u8 tensors they cost a byte shuffle each."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = rows % N                                   # wrapped: loads need no row mask
     NC: tl.constexpr = BLOCK_K // CHUNK
-    c = tl.arange(0, NC)
-    j = tl.arange(0, HALF)
     dt: tl.constexpr = x_ptr.dtype.element_ty
+    st: tl.constexpr = sz_ptr.dtype.element_ty
     row = offs_n.to(tl.int64) * stride_wn
     s_row = offs_n.to(tl.int64) * stride_sn
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros((NC, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = tl.program_id(2) * k_per
+        k_hi = tl.minimum(K, k_lo + k_per)
+    _, _, _, _, sz_lo, sz_hi = _load_t(w_ptr, sz_ptr, x_row, row, s_row, k_lo, K, BITS, GROUP, not EVEN_K, NC)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
-        kc = k0 + c * CHUNK
-        u_lo, u_hi = _codes_t(w_ptr, row, k0, K, BITS, not EVEN_K, dt, NC)
-        kx = kc[:, None] + j[None, :]                                       # [NC, 32]
-        if EVEN_K:
-            x_lo = tl.load(x_row + kx).to(tl.float32)
-            x_hi = tl.load(x_row + kx + HALF).to(tl.float32)
+        if EVEN_K:      # the step after the last wraps to the first: in bounds, no masks (its values go unused)
+            k1 = tl.multiple_of((k0 + BLOCK_K) % K, BLOCK_K)
         else:
-            x_lo = tl.load(x_row + kx, mask=kx < K, other=0.0).to(tl.float32)
-            x_hi = tl.load(x_row + kx + HALF, mask=kx + HALF < K, other=0.0).to(tl.float32)
-        s_lo, z_lo = _group_sz_t(sz_ptr, s_row, kc, K, GROUP)
-        if GROUP == 32:     # the two runs of a chunk are different groups
-            s_hi, z_hi = _group_sz_t(sz_ptr, s_row, kc + HALF, K, GROUP)
-        else:
-            s_hi, z_hi = s_lo, z_lo
-        # u - z in the codes' dtype (two per instruction, exact for integer zero points), then an fp32 FMA
-        # chain per run: p[c, n] = sum_j (u - z) x, scaled once
-        d_lo = (u_lo - z_lo.to(u_lo.dtype)[:, :, None]).to(tl.float32)
-        d_hi = (u_hi - z_hi.to(u_hi.dtype)[:, :, None]).to(tl.float32)
-        p_lo = tl.sum(d_lo * x_lo[:, None, :], axis=2)                    # [NC, BLOCK_N]
-        p_hi = tl.sum(d_hi * x_hi[:, None, :], axis=2)
-        if GROUP == 32:
-            acc += s_lo * p_lo + s_hi * p_hi
-        else:
-            acc += s_lo * (p_lo + p_hi)
+            k1 = tl.multiple_of(k0 + BLOCK_K, BLOCK_K)
+        b_lo, b_hi, x_lo, x_hi, _, _ = _load_t(w_ptr, sz_ptr, x_row, row, s_row, k0, K, BITS, GROUP, not EVEN_K, NC)
+        # the next step's (scale, zero) words, a step ahead: small, and their latency would otherwise be
+        # exposed every step
+        _, _, _, _, nsz_lo, nsz_hi = _load_t(w_ptr, sz_ptr, x_row, row, s_row, k1, K, BITS, GROUP, not EVEN_K, NC)
+        u_lo, u_hi = _codes_t(b_lo, b_hi, BITS, dt)
+        acc += _run_dot(u_lo, sz_lo, x_lo, st) + _run_dot(u_hi, sz_hi, x_hi, st)
+        sz_lo, sz_hi = nsz_lo, nsz_hi
     out = tl.sum(acc, axis=0)
-    if HAS_BIAS:
-        out += tl.load(bias_ptr + offs_n).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=rows < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + offs_n).to(tl.float32)
+        tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=rows < N)
+    else:
+        ws = out_ptr + (tl.program_id(2).to(tl.int64) * M + m) * N
+        tl.store(ws + rows, out, mask=rows < N)
 
 
 @triton.jit

@@ -3,7 +3,8 @@
 One op, three paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
 "w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode),
 "mm" (tensor cores with in-register dequantization; SPLIT_K > 1 in a config splits K over programs
-when the grid is small) and "dequant" (dequantize to x's dtype, then
+when the grid is small; for "gemv", K is split up to SPLIT_K ways only while the grid has fewer than
+MIN_PROGRAMS programs) and "dequant" (dequantize to x's dtype, then
 cuBLAS: the large-M fallback that keeps the op as fast as fp16 there).
 Kernels: kernels/_weight_only.py. Reference: reference.weight_only_linear.
 """
@@ -21,7 +22,7 @@ from .._runtime import alloc, call_op, check_kernel_device, check_same_device, c
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
-PATHS = ("gemv", "mm", "dequant", "mm-splitk")   # "mm-splitk": the mm path with K split 3 ways (tests)
+PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk")   # "*-splitk": K split 3 ways (tests)
 
 
 def _kw():
@@ -53,17 +54,22 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
     args = (x2, qweight, scale_zero, bias if bias is not None else scale_zero, out,
             M, N, K, x2.stride(0), qweight.stride(0), scale_zero.shape[1], out.stride(0))
     flags = dict(BITS=bits, GROUP=g, HAS_BIAS=bias is not None, EVEN_K=K % p["BLOCK_K"] == 0)
+    split = int(p.pop("SPLIT_K", 1))
     if cfg["path"] == "gemv":
-        _kw()._wo_gemv_kernel[(triton.cdiv(N, p["BLOCK_N"]), M)](*args, **flags, **p)
-        return out
-    split = min(int(p.pop("SPLIT_K", 1)), triton.cdiv(K, p["BLOCK_K"]))
-    grid = (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]), split)
+        # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
+        programs = triton.cdiv(N, p["BLOCK_N"]) * M
+        split = min(split, triton.cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs))
+        kernel, grid = _kw()._wo_gemv_kernel, (triton.cdiv(N, p["BLOCK_N"]), M)
+    else:
+        kernel, grid = _kw()._wo_mm_kernel, (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]),)
+    split = max(1, min(split, triton.cdiv(K, p["BLOCK_K"])))
     if split == 1:
-        _kw()._wo_mm_kernel[grid](*args, **flags, SPLIT_K=1, **p)
+        kernel[grid + (1,)](*args, **flags, SPLIT_K=1, **p)
         return out
     # split-K: fp32 partials [split, M, N], then one reduce kernel adds them in order (+ bias)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-    _kw()._wo_mm_kernel[grid](*args[:4], ws, *args[5:], **flags, SPLIT_K=split, **p)
+    grid = (grid[0], grid[1], split) if cfg["path"] == "gemv" else (grid[0], split)
+    kernel[grid](*args[:4], ws, *args[5:], **flags, SPLIT_K=split, **p)
     block = 1024
     _kw()._wo_splitk_reduce[(triton.cdiv(M * N, block),)](
         ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
@@ -116,6 +122,8 @@ def _path_config(cfg: dict, path: str, bits: int, device) -> dict:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "mm-splitk":
         return dict(_path_config(cfg, "mm", bits, device), SPLIT_K=3)
+    if path == "gemv-splitk":
+        return dict(_path_config(cfg, "gemv", bits, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if cfg["path"] == path:
         return cfg
     for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536):
