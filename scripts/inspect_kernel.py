@@ -35,7 +35,7 @@ def _kernels(dtype: str, bits: int, group: int):
     wo_flags = dict(BITS=bits, GROUP=group, HAS_BIAS=False, EVEN_K=True)
     return {
         "wo_mm": (_weight_only._wo_mm_kernel, wo_args, wo_types, dict(wo_flags, GROUP_N=8, SPLIT_K=1)),
-        "wo_gemv": (_weight_only._wo_gemv_kernel, wo_args, wo_types, wo_flags),
+        "wo_gemv": (_weight_only._wo_gemv_kernel, wo_args, wo_types, dict(wo_flags, SPLIT_K=1)),
         "wo_dequant": (_weight_only._wo_dequant_kernel,
                        ["w_ptr", "sz_ptr", "out_ptr", "N", "K", "stride_wn", "stride_sn", "stride_on"],
                        ["*u8", f"*{dtype}", f"*{dtype}"] + ["i32"] * 5, dict(BITS=bits, GROUP=group, EVEN_K=True)),
@@ -79,26 +79,20 @@ def summarize(k, dump: str | None):
           "| convert_layout", ttgir.count("ttg.convert_layout"),
           "| wgmma", ttgir.count("warp_group_dot"), "| tt.dot", ttgir.count("tt.dot "))
     print("shared memory bytes:", k.metadata.shared, "| registers: see SASS header")
-    # the hottest loop: the longest backward branch range
-    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
-    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
+    # the hottest loop: the longest backward branch range. One pass: instruction lines, and for each
+    # label the index of the instruction after it
+    lines, label_at = [], {}
+    for ln in sass.splitlines():
+        if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln):
+            lines.append(ln)
+        elif re.match(r"\.L_x_\d+:", ln):
+            label_at[ln.split(":")[0]] = len(lines)
     best = None
     for i, ln in enumerate(lines):
-        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)
-        tgt = re.search(r"\.L_x_(\d+)", ln)
-        if "BRA" in ln and tgt:
-            label = f".L_x_{tgt.group(1)}:"
-            starts = [j for j, l2 in enumerate(sass.splitlines()) if l2.startswith(label)]
-            if not starts:
-                continue
-            # map the label's line to the next instruction index
-            all_lines = sass.splitlines()
-            nxt = next((l2 for l2 in all_lines[starts[0] + 1:] if l2 in lines), None)
-            if nxt is None:
-                continue
-            j = lines.index(nxt)
-            if j < i and (best is None or i - j > best[1] - best[0]):
-                best = (j, i)
+        tgt = re.search(r"BRA\s.*(\.L_x_\d+)", ln)
+        j = label_at.get(tgt.group(1)) if tgt else None
+        if j is not None and j < i and (best is None or i - j > best[1] - best[0]):
+            best = (j, i)
     body = lines[best[0]:best[1] + 1] if best else lines
     ops = collections.Counter()
     for ln in body:

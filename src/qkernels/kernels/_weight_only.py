@@ -94,32 +94,49 @@ def _bytes_f16(b):
 
 
 @triton.jit
-def _group_sz(sz_ptr, s_row, kc, K, GROUP: tl.constexpr):
-    """Scale and zero point [BLOCK_N, NC] of the 32-runs starting at kc [NC], in the scales' dtype. One
-    32-bit word per group holds both (PackedWeight.scale_zero); s_row counts words. Masked:
-    kc may run past K, as the kernels prefetch the next step's scales."""
+def _sz_words(sz_ptr, s_row, kc, K, GROUP: tl.constexpr, CHUNK_FIRST: tl.constexpr):
+    """The (scale, zero point) words of the 32-runs starting at kc [NC], for the rows at word offsets
+    s_row: one 32-bit word per group (PackedWeight.scale_zero), [BLOCK_N, NC] ([NC, BLOCK_N] with
+    CHUNK_FIRST). Masked: kc may run past K, as the kernels fetch a step ahead."""
     if GROUP == 0:
         g = kc * 0
     else:
         g = kc // GROUP
     words = sz_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    w = tl.load(words + s_row[:, None] + g[None, :], mask=(kc < K)[None, :], other=0)
-    st: tl.constexpr = sz_ptr.dtype.element_ty
+    if CHUNK_FIRST:
+        w = tl.load(words + s_row[None, :] + g[:, None], mask=(kc < K)[:, None], other=0)
+    else:
+        w = tl.load(words + s_row[:, None] + g[None, :], mask=(kc < K)[None, :], other=0)
+    return w
+
+
+@triton.jit
+def _unpack_sz(w, st: tl.constexpr):
+    """(scale, zero point) words -> two tensors of the scales' dtype st."""
     s = (w & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
     z = ((w >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
     return s, z
 
 
 @triton.jit
-def _scales(sz_ptr, s_row, k0, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(s_lo, z_lo, s_hi, z_hi) for the step at k0: [BLOCK_N, NC] each, lo for k = k0 + 64 c + [0, 32),
-    hi for the next 32 (the same group unless GROUP == 32)."""
-    kc = k0 + tl.arange(0, BLOCK_K // CHUNK) * CHUNK
-    s_lo, z_lo = _group_sz(sz_ptr, s_row, kc, K, GROUP)
+def _sz_step(sz_ptr, s_row, k0, K, GROUP: tl.constexpr, NC: tl.constexpr, CHUNK_FIRST: tl.constexpr):
+    """Words of the step at k0: lo for k = k0 + 64 c + [0, 32), hi for the next 32 (the same group
+    unless GROUP == 32)."""
+    kc = k0 + tl.arange(0, NC) * CHUNK
+    w_lo = _sz_words(sz_ptr, s_row, kc, K, GROUP, CHUNK_FIRST)
     if GROUP == 32:
-        s_hi, z_hi = _group_sz(sz_ptr, s_row, kc + HALF, K, GROUP)
+        w_hi = _sz_words(sz_ptr, s_row, kc + HALF, K, GROUP, CHUNK_FIRST)
     else:
-        s_hi, z_hi = s_lo, z_lo
+        w_hi = w_lo
+    return w_lo, w_hi
+
+
+@triton.jit
+def _scales(sz_ptr, s_row, k0, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(s_lo, z_lo, s_hi, z_hi) for the step at k0: [BLOCK_N, NC] each, in the scales' dtype."""
+    w_lo, w_hi = _sz_step(sz_ptr, s_row, k0, K, GROUP, BLOCK_K // CHUNK, False)
+    s_lo, z_lo = _unpack_sz(w_lo, sz_ptr.dtype.element_ty)
+    s_hi, z_hi = _unpack_sz(w_hi, sz_ptr.dtype.element_ty)
     return s_lo, z_lo, s_hi, z_hi
 
 
@@ -174,11 +191,9 @@ def _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi,
 
 
 @triton.jit
-def _load_t(w_ptr, sz_ptr, x_row, row, s_row, k0, K, BITS: tl.constexpr, GROUP: tl.constexpr,
-            MASKED: tl.constexpr, NC: tl.constexpr):
+def _load_t(w_ptr, x_row, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, NC: tl.constexpr):
     """Raw operands of the GEMV step at k0, chunk first: code bytes [NC, BLOCK_N, 32] (two tiles for 8-bit
-    codes, k and k + 32; one for 4-bit, whose bytes hold both), x [NC, 32] twice, and the (scale, zero)
-    words [NC, BLOCK_N] of the two 32-runs of each chunk; MASKED: zeros past K."""
+    codes, k and k + 32; one for 4-bit, whose bytes hold both) and x [NC, 32] twice; MASKED: zeros past K."""
     c = tl.arange(0, NC)
     j = tl.arange(0, HALF)
     kc = k0 + c * CHUNK
@@ -204,17 +219,7 @@ def _load_t(w_ptr, sz_ptr, x_row, row, s_row, k0, K, BITS: tl.constexpr, GROUP: 
     else:
         x_lo = tl.load(x_row + kx)
         x_hi = tl.load(x_row + kx + HALF)
-    if GROUP == 0:
-        g = kc * 0
-    else:
-        g = kc // GROUP
-    words = sz_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + s_row[None, :]
-    sz_lo = tl.load(words + g[:, None], mask=(kc < K)[:, None], other=0)
-    if GROUP == 32:     # the two runs of a chunk are different groups
-        sz_hi = tl.load(words + g[:, None] + 1, mask=(kc + HALF < K)[:, None], other=0)
-    else:
-        sz_hi = sz_lo
-    return b_lo, b_hi, x_lo, x_hi, sz_lo, sz_hi
+    return b_lo, b_hi, x_lo, x_hi
 
 
 @triton.jit
@@ -239,10 +244,22 @@ def _codes_t(b_lo, b_hi, BITS: tl.constexpr, dt: tl.constexpr):
 def _run_dot(u, sz, x, st: tl.constexpr):
     """[NC, BLOCK_N]: s * sum_j (u - z) x over each 32-run; u - z in u's dtype (two per instruction,
     exact for integer zero points), the sum an fp32 FMA chain, the scale applied once."""
-    s = (sz & 0xFFFF).to(tl.uint16).to(st, bitcast=True).to(tl.float32)
-    z = ((sz >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True)
+    s, z = _unpack_sz(sz, st)
     d = (u - z.to(u.dtype)[:, :, None]).to(tl.float32)
-    return s * tl.sum(d * x.to(tl.float32)[:, None, :], axis=2)
+    return s.to(tl.float32) * tl.sum(d * x.to(tl.float32)[:, None, :], axis=2)
+
+
+@triton.jit
+def _k_slice(K, pid_k, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_lo, k_hi) of program pid_k: K in SPLIT_K BLOCK_K-aligned slices (all of K when SPLIT_K == 1)."""
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = pid_k * k_per
+        k_hi = tl.minimum(K, k_lo + k_per)
+    return k_lo, k_hi
 
 
 @triton.jit
@@ -268,24 +285,18 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     s_row = offs_n.to(tl.int64) * stride_sn
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros((NC, BLOCK_N), dtype=tl.float32)
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = K
-    else:
-        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-        k_lo = tl.program_id(2) * k_per
-        k_hi = tl.minimum(K, k_lo + k_per)
-    _, _, _, _, sz_lo, sz_hi = _load_t(w_ptr, sz_ptr, x_row, row, s_row, k_lo, K, BITS, GROUP, not EVEN_K, NC)
+    k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
+    sz_lo, sz_hi = _sz_step(sz_ptr, s_row, k_lo, K, GROUP, NC, True)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
         if EVEN_K:      # the step after the last wraps to the first: in bounds, no masks (its values go unused)
             k1 = tl.multiple_of((k0 + BLOCK_K) % K, BLOCK_K)
         else:
             k1 = tl.multiple_of(k0 + BLOCK_K, BLOCK_K)
-        b_lo, b_hi, x_lo, x_hi, _, _ = _load_t(w_ptr, sz_ptr, x_row, row, s_row, k0, K, BITS, GROUP, not EVEN_K, NC)
+        b_lo, b_hi, x_lo, x_hi = _load_t(w_ptr, x_row, row, k0, K, BITS, not EVEN_K, NC)
         # the next step's (scale, zero) words, a step ahead: small, and their latency would otherwise be
         # exposed every step
-        _, _, _, _, nsz_lo, nsz_hi = _load_t(w_ptr, sz_ptr, x_row, row, s_row, k1, K, BITS, GROUP, not EVEN_K, NC)
+        nsz_lo, nsz_hi = _sz_step(sz_ptr, s_row, k1, K, GROUP, NC, True)
         u_lo, u_hi = _codes_t(b_lo, b_hi, BITS, dt)
         acc += _run_dot(u_lo, sz_lo, x_lo, st) + _run_dot(u_hi, sz_hi, x_hi, st)
         sz_lo, sz_hi = nsz_lo, nsz_hi
@@ -330,13 +341,7 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [NC * 32, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     s_row = offs_n.to(tl.int64) * stride_sn
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = K
-    else:
-        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-        k_lo = tl.program_id(1) * k_per
-        k_hi = tl.minimum(K, k_lo + k_per)
+    k_lo, k_hi = _k_slice(K, tl.program_id(1), BLOCK_K, SPLIT_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
         # 32-bit scale/zero words: Triton pipelines these loads with the codes and x (async copies), and
