@@ -131,6 +131,71 @@ def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.full(shape, 0x5A, dtype=dtype, device=device)
 
 
+# ---------------------------------------------------------------------------------------------
+# kernel launches with a lean host path
+
+
+_LAUNCHES: dict = {}       # (kernel, device, constexprs, argument facts) -> CompiledKernel, or None: not eligible
+_FAST_LAUNCH = [os.environ.get("QKERNELS_FAST_LAUNCH", "1") != "0"]
+
+
+def _arg_facts(a):
+    """Everything Triton specializes a runtime argument on, or more: for a tensor its dtype and 16-byte
+    alignment; for an int its type class (i32 / i64 / u64), == 1 and divisibility by 16; for anything else
+    its type. Equal facts therefore mean Triton would pick the same compiled kernel."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if a.__class__ is int:
+        return a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31), a < (1 << 63)
+    return a.__class__
+
+
+@functools.cache
+def _triton_runtime():
+    from triton import knobs
+    from triton.runtime import driver
+    return driver.active.get_current_device, driver.active.get_current_stream, knobs.runtime
+
+
+def launch(kernel, grid: tuple, *args, **constexprs) -> None:
+    """kernel[grid](*args, **constexprs), with runtime arguments positional (in the kernel's order) and
+    constexprs / launch options by keyword.
+
+    Triton's own launch path re-binds and re-specializes every argument in Python on each call (~20 us on a
+    slow host). Here the first launch for a given set of argument facts goes through Triton (which compiles
+    or finds the kernel) and the CompiledKernel it returns is kept; later launches with the same facts
+    (see _arg_facts: a refinement of Triton's specialization key) call its launcher directly. Launch hooks
+    (profilers), the interpreter and QKERNELS_FAST_LAUNCH=0 take Triton's path every time."""
+    if is_interpreter() or not _FAST_LAUNCH[0]:
+        kernel[grid](*args, **constexprs)
+        return
+    get_device, get_stream, knobs = _triton_runtime()
+    device = get_device()
+    key = (id(kernel), device, tuple(constexprs.items()), tuple(map(_arg_facts, args)))
+    entry = _LAUNCHES.get(key)
+    if entry is None or knobs.launch_enter_hook is not None or knobs.launch_exit_hook is not None:
+        compiled = kernel[grid](*args, **constexprs)
+        if entry is None:
+            _LAUNCHES[key] = (compiled, (None,) * (len(kernel.params) - len(args))) \
+                if _fast_eligible(kernel, args) else (None, ())
+        return
+    compiled, slots = entry
+    if compiled is None:
+        kernel[grid](*args, **constexprs)
+        return
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, get_stream(device),
+                 compiled.function, compiled.packed_metadata, None, None, None, *args, *slots)
+
+
+def _fast_eligible(kernel, args) -> bool:
+    """The direct launch passes args positionally followed by placeholders for the constexprs (the launcher
+    skips constexpr slots), so the runtime parameters must be exactly the leading ones and every later
+    parameter a constexpr."""
+    params = kernel.params
+    return (len(args) <= len(params) and not any(p.is_constexpr for p in params[:len(args)])
+            and all(p.is_constexpr for p in params[len(args):]))
+
+
 def call_op(op, impl, *args):
     """Run a public op: through its torch.library custom op while torch.compile / export trace
     (so the graph sees one opaque op with a fake implementation), and straight through the Python

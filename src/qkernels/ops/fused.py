@@ -16,7 +16,7 @@ import torch
 import triton
 
 from .._runtime import (FLOAT_DTYPES, alloc, call_op, check_kernel_device, check_same_device, check_tensor,
-                        next_pow2)
+                        launch, next_pow2)
 from .quant import _fp8_emulate
 
 QUANTIZE_FORMATS = {"int8": (torch.int8, 127), "fp8_e4m3": (torch.float8_e4m3fn, 448)}
@@ -114,7 +114,7 @@ def _norm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
         return y, scale, rout
     bm, bn, one, warps = _row_tiles(M, N, bool(quantize))
     unused = x
-    _kf()._norm_kernel[(triton.cdiv(M, bm),)](
+    launch(_kf()._norm_kernel, (triton.cdiv(M, bm),),
         x, residual if residual is not None else unused, weight if weight is not None else unused,
         bias if bias is not None else unused, y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y,
         rout if residual is not None else unused, scale if quantize else unused,
@@ -158,8 +158,8 @@ def _silu_and_mul_impl(x: torch.Tensor, quantize: str) -> tuple[torch.Tensor, to
         one, warps = True, next_pow2(max(1, min(TILES["max_warps"], bm * bn // TILES["elems_per_warp"])))
         grid = (triton.cdiv(M, bm), triton.cdiv(I, bn))
         meta = _NO_QUANT
-    kf._silu_and_mul_kernel[grid](x, y_arg, scale if quantize else x, M, I, x.stride(0), y.stride(0),
-                                  BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps, **meta)
+    launch(kf._silu_and_mul_kernel, grid, x, y_arg, scale if quantize else x, M, I, x.stride(0), y.stride(0),
+           BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps, **meta)
     return y, scale
 
 
@@ -179,7 +179,7 @@ def _softmax_impl(x: torch.Tensor, scale: float, causal: bool, l_q: int) -> torc
     if M == 0 or N == 0:
         return y
     bm, bn, one, warps = _row_tiles(M, N)
-    _kf()._softmax_kernel[(triton.cdiv(M, bm),)](
+    launch(_kf()._softmax_kernel, (triton.cdiv(M, bm),),
         x, y, M, N, float(scale), max(l_q, 1), N - l_q, x.stride(0), y.stride(0),
         CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps)
     return y

@@ -12,7 +12,7 @@ import triton
 
 from .. import configs
 from .._runtime import (alloc, call_op, capability, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, next_pow2)
+                        device_name, gpu_slug, is_interpreter, launch, next_pow2)
 from ..reference import ACTIVATIONS
 from .quant import quantize
 
@@ -52,7 +52,7 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
-    _kg()._scaled_mm_kernel[grid](
+    launch(_kg()._scaled_mm_kernel, grid,
         a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
         bias if bias is not None else unused, scale_c, M, N, K,
         a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),

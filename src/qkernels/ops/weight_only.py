@@ -18,7 +18,7 @@ import triton
 
 from .. import configs
 from .._runtime import alloc, call_op, check_kernel_device, check_same_device, check_tensor, device_name, gpu_slug, \
-    is_interpreter, next_pow2
+    is_interpreter, launch, next_pow2
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
@@ -64,14 +64,14 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
         kernel, grid = _kw()._wo_mm_kernel, (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]),)
     split = max(1, min(split, triton.cdiv(K, p["BLOCK_K"])))
     if split == 1:
-        kernel[grid + (1,)](*args, **flags, SPLIT_K=1, **p)
+        launch(kernel, grid + (1,), *args, **flags, SPLIT_K=1, **p)
         return out
     # split-K: fp32 partials [split, M, N], then one reduce kernel adds them in order (+ bias)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
     grid = (grid[0], grid[1], split) if cfg["path"] == "gemv" else (grid[0], split)
-    kernel[grid](*args[:4], ws, *args[5:], **flags, SPLIT_K=split, **p)
+    launch(kernel, grid, *args[:4], ws, *args[5:], **flags, SPLIT_K=split, **p)
     block = 1024
-    _kw()._wo_splitk_reduce[(triton.cdiv(M * N, block),)](
+    launch(_kw()._wo_splitk_reduce, (triton.cdiv(M * N, block),),
         ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
         HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
     return out
@@ -81,7 +81,7 @@ def _dequant_into(qweight, scale_zero, w, bits, group, cfg):
     N, K = w.shape
     p = {k: v for k, v in cfg.items() if k != "path"}
     g = 0 if group == K else group
-    _kw()._wo_dequant_kernel[(triton.cdiv(N, p["BLOCK_N"]), triton.cdiv(K, p["BLOCK_K"]))](
+    launch(_kw()._wo_dequant_kernel, (triton.cdiv(N, p["BLOCK_N"]), triton.cdiv(K, p["BLOCK_K"])),
         qweight, scale_zero, w, N, K, qweight.stride(0), scale_zero.shape[1], w.stride(0), BITS=bits, GROUP=g,
         EVEN_K=K % p["BLOCK_K"] == 0, **p)
     return w

@@ -1,0 +1,126 @@
+"""_runtime.launch: the direct-launch cache must hand back Triton's kernel only when every fact Triton
+specializes on is unchanged. CPU tests drive it with a fake kernel (the interpreter never takes the fast
+path); the gpu test checks the real thing against Triton's own launch."""
+import types
+
+import pytest
+import torch
+
+from qkernels import _runtime as R
+
+from .conftest import DEVICE
+
+
+class FakeCompiled:
+    def __init__(self, tag):
+        self.tag, self.calls = tag, []
+        self.function, self.packed_metadata = f"fn{tag}", f"meta{tag}"
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class FakeKernel:
+    """Stands in for a JITFunction: params, and kernel[grid](...) -> a compiled kernel (Triton's path)."""
+
+    def __init__(self, names, constexprs):
+        self.params = [types.SimpleNamespace(name=n, is_constexpr=n in constexprs) for n in names]
+        self.slow_calls = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.slow_calls.append((grid, args, kw))
+            return FakeCompiled(len(self.slow_calls))
+        return run
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    knobs = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(R, "is_interpreter", lambda: False)
+    monkeypatch.setattr(R, "_triton_runtime", lambda: (lambda: 0, lambda dev: 1234, knobs))
+    monkeypatch.setattr(R, "_LAUNCHES", {})
+    return knobs
+
+
+def test_second_launch_goes_direct(fast):
+    k = FakeKernel(["x", "n", "B"], {"B"})
+    x = torch.arange(64, dtype=torch.float16)
+    R.launch(k, (3,), x, 40, B=16)
+    assert len(k.slow_calls) == 1
+    compiled = list(R._LAUNCHES.values())[0][0]
+    R.launch(k, (5, 2), x, 56, B=16)
+    assert len(k.slow_calls) == 1
+    # grid padded to 3-D, the current stream, no launch metadata / hooks, args then constexpr placeholders
+    assert compiled.calls == [(5, 2, 1, 1234, "fn1", "meta1", None, None, None, x, 56, None)]
+
+
+@pytest.mark.parametrize("change", ["alignment", "dtype", "int_one", "int_div16", "int_i64", "constexpr", "float"])
+def test_changed_specialization_takes_triton_path(fast, change):
+    k = FakeKernel(["x", "n", "s", "B"], {"B"})
+    x = torch.arange(64, dtype=torch.float16)
+    R.launch(k, (1,), x, 40, 0.5, B=16)
+    args, kw = [x, 40, 0.5], dict(B=16)
+    if change == "alignment":
+        args[0] = x[1:]                  # 2-byte offset: no longer 16-byte aligned
+    elif change == "dtype":
+        args[0] = x.float()
+    elif change == "int_one":
+        args[1] = 1                      # Triton makes 1 a constant
+    elif change == "int_div16":
+        args[1] = 48                     # divisible by 16
+    elif change == "int_i64":
+        args[1] = 40 + (1 << 32)
+    elif change == "constexpr":
+        kw["B"] = 32
+    elif change == "float":
+        args[2] = 2                      # an int where a float was
+    R.launch(k, (1,), *args, **kw)
+    assert len(k.slow_calls) == 2
+
+
+def test_same_facts_different_values_go_direct(fast):
+    k = FakeKernel(["x", "n", "B"], {"B"})
+    x = torch.arange(64, dtype=torch.float16)
+    R.launch(k, (1,), x, 40, B=16)
+    R.launch(k, (1,), x[8:], 24, B=16)    # 16-byte aligned view, another non-multiple of 16
+    assert len(k.slow_calls) == 1
+
+
+def test_hooks_and_ineligible_kernels_take_triton_path(fast):
+    k = FakeKernel(["x", "n", "B"], {"B"})
+    x = torch.arange(64, dtype=torch.float16)
+    R.launch(k, (1,), x, 40, B=16)
+    fast.launch_enter_hook = print       # a profiler is listening: it must see every launch
+    R.launch(k, (1,), x, 40, B=16)
+    assert len(k.slow_calls) == 2
+    # a constexpr among the positional arguments: the direct launcher's layout would not match
+    k2 = FakeKernel(["x", "B", "n"], {"B"})
+    R.launch(k2, (1,), x, 16, 40)
+    R.launch(k2, (1,), x, 16, 40)
+    assert len(k2.slow_calls) == 2
+
+
+def test_disabled_by_env_switch(fast, monkeypatch):
+    monkeypatch.setattr(R, "_FAST_LAUNCH", [False])
+    k = FakeKernel(["x", "B"], {"B"})
+    x = torch.arange(64, dtype=torch.float16)
+    R.launch(k, (1,), x, B=16)
+    R.launch(k, (1,), x, B=16)
+    assert len(k.slow_calls) == 2 and not R._LAUNCHES
+
+
+@pytest.mark.gpu
+def test_direct_launch_matches_triton_on_gpu():
+    """Same results through the cache as through Triton, across alignment and size changes (the quantize
+    row kernel specializes on alignment and on the row stride)."""
+    import qkernels as qk
+    from qkernels import reference as ref
+    assert DEVICE.type == "cuda"
+    base = torch.randn(8 * 4096 + 64, device=DEVICE, dtype=torch.float16)
+    for offset, k in [(0, 4096), (0, 4096), (1, 4096), (8, 4096), (0, 4000), (3, 4000), (0, 4096)]:
+        x = base[offset:offset + 8 * k].view(8, k)
+        qt = qk.quantize(x, "int8", "row")
+        data, scale, _ = ref.quantize(x, "int8", "row")
+        assert torch.equal(qt.data, data) and torch.equal(qt.scale, scale), (offset, k)
+    assert any(v[0] is not None for v in R._LAUNCHES.values())
