@@ -2,7 +2,8 @@
 
 Layout: {"<kernel>": {"<M bucket>": {"BLOCK_M": .., "BLOCK_N": .., "BLOCK_K": .., "GROUP_M": ..,
 "num_warps": .., "num_stages": ..}}}, M bucket = next power of two of M (clamped to the largest key).
-A GPU without a file gets the built-in defaults below.
+A GPU without a file is autotuned on first use (qkernels.autotune) among `candidates`: the bucket's
+configs from every shipped table and the built-in default below.
 """
 from __future__ import annotations
 
@@ -42,6 +43,25 @@ INTERPRETER_GEMM = {"65536": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4,
 def load(slug: str) -> dict:
     path = _DIR / f"{slug}.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def shipped() -> list[str]:
+    """Slugs of the GPUs with a config table in this package."""
+    return sorted(p.stem for p in _DIR.glob("*.json"))
+
+
+def candidates(kind: str, m_bucket: int, default: dict) -> list[dict]:
+    """Autotuning candidates for a GPU without a table: the built-in default's config for this bucket
+    first, then every shipped table's, without repeats."""
+    out, seen = [], set()
+    for table in [default] + [load(slug).get(kind) or {} for slug in shipped()]:
+        if table:
+            cfg = pick(table, m_bucket)
+            tag = json.dumps(cfg, sort_keys=True)
+            if tag not in seen:
+                seen.add(tag)
+                out.append(cfg)
+    return out
 
 
 def pick(table: dict, M: int) -> dict:

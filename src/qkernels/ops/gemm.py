@@ -10,7 +10,7 @@ import math
 import torch
 import triton
 
-from .. import configs
+from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, check_kernel_device, check_same_device, check_tensor,
                         device_name, gpu_slug, is_interpreter, launch, next_pow2)
 from ..reference import ACTIVATIONS
@@ -27,17 +27,18 @@ def _kg():
     return _gemm
 
 
-def _gemm_config(kind: str, M: int, device: torch.device) -> dict:
+def _gemm_config(kind: str, M: int, device: torch.device) -> dict | None:
+    """The shipped config for this GPU and M bucket; None for a GPU without a table (autotuned)."""
     return _gemm_config_bucket(kind, next_pow2(max(M, 1)), device)
 
 
 @functools.cache
-def _gemm_config_bucket(kind: str, m_bucket: int, device: torch.device) -> dict:
+def _gemm_config_bucket(kind: str, m_bucket: int, device: torch.device) -> dict | None:
     """Config lookup, cached per (kind, M bucket, device): the per-call cost is one dict hit."""
     if is_interpreter():
         return configs.pick(configs.INTERPRETER_GEMM, m_bucket)
-    table = configs.load(gpu_slug(device_name(device))).get(kind) or configs.DEFAULT_GEMM
-    return configs.pick(table, m_bucket)
+    table = configs.load(gpu_slug(device_name(device))).get(kind)
+    return configs.pick(table, m_bucket) if table else None
 
 
 def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
@@ -49,17 +50,25 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
     if kind == "fp8":
         a2, b = a2.view(torch.uint8), b.view(torch.uint8)
     cfg = _gemm_config(kind, M, c.device)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    if cfg is None:      # a GPU without a shipped table: tune once per (M bucket, N, K), cached on disk
+        bucket = next_pow2(max(M, 1))
+        cfg = autotune.tuned(gpu_slug(device_name(c.device)), f"{kind}:M{bucket}:N{N}:K{K}",
+                             configs.candidates(kind, bucket, configs.DEFAULT_GEMM),
+                             functools.partial(_launch_config, a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K))
+    _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg)
+    return c
+
+
+def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
     launch(_kg()._scaled_mm_kernel, grid,
-        a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
-        bias if bias is not None else unused, scale_c, M, N, K,
-        a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
-        SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
-        ACC_INT=kind != "fp8", INT4=kind == "int4", **cfg)
-    return c
+           a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
+           bias if bias is not None else unused, scale_c, M, N, K,
+           a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+           HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
+           SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
+           ACC_INT=kind != "fp8", INT4=kind == "int4", **cfg)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import math
 import torch
 import triton
 
-from .. import configs
+from .. import autotune, configs
 from .._runtime import alloc, call_op, check_kernel_device, check_same_device, check_tensor, device_name, gpu_slug, \
     is_interpreter, launch, next_pow2
 from ..packed_weight import PackedWeight
@@ -31,14 +31,15 @@ def _kw():
 
 
 @functools.cache
-def _config_bucket(bits: int, m_bucket: int, device: torch.device) -> dict:
+def _config_bucket(bits: int, m_bucket: int, device: torch.device) -> dict | None:
+    """The shipped config for this GPU and M bucket; None for a GPU without a table (autotuned)."""
     if is_interpreter():
         return configs.pick(configs.INTERPRETER_WEIGHT_ONLY, m_bucket)
-    table = configs.load(gpu_slug(device_name(device))).get(f"w{bits}a16") or configs.DEFAULT_WEIGHT_ONLY
-    return configs.pick(table, m_bucket)
+    table = configs.load(gpu_slug(device_name(device))).get(f"w{bits}a16")
+    return configs.pick(table, m_bucket) if table else None
 
 
-def config_for(bits: int, M: int, device: torch.device) -> dict:
+def config_for(bits: int, M: int, device: torch.device) -> dict | None:
     return _config_bucket(bits, next_pow2(max(M, 1)), device)
 
 
@@ -107,6 +108,17 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
     cfg = config_for(bits, M, x.device)
     if path:
         cfg = _path_config(cfg, path, bits, x.device)
+    elif cfg is None:    # a GPU without a shipped table: tune once per (M bucket, N, K, group), cached on disk
+        bucket = next_pow2(M)
+        cfg = autotune.tuned(gpu_slug(device_name(x.device)), f"w{bits}a16:M{bucket}:N{N}:K{K}:g{group}",
+                             configs.candidates(f"w{bits}a16", bucket, configs.DEFAULT_WEIGHT_ONLY),
+                             functools.partial(_run_config, x, qweight, scale_zero, bias, bits, group))
+    return _run_config(x, qweight, scale_zero, bias, bits, group, cfg)
+
+
+def _run_config(x, qweight, scale_zero, bias, bits, group, cfg):
+    M, K = x.shape
+    N = qweight.shape[0]
     if cfg["path"] == "dequant":
         w = _dequant_into(qweight, scale_zero, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group,
                           cfg)
@@ -124,11 +136,11 @@ def _path_config(cfg: dict, path: str, bits: int, device) -> dict:
         return dict(_path_config(cfg, "mm", bits, device), SPLIT_K=3)
     if path == "gemv-splitk":
         return dict(_path_config(cfg, "gemv", bits, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
-    if cfg["path"] == path:
+    if cfg is not None and cfg["path"] == path:
         return cfg
     for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536):
         c = _config_bucket(bits, m, device)
-        if c["path"] == path:
+        if c is not None and c["path"] == path:
             return c
     return configs.pick({k: v for k, v in configs.DEFAULT_WEIGHT_ONLY.items() if v["path"] == path}, 1)
 
