@@ -1,5 +1,6 @@
-"""Host cost of eager calls (no GPU waiting): our ops against a bare Triton launch and torch, and a
-cProfile of the w4a16 eager call. Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
+"""Host cost of eager calls (no GPU waiting): our ops with the direct launch (_runtime.launch's cache) and
+through Triton's own launch path (QKERNELS_FAST_LAUNCH=0 behaviour), against torch calls on the same host,
+then a cProfile of the w4a16 and w8a8 eager calls. Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
 import cProfile
 import pstats
 
@@ -7,33 +8,46 @@ import torch
 import torch.nn.functional as F
 
 import qkernels as qk
+from qkernels import _runtime as R
 from qkernels.bench.harness import host_us
 
 dev = torch.device("cuda")
 K = N = 4096
 x = torch.randn(1, K, device=dev, dtype=torch.float16)
+x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
 w = torch.randn(N, K, device=dev, dtype=torch.float16)
 pw4 = qk.PackedWeight.from_float(w, 4, 128)
 pw8 = qk.PackedWeight.from_float(w, 8, -1, symmetric=True)
 wq = qk.quantize(w, "int8", "row")
-xq = qk.quantize(x, "int8", "row")
+xq = qk.quantize(x16, "int8", "row")
+ws = wq.scale.reshape(-1)
 calls = {
-    "F.linear fp16": lambda: F.linear(x, w),
+    "F.linear fp16 M=1": lambda: F.linear(x, w),
     "torch.add (one tiny kernel)": lambda: torch.add(x, x),
-    "w4a16_linear": lambda: qk.w4a16_linear(x, pw4),
-    "w8a16_linear": lambda: qk.w8a16_linear(x, pw8),
-    "w8a8_linear": lambda: qk.w8a8_linear(x, wq.data, wq.scale.reshape(-1)),
-    "int8_matmul": lambda: qk.int8_matmul(xq.data, wq.data.t()),
-    "quantize row int8": lambda: qk.quantize(x, "int8", "row"),
-    "rms_norm": lambda: qk.rms_norm(x, w[0]),
+    "w4a16_linear M=1": lambda: qk.w4a16_linear(x, pw4),
+    "w4a16_linear M=16": lambda: qk.w4a16_linear(x16, pw4),
+    "w8a16_linear M=1": lambda: qk.w8a16_linear(x, pw8),
+    "w8a8_linear M=16": lambda: qk.w8a8_linear(x16, wq.data, ws),
+    "int8_matmul M=16 (exact)": lambda: qk.int8_matmul(xq.data, wq.data.t()),
+    "int8_matmul M=16 scaled": lambda: qk.int8_matmul(xq.data, wq.data.t(), xq.scale, ws),
+    "quantize row int8 M=16": lambda: qk.quantize(x16, "int8", "row"),
+    "rms_norm M=1": lambda: qk.rms_norm(x, w[0]),
 }
+print(f"{'call':32s} {'direct launch':>14s} {'triton launch':>14s}  (host us / call)")
 for name, fn in calls.items():
-    print(f"{name:32s} host {host_us(fn):7.1f} us / call", flush=True)
-fn = calls["w4a16_linear"]
-pr = cProfile.Profile()
-pr.enable()
-for _ in range(2000):
-    fn()
-pr.disable()
-torch.cuda.synchronize()
-pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+    R._FAST_LAUNCH[0] = True
+    fast = host_us(fn)
+    R._FAST_LAUNCH[0] = False
+    slow = host_us(fn)
+    R._FAST_LAUNCH[0] = True
+    print(f"{name:32s} {fast:14.1f} {slow:14.1f}", flush=True)
+for name in ("w4a16_linear M=1", "w8a8_linear M=16"):
+    fn = calls[name]
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    print(f"\n==== cProfile: {name}")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(16)

@@ -4,6 +4,7 @@ PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8]"""
 import argparse
 import json
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -35,7 +36,9 @@ SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 ap = argparse.ArgumentParser()
 ap.add_argument("--kinds", nargs="+", default=["int8", "fp8"])
 ap.add_argument("--buckets", nargs="+", default=list(CANDIDATES), help="M buckets to tune (others keep their configs)")
+ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
 args = ap.parse_args()
+t0 = time.time()
 dev = torch.device("cuda")
 slug = gpu_slug(device_name(dev))
 path = Path(configs.__file__).parent / f"{slug}.json"
@@ -43,6 +46,9 @@ table = json.loads(path.read_text()) if path.exists() else {}
 for kind in args.kinds:
     table[kind] = dict(table.get(kind) or {})
     for bucket in args.buckets:
+        if time.time() - t0 > args.budget_s:
+            print(f"budget spent: {kind} M<={bucket} and later keep their configs", flush=True)
+            break
         cands = CANDIDATES[bucket]
         best = None
         for cfg in cands:
@@ -64,10 +70,10 @@ for kind in args.kinds:
                 print(f"{kind} {bucket} {cfg} failed: {type(e).__name__}: {str(e)[:100]}")
                 continue
             gm = math.exp(sum(map(math.log, times)) / len(times))
-            print(f"{kind} M<={bucket:5s} {cfg}  geomean {gm:8.2f} us  {['%.1f' % t for t in times]}")
+            print(f"{kind} M<={bucket:5s} {cfg}  geomean {gm:8.2f} us  {['%.1f' % t for t in times]}", flush=True)
             if best is None or gm < best[0]:
                 best = (gm, cfg)
         table[kind][bucket] = best[1]
-        print(f"==> {kind} M<={bucket}: {best[1]} ({best[0]:.2f} us)")
-path.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"==> {kind} M<={bucket}: {best[1]} ({best[0]:.2f} us, {time.time() - t0:.0f} s)", flush=True)
+        path.write_text(json.dumps(table, indent=1) + "\n")     # after every bucket: a cut-off run keeps its work
 print(f"wrote {path}")

@@ -97,6 +97,11 @@ def check_same_device(ref_name: str, ref: torch.Tensor, **others) -> None:
             raise RuntimeError(f"{name} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids; triton.cdiv is a constexpr function that costs ~3 us per host call."""
+    return -(-a // b)
+
+
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -139,15 +144,13 @@ _LAUNCHES: dict = {}       # (kernel, device, constexprs, argument facts) -> Com
 _FAST_LAUNCH = [os.environ.get("QKERNELS_FAST_LAUNCH", "1") != "0"]
 
 
-def _arg_facts(a):
-    """Everything Triton specializes a runtime argument on, or more: for a tensor its dtype and 16-byte
-    alignment; for an int its type class (i32 / i64 / u64), == 1 and divisibility by 16; for anything else
-    its type. Equal facts therefore mean Triton would pick the same compiled kernel."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if a.__class__ is int:
-        return a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31), a < (1 << 63)
-    return a.__class__
+def _arg_facts(args: tuple) -> tuple:
+    """Everything Triton specializes runtime arguments on, or more: for a tensor its dtype and 16-byte
+    alignment; for an int == 1, divisibility by 16 and its type class (i32 / i64 / u64); for anything
+    else its type. Equal facts therefore mean Triton would pick the same compiled kernel."""
+    return tuple([(a.dtype, not a.data_ptr() & 15) if isinstance(a, torch.Tensor) else
+                  (a == 1, not a & 15, -2147483648 <= a <= 2147483647, a < 9223372036854775808)
+                  if a.__class__ is int else a.__class__ for a in args])
 
 
 @functools.cache
@@ -164,14 +167,14 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     Triton's own launch path re-binds and re-specializes every argument in Python on each call (~20 us on a
     slow host). Here the first launch for a given set of argument facts goes through Triton (which compiles
     or finds the kernel) and the CompiledKernel it returns is kept; later launches with the same facts
-    (see _arg_facts: a refinement of Triton's specialization key) call its launcher directly. Launch hooks
+    (_arg_facts: a refinement of Triton's specialization key) call its launcher directly. Launch hooks
     (profilers), the interpreter and QKERNELS_FAST_LAUNCH=0 take Triton's path every time."""
     if is_interpreter() or not _FAST_LAUNCH[0]:
         kernel[grid](*args, **constexprs)
         return
     get_device, get_stream, knobs = _triton_runtime()
     device = get_device()
-    key = (id(kernel), device, tuple(constexprs.items()), tuple(map(_arg_facts, args)))
+    key = (id(kernel), device, tuple(constexprs.items()), _arg_facts(args))
     entry = _LAUNCHES.get(key)
     if entry is None or knobs.launch_enter_hook is not None or knobs.launch_exit_hook is not None:
         compiled = kernel[grid](*args, **constexprs)

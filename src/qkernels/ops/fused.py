@@ -13,9 +13,8 @@ import contextlib
 import math
 
 import torch
-import triton
 
-from .._runtime import (FLOAT_DTYPES, alloc, call_op, check_kernel_device, check_same_device, check_tensor,
+from .._runtime import (FLOAT_DTYPES, alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
                         launch, next_pow2)
 from .quant import _fp8_emulate
 
@@ -71,7 +70,7 @@ def _row_tiles(M: int, N: int, quant: bool = False) -> tuple[int, int, bool, int
 def _column_block(I: int) -> int:
     """The widest power-of-two column tile <= silu_block that pads I by at most 1/16."""
     bn = min(TILES["silu_block"], max(2, next_pow2(I)))
-    while bn > 256 and (triton.cdiv(I, bn) * bn - I) * 16 > I:
+    while bn > 256 and (cdiv(I, bn) * bn - I) * 16 > I:
         bn //= 2
     return bn
 
@@ -114,7 +113,7 @@ def _norm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
         return y, scale, rout
     bm, bn, one, warps = _row_tiles(M, N, bool(quantize))
     unused = x
-    launch(_kf()._norm_kernel, (triton.cdiv(M, bm),),
+    launch(_kf()._norm_kernel, (cdiv(M, bm),),
         x, residual if residual is not None else unused, weight if weight is not None else unused,
         bias if bias is not None else unused, y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y,
         rout if residual is not None else unused, scale if quantize else unused,
@@ -150,13 +149,13 @@ def _silu_and_mul_impl(x: torch.Tensor, quantize: str) -> tuple[torch.Tensor, to
     kf = _kf()
     if quantize:
         bm, bn, one, warps = _row_tiles(M, I, True)
-        grid = (triton.cdiv(M, bm), 1)
+        grid = (cdiv(M, bm), 1)
         meta = _quant_meta(quantize, x.device)
     else:   # elementwise: a 2-D grid of tiles
         bn = _column_block(I)
         bm = max(1, min(TILES["rows_tile"] // bn, next_pow2(M)))
         one, warps = True, next_pow2(max(1, min(TILES["max_warps"], bm * bn // TILES["elems_per_warp"])))
-        grid = (triton.cdiv(M, bm), triton.cdiv(I, bn))
+        grid = (cdiv(M, bm), cdiv(I, bn))
         meta = _NO_QUANT
     launch(kf._silu_and_mul_kernel, grid, x, y_arg, scale if quantize else x, M, I, x.stride(0), y.stride(0),
            BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps, **meta)
@@ -179,7 +178,7 @@ def _softmax_impl(x: torch.Tensor, scale: float, causal: bool, l_q: int) -> torc
     if M == 0 or N == 0:
         return y
     bm, bn, one, warps = _row_tiles(M, N)
-    launch(_kf()._softmax_kernel, (triton.cdiv(M, bm),),
+    launch(_kf()._softmax_kernel, (cdiv(M, bm),),
         x, y, M, N, float(scale), max(l_q, 1), N - l_q, x.stride(0), y.stride(0),
         CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps)
     return y

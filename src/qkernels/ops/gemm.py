@@ -8,10 +8,9 @@ import functools
 import math
 
 import torch
-import triton
 
 from .. import autotune, configs
-from .._runtime import (alloc, call_op, capability, check_kernel_device, check_same_device, check_tensor,
+from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
                         device_name, gpu_slug, is_interpreter, launch, next_pow2)
 from ..reference import ACTIVATIONS
 from .quant import quantize
@@ -60,7 +59,7 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
 
 
 def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
     launch(_kg()._scaled_mm_kernel, grid,
            a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,

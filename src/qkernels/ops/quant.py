@@ -9,10 +9,9 @@ import functools
 import math
 
 import torch
-import triton
 
 from .. import reference as ref
-from .._runtime import (FLOAT_DTYPES, alloc, call_op, capability, check_kernel_device, check_same_device,
+from .._runtime import (FLOAT_DTYPES, alloc, call_op, capability, cdiv, check_kernel_device, check_same_device,
                         check_tensor, is_interpreter, launch, next_pow2, num_sms)
 from ..formats import GRANULARITIES, get_format
 from ..quantized_tensor import QuantizedTensor
@@ -147,7 +146,7 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
         tile = TILES["seg_tile_row" if granularity == "row" else "seg_tile_group"]
         block_r = max(1, min(tile // block_s, next_pow2(nseg)))
         warps = TILES["seg_warps"] if block_r * block_s <= tile else TILES["seg_warps_max"]
-        grid = (triton.cdiv(nseg, block_r),)
+        grid = (cdiv(nseg, block_r),)
         launch(kq._quantize_segments_kernel, grid,
             x2, q_arg, scale, zp_arg, nseg, seg, G, x2.stride(0), x2.stride(1), data.stride(0),
             STATIC=static, BLOCK_R=block_r, BLOCK_S=block_s, ONE_CHUNK=seg <= block_s,
@@ -155,7 +154,7 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
     elif granularity == "column":
         block_k = 64 if K >= 64 else max(2, next_pow2(K))
         block_m = 64 if M >= 64 else next_pow2(M)
-        launch(kq._quantize_columns_kernel, (triton.cdiv(K, block_k),),
+        launch(kq._quantize_columns_kernel, (cdiv(K, block_k),),
             x2, q_arg, scale, zp_arg, M, K, x2.stride(0), x2.stride(1), data.stride(0),
             STATIC=static, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4, **meta)
     else:   # tensor
@@ -164,14 +163,14 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
         block = _flat_block(n, dev)
         partials, nparts, p_block = scale, 1, 1
         if not static:
-            nparts = min(triton.cdiv(n, 8192), 8 if is_interpreter() else 512)
-            chunk = triton.cdiv(triton.cdiv(n, nparts), 2048) * 2048
-            nparts = triton.cdiv(n, chunk)
+            nparts = min(cdiv(n, 8192), 8 if is_interpreter() else 512)
+            chunk = cdiv(cdiv(n, nparts), 2048) * 2048
+            nparts = cdiv(n, chunk)
             partials = torch.empty(nparts * (1 if symmetric else 2), dtype=torch.float32, device=dev)
             launch(kq._stats_partials_kernel, (nparts,), xf, partials, n, chunk, nparts, SYMMETRIC=symmetric,
                    BLOCK=2048, num_warps=8)
             p_block = next_pow2(nparts)
-        launch(kq._quantize_flat_kernel, (triton.cdiv(n, block),),
+        launch(kq._quantize_flat_kernel, (cdiv(n, block),),
             xf, q_arg.view(-1), scale, zp_arg, partials, n, nparts,
             STATIC=static, BLOCK=block, P_BLOCK=p_block, num_warps=min(TILES["flat_warps"], _warps(block)), **meta)
     return data, scale, zp_out
@@ -241,7 +240,7 @@ def _launch_dequantize(data: torch.Tensor, scale: torch.Tensor, zero_point: torc
     meta = _format_constexprs(dtype, zero_point is None, _fp8_emulate(dev))
     block_k = min(256, max(2, next_pow2(K)))
     block_m = max(1, min(4096 // block_k, next_pow2(M)))
-    grid = (triton.cdiv(M, block_m), triton.cdiv(K, block_k))
+    grid = (cdiv(M, block_m), cdiv(K, block_k))
     G = K // group_size if granularity == "group" else 1
     launch(kq._dequantize_kernel, grid,
         q2, scale, zero_point if zero_point is not None else scale, out, M, K,
@@ -337,7 +336,7 @@ def _pack_int4(q: torch.Tensor) -> torch.Tensor:
     out = alloc((*q.shape[:-1], q.shape[-1] // 2), torch.uint8, q.device)
     if out.numel():
         block = 1024 if not is_interpreter() else max(2, min(next_pow2(out.numel()), 1 << 15))
-        launch(kq._pack_int4_kernel, (triton.cdiv(out.numel(), block),), qc, out, out.numel(), BLOCK=block, num_warps=4)
+        launch(kq._pack_int4_kernel, (cdiv(out.numel(), block),), qc, out, out.numel(), BLOCK=block, num_warps=4)
     return out
 
 
@@ -355,7 +354,7 @@ def _unpack_int4(packed: torch.Tensor, signed: bool) -> torch.Tensor:
     out = alloc((*packed.shape[:-1], packed.shape[-1] * 2), torch.int8 if signed else torch.uint8, packed.device)
     if out.numel():
         block = 1024 if not is_interpreter() else max(1, min(next_pow2(pc.numel()), 1 << 15))
-        launch(kq._unpack_int4_kernel, (triton.cdiv(pc.numel(), block),), pc, out, pc.numel(), SIGNED=signed,
+        launch(kq._unpack_int4_kernel, (cdiv(pc.numel(), block),), pc, out, pc.numel(), SIGNED=signed,
                BLOCK=block, num_warps=4)
     return out
 

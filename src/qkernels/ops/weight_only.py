@@ -14,11 +14,10 @@ import functools
 import math
 
 import torch
-import triton
 
 from .. import autotune, configs
-from .._runtime import alloc, call_op, check_kernel_device, check_same_device, check_tensor, device_name, gpu_slug, \
-    is_interpreter, launch, next_pow2
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
+                        gpu_slug, is_interpreter, launch, next_pow2)
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
@@ -43,38 +42,60 @@ def config_for(bits: int, M: int, device: torch.device) -> dict | None:
     return _config_bucket(bits, next_pow2(max(M, 1)), device)
 
 
-def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
-    """gemv / mm paths: out [M, N] written by one kernel. x2 rows are contiguous; scale_zero is
-    [N, G, 2] contiguous, read as one 32-bit word per group (stride in words: G)."""
-    M, K = x2.shape
-    N = qweight.shape[0]
+_PLANS: dict = {}   # (id(cfg), M, N, K, bits, group, has_bias) -> (cfg, launch plan); cfg kept alive: ids stay unique
+
+
+def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bool):
+    """kernel, grid, split and constexprs of a gemv / mm launch: worked out once per shape and config, so
+    an eager call does no dict building beyond the lookup."""
+    key = (id(cfg), M, N, K, bits, group, has_bias)
+    hit = _PLANS.get(key)
+    if hit is not None:
+        return hit[1]
     p = {k: v for k, v in cfg.items() if k != "path"}
-    g = 0 if group == K else group
     if p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
-    args = (x2, qweight, scale_zero, bias if bias is not None else scale_zero, out,
-            M, N, K, x2.stride(0), qweight.stride(0), scale_zero.shape[1], out.stride(0))
-    flags = dict(BITS=bits, GROUP=g, HAS_BIAS=bias is not None, EVEN_K=K % p["BLOCK_K"] == 0)
     split = int(p.pop("SPLIT_K", 1))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
-        programs = triton.cdiv(N, p["BLOCK_N"]) * M
-        split = min(split, triton.cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs))
-        kernel, grid = _kw()._wo_gemv_kernel, (triton.cdiv(N, p["BLOCK_N"]), M)
+        programs = cdiv(N, p["BLOCK_N"]) * M
+        split = min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs))
+        kernel, grid = _kw()._wo_gemv_kernel, (cdiv(N, p["BLOCK_N"]), M)
     else:
-        kernel, grid = _kw()._wo_mm_kernel, (triton.cdiv(N, p["BLOCK_N"]) * triton.cdiv(M, p["BLOCK_M"]),)
-    split = max(1, min(split, triton.cdiv(K, p["BLOCK_K"])))
+        kernel, grid = _kw()._wo_mm_kernel, (cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"]),)
+    split = max(1, min(split, cdiv(K, p["BLOCK_K"])))
     if split == 1:
-        launch(kernel, grid + (1,), *args, **flags, SPLIT_K=1, **p)
+        grid = grid + (1,)
+    else:
+        grid = (grid[0], grid[1], split) if cfg["path"] == "gemv" else (grid[0], split)
+    constexprs = dict(BITS=bits, GROUP=0 if group == K else group, HAS_BIAS=has_bias,
+                      EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p)
+    plan = (kernel, grid, split, constexprs)
+    if len(_PLANS) >= 4096:      # many distinct M (prefill lengths): start over rather than grow
+        _PLANS.clear()
+    _PLANS[key] = (cfg, plan)
+    return plan
+
+
+def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
+    """gemv / mm paths: out [M, N] written by one kernel (two with split-K). x2 rows are contiguous;
+    scale_zero is [N, G, 2] contiguous, read as one 32-bit word per group (stride in words: G)."""
+    M, K = x2.shape
+    N = qweight.shape[0]
+    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None)
+    bias_arg = bias if bias is not None else scale_zero
+    if split == 1:
+        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
+               scale_zero.shape[1], out.stride(0), **constexprs)
         return out
     # split-K: fp32 partials [split, M, N], then one reduce kernel adds them in order (+ bias)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-    grid = (grid[0], grid[1], split) if cfg["path"] == "gemv" else (grid[0], split)
-    launch(kernel, grid, *args[:4], ws, *args[5:], **flags, SPLIT_K=split, **p)
+    launch(kernel, grid, x2, qweight, scale_zero, bias_arg, ws, M, N, K, x2.stride(0), qweight.stride(0),
+           scale_zero.shape[1], out.stride(0), **constexprs)
     block = 1024
-    launch(_kw()._wo_splitk_reduce, (triton.cdiv(M * N, block),),
-        ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
-        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+    launch(_kw()._wo_splitk_reduce, (cdiv(M * N, block),),
+           ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
+           HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
     return out
 
 
@@ -82,9 +103,9 @@ def _dequant_into(qweight, scale_zero, w, bits, group, cfg):
     N, K = w.shape
     p = {k: v for k, v in cfg.items() if k != "path"}
     g = 0 if group == K else group
-    launch(_kw()._wo_dequant_kernel, (triton.cdiv(N, p["BLOCK_N"]), triton.cdiv(K, p["BLOCK_K"])),
-        qweight, scale_zero, w, N, K, qweight.stride(0), scale_zero.shape[1], w.stride(0), BITS=bits, GROUP=g,
-        EVEN_K=K % p["BLOCK_K"] == 0, **p)
+    launch(_kw()._wo_dequant_kernel, (cdiv(N, p["BLOCK_N"]), cdiv(K, p["BLOCK_K"])),
+           qweight, scale_zero, w, N, K, qweight.stride(0), scale_zero.shape[1], w.stride(0), BITS=bits, GROUP=g,
+           EVEN_K=K % p["BLOCK_K"] == 0, **p)
     return w
 
 
@@ -159,6 +180,13 @@ def _(x, qweight, scale_zero, bias, bits, group, path):
 
 def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bits: int, name: str,
                  path: str = "") -> torch.Tensor:
+    qweight = getattr(w, "qweight", None)
+    if (w.__class__ is PackedWeight and w.bits == bits and bias is None and w.perm is None
+            and x.__class__ is torch.Tensor and x.dim() == 2 and x.dtype in X_DTYPES and x.shape[1] == w.shape[1]
+            and x.device == qweight.device            and (x.is_cuda or is_interpreter())):
+        # the common call (2-D x, no bias, no act-order, where kernels run) validated in a few checks; anything
+        # else goes through the full checks below, which name what is wrong
+        return call_op(_weight_only_op, _weight_only_impl, x, qweight, w.scale_zero, None, bits, w.group_len, path)
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w_packed must be a qkernels.PackedWeight (see PackedWeight.from_float / from_gptq / "
                         f"from_awq), got {type(w).__name__}")

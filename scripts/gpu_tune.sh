@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Ship a config table for the GPU of this machine in one call: the GEMM sweep (int8, fp8), then the
+# weight-only sweep, each under a time budget; the table is copied to OUTDIR after each step, so a run cut
+# off by the call's time limit keeps what it finished. Usage: scripts/gpu_tune.sh OUTDIR [gemm_s] [wo_s]
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_tune.sh OUTDIR [gemm budget s] [weight-only budget s]}
+GEMM_S=${2:-240}
+WO_S=${3:-200}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/env.txt" 2>&1
+python3 scripts/tune_gemm.py --kinds int8 fp8 --budget-s "$GEMM_S" 2>&1 | tee "$OUT/tune_gemm.log" | grep -E "==>|wrote|budget"
+cp src/qkernels/configs/*.json "$OUT/"
+python3 scripts/tune_weight_only.py --budget-s "$WO_S" 2>&1 | tee "$OUT/tune_weight_only.log" | grep -E "==>|wrote|budget"
+cp src/qkernels/configs/*.json "$OUT/"
