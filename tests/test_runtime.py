@@ -88,12 +88,19 @@ def test_same_facts_different_values_go_direct(fast):
 
 
 def test_hooks_and_ineligible_kernels_take_triton_path(fast):
+    from triton.knobs import HookChain
     k = FakeKernel(["x", "n", "B"], {"B"})
     x = torch.arange(64, dtype=torch.float16)
+    fast.launch_enter_hook, fast.launch_exit_hook = HookChain(), HookChain(reversed=True)   # Triton's defaults
     R.launch(k, (1,), x, 40, B=16)
-    fast.launch_enter_hook = print       # a profiler is listening: it must see every launch
+    R.launch(k, (1,), x, 40, B=16)
+    assert len(k.slow_calls) == 1        # empty hook chains: nobody is listening
+    fast.launch_enter_hook.add(print)    # a profiler is listening: it must see every launch
     R.launch(k, (1,), x, 40, B=16)
     assert len(k.slow_calls) == 2
+    fast.launch_enter_hook = print       # a plain function set as the hook
+    R.launch(k, (1,), x, 40, B=16)
+    assert len(k.slow_calls) == 3
     # a constexpr among the positional arguments: the direct launcher's layout would not match
     k2 = FakeKernel(["x", "B", "n"], {"B"})
     R.launch(k2, (1,), x, 16, 40)
@@ -108,6 +115,20 @@ def test_disabled_by_env_switch(fast, monkeypatch):
     R.launch(k, (1,), x, B=16)
     R.launch(k, (1,), x, B=16)
     assert len(k.slow_calls) == 2 and not R._LAUNCHES
+
+
+@pytest.mark.gpu
+def test_second_launch_skips_triton_on_gpu(monkeypatch):
+    """With Triton's default (empty) hook chains, a repeated call must not go through JITFunction.run."""
+    import qkernels as qk
+    from qkernels.kernels import _quant as KQ
+    x = torch.randn(16, 4096, device=DEVICE, dtype=torch.float16)
+    want = qk.quantize(x, "int8", "row")
+    monkeypatch.setattr(KQ._quantize_segments_kernel, "run",
+                        lambda *a, **k: pytest.fail("repeated launch went through Triton's launch path"))
+    got = qk.quantize(x, "int8", "row")
+    torch.cuda.synchronize()
+    assert torch.equal(got.data, want.data) and torch.equal(got.scale, want.scale)
 
 
 @pytest.mark.gpu

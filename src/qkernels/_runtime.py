@@ -176,7 +176,7 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     device = get_device()
     key = (id(kernel), device, tuple(constexprs.items()), _arg_facts(args))
     entry = _LAUNCHES.get(key)
-    if entry is None or knobs.launch_enter_hook is not None or knobs.launch_exit_hook is not None:
+    if entry is None or _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook):
         compiled = kernel[grid](*args, **constexprs)
         if entry is None:
             _LAUNCHES[key] = (compiled, (None,) * (len(kernel.params) - len(args))) \
@@ -188,6 +188,11 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
         return
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, get_stream(device),
                  compiled.function, compiled.packed_metadata, None, None, None, *args, *slots)
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook would do anything: Triton 3.6 keeps an (empty) HookChain there by default."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _fast_eligible(kernel, args) -> bool:
