@@ -13,7 +13,7 @@ from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
                         device_name, gpu_slug, is_interpreter, launch, next_pow2)
 from ..reference import ACTIVATIONS
-from .quant import quantize
+from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
 
 _ACT_ID = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -107,6 +107,8 @@ def _flat_scale(name: str, s, n: int, ref: torch.Tensor, what: str) -> tuple[tor
     numel = s.numel()
     if numel != 1 and numel != n:       # (not `in (1, n)`: Dynamo mis-evaluates that with symbolic n)
         raise ValueError(f"{name} must be a scalar or have {n} elements ({what}), got shape {tuple(s.shape)}")
+    if s.dtype == torch.float32 and s.dim() == 1 and s.is_contiguous():
+        return s, 1.0                   # already flat fp32 (the usual per-channel weight scale): no copies
     return s.reshape(-1).to(torch.float32).contiguous(), 1.0
 
 
@@ -124,6 +126,15 @@ def _check_epilogue(bias, activation, out_dtype, N, ref):
     return bias
 
 
+def _check_k_and_gpu(kind: str, K: int, a: torch.Tensor) -> None:
+    if kind == "int8" and K > MAX_K_INT8:
+        raise ValueError(f"K={K} is too deep for exact int32 accumulation (K * 128 * 128 must stay below 2**31: "
+                         f"K <= {MAX_K_INT8}); split the product along K")
+    if kind == "fp8" and not is_interpreter() and capability(a.device) < (8, 9):
+        raise RuntimeError(f"fp8_matmul needs FP8 tensor cores (compute capability >= 8.9), got "
+                           f"{'.'.join(map(str, capability(a.device)))} on {device_name(a.device)}")
+
+
 def _matmul(kind, a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, scaled):
     dt = (torch.int8,) if kind == "int8" else (torch.float8_e4m3fn,)
     check_tensor("a", a, dtypes=dt, ndim_min=1)
@@ -135,12 +146,7 @@ def _matmul(kind, a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, 
     K = a.shape[-1]
     if b.shape[0] != K:
         raise ValueError(f"b must have K={K} rows to match a's last dim, got b.shape={tuple(b.shape)}")
-    if kind == "int8" and K > MAX_K_INT8:
-        raise ValueError(f"K={K} is too deep for exact int32 accumulation (K * 128 * 128 must stay below 2**31: "
-                         f"K <= {MAX_K_INT8}); split the product along K")
-    if kind == "fp8" and not is_interpreter() and capability(a.device) < (8, 9):
-        raise RuntimeError(f"fp8_matmul needs FP8 tensor cores (compute capability >= 8.9), got "
-                           f"{'.'.join(map(str, capability(a.device)))} on {device_name(a.device)}")
+    _check_k_and_gpu(kind, K, a)
     M = math.prod(a.shape[:-1])
     N = b.shape[1]
     a2 = a.reshape(M, K)
@@ -242,7 +248,8 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
     if w_q.dim() != 2 or w_q.shape[1] != x.shape[-1]:
         raise ValueError(f"w_q must be [N, K={x.shape[-1]}], got shape {tuple(w_q.shape)}")
     fmt = "int8" if dtype == "int8" else "fp8_e4m3"
-    x2 = x.reshape(-1, x.shape[-1])     # 2-D: per-row scales are then plainly [M, 1] (also under torch.compile)
+    # 2-D: per-row scales are then plainly [M, 1] (also under torch.compile)
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     mm = int8_matmul if dtype == "int8" else fp8_matmul
     if prequantized:
         M = x2.shape[0]
@@ -250,10 +257,20 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
         if x_scale.numel() != M:
             raise ValueError(f"x_scale must hold one fp32 scale per row of x (M={M}), got shape {tuple(x_scale.shape)}")
         y = mm(x2, w_q.t(), x_scale.reshape(M, 1), w_scale, bias=bias, out_dtype=out_dtype or torch.float16)
+    elif act_scale is None:
+        # dynamic per-token quantization, then the GEMM: the same two custom ops as quantize(x2, fmt, "row") and
+        # int8_matmul / fp8_matmul, called directly (one check of each argument; no QuantizedTensor, no reshapes)
+        N, K = w_q.shape
+        check_kernel_device("x", x)
+        check_same_device("x", x, w_q=w_q)
+        _check_k_and_gpu(dtype, K, x)
+        ws, factor = _flat_scale("w_scale", w_scale, N, x, f"one per output channel, N={N}")
+        bias = _check_epilogue(bias, None, None, N, x)
+        data, xs, _ = call_op(_quantize_dynamic_op, _quantize_dynamic, x2, fmt, "row", 0, True)
+        if ws is None:
+            ws = torch.ones(1, dtype=torch.float32, device=x.device)
+        y = call_op(_scaled_mm_op, _scaled_mm_impl, data, w_q.t(), xs, ws, factor, bias, "", x.dtype, dtype)
     else:
-        if act_scale is None:
-            qt = quantize(x2, fmt, "row")
-        else:
-            qt = quantize(x2, fmt, "tensor", scale=act_scale)
+        qt = quantize(x2, fmt, "tensor", scale=act_scale)
         y = mm(qt.data, w_q.t(), qt.scale, w_scale, bias=bias, out_dtype=x.dtype)
-    return y.reshape(*x.shape[:-1], w_q.shape[0])
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], w_q.shape[0])

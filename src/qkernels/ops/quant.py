@@ -35,6 +35,7 @@ _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 
 
 @functools.cache
+@functools.cache
 def _format_constexprs(dtype: str, symmetric: bool, fp8_emulate: bool) -> dict:
     fmt = get_format(dtype)
     qmin, qmax = (0, 0) if fmt.is_float else fmt.qrange(symmetric)
@@ -45,6 +46,7 @@ def _format_constexprs(dtype: str, symmetric: bool, fp8_emulate: bool) -> dict:
     )
 
 
+@functools.cache
 def _fp8_emulate(device: torch.device) -> bool:
     return is_interpreter() or capability(device) < (8, 9)
 
@@ -58,6 +60,9 @@ def _warps(elements: int) -> int:
 
 
 def _as_2d(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    if x.dim() == 2:
+        M, K = x.shape
+        return x, M, K
     K = x.shape[-1]
     M = math.prod(x.shape[:-1])
     return x.reshape(M, K), M, K
