@@ -1,9 +1,12 @@
 """Pick per-M-bucket GEMM configs on this GPU and write src/qkernels/configs/<gpu>.json.
-Each candidate is timed on the Llama-3-8B shapes (geometric mean). Usage:
+Each candidate is timed on the Llama-3-8B shapes (geometric mean); a shape for which another candidate is
+clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Usage:
 PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8]"""
 import argparse
+import ast
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -32,13 +35,55 @@ CANDIDATES = {
 }
 M_OF = {"16": [1, 16], "128": [128], "1024": [1024], "4096": [4096]}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
+OVERRIDE_GAIN = 0.9    # a shape gets its own config when that is this much faster than the bucket's
+
+
+
+def set_overrides(tab: dict, kind: str, bucket: str, results: list, chosen_cfg: dict) -> None:
+    """Shape overrides: where another candidate is >10% faster on one shape than the bucket's config."""
+    chosen = next(r for r in results if r[1] == chosen_cfg)
+    for si, (N, K) in enumerate(SHAPES):
+        on_shape = lambda r: sum(r[0][mi * len(SHAPES) + si] for mi in range(len(M_OF[bucket])))  # noqa
+        top = min(results, key=on_shape)
+        key = f"{bucket}:N{N}:K{K}"
+        if on_shape(top) < OVERRIDE_GAIN * on_shape(chosen):
+            tab[key] = top[1]
+            print(f"==> {kind} {key}: {top[1]} ({on_shape(top):.1f} vs {on_shape(chosen):.1f} us)", flush=True)
+        else:
+            tab.pop(key, None)
+
+
+def from_log(log: Path, table: dict, kinds: list) -> None:
+    """Shape overrides from an earlier sweep's log (its per-shape times), against the table's bucket configs."""
+    pat = re.compile(r"^(\w+) M<=(\d+)\s+(\{.*\})\s+geomean\s+[\d.]+ us\s+(\[.*\])$")
+    runs = {}
+    for line in log.read_text().splitlines():
+        m = pat.match(line.strip())
+        if m and m.group(1) in kinds:
+            times = [float(t) for t in ast.literal_eval(m.group(4))]
+            runs.setdefault((m.group(1), m.group(2)), []).append((times, ast.literal_eval(m.group(3))))
+    for (kind, bucket), results in runs.items():
+        chosen = (table.get(kind) or {}).get(bucket)
+        if chosen is None or not any(r[1] == chosen for r in results):
+            print(f"{kind} M<={bucket}: the table's config is not in {log.name}; no overrides", flush=True)
+            continue
+        set_overrides(table[kind], kind, bucket, results, chosen)
+
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--kinds", nargs="+", default=["int8", "fp8"])
 ap.add_argument("--buckets", nargs="+", default=list(CANDIDATES), help="M buckets to tune (others keep their configs)")
 ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
+ap.add_argument("--from-log", type=Path, help="no timing: set shape overrides from an earlier sweep's log")
+ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
 args = ap.parse_args()
 t0 = time.time()
+if args.from_log:
+    path = Path(configs.__file__).parent / f"{args.gpu}.json"
+    table = json.loads(path.read_text())
+    from_log(args.from_log, table, args.kinds)
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    raise SystemExit(0)
 dev = torch.device("cuda")
 slug = gpu_slug(device_name(dev))
 path = Path(configs.__file__).parent / f"{slug}.json"
@@ -51,8 +96,9 @@ for kind in args.kinds:
             break
         cands = CANDIDATES[bucket]
         best = None
+        results = []     # (times, cfg); times ordered M-major over SHAPES
         for cfg in cands:
-            G._gemm_config = lambda k, M, d, cfg=cfg: cfg
+            G._gemm_config = lambda *args, cfg=cfg: cfg
             times = []
             try:
                 for M in M_OF[bucket]:
@@ -69,11 +115,13 @@ for kind in args.kinds:
             except Exception as e:   # e.g. out of shared memory
                 print(f"{kind} {bucket} {cfg} failed: {type(e).__name__}: {str(e)[:100]}")
                 continue
+            results.append((times, cfg))
             gm = math.exp(sum(map(math.log, times)) / len(times))
             print(f"{kind} M<={bucket:5s} {cfg}  geomean {gm:8.2f} us  {['%.1f' % t for t in times]}", flush=True)
             if best is None or gm < best[0]:
                 best = (gm, cfg)
         table[kind][bucket] = best[1]
         print(f"==> {kind} M<={bucket}: {best[1]} ({best[0]:.2f} us, {time.time() - t0:.0f} s)", flush=True)
+        set_overrides(table[kind], kind, bucket, results, best[1])
         path.write_text(json.dumps(table, indent=1) + "\n")     # after every bucket: a cut-off run keeps its work
 print(f"wrote {path}")

@@ -1,7 +1,8 @@
 """Per-GPU kernel configs as data: configs/<gpu slug>.json, picked by device name.
 
 Layout: {"<kernel>": {"<M bucket>": {"BLOCK_M": .., "BLOCK_N": .., "BLOCK_K": .., "GROUP_M": ..,
-"num_warps": .., "num_stages": ..}}}, M bucket = next power of two of M (clamped to the largest key).
+"num_warps": .., "num_stages": ..}}}, M bucket = next power of two of M (clamped to the largest key);
+optional shape overrides "<M bucket>:N<N>:K<K>" (see lookup).
 A GPU without a file is autotuned on first use (qkernels.autotune) among `candidates`: the bucket's
 configs from every shipped table and the built-in default below.
 """
@@ -64,11 +65,24 @@ def candidates(kind: str, m_bucket: int, default: dict) -> list[dict]:
     return out
 
 
-def pick(table: dict, M: int) -> dict:
-    """Config of the smallest bucket >= next_pow2(M), else of the largest bucket."""
+def bucket_key(table: dict, M: int) -> str:
+    """The smallest bucket >= next_pow2(M), else the largest bucket (keys that are not plain numbers are
+    shape overrides, see lookup)."""
     m = next_pow2(max(M, 1))
-    keys = sorted(table, key=int)
+    keys = sorted((k for k in table if k.isdigit()), key=int)
     for k in keys:
         if m <= int(k):
-            return table[k]
-    return table[keys[-1]]
+            return k
+    return keys[-1]
+
+
+def pick(table: dict, M: int) -> dict:
+    """Config of M's bucket (bucket_key)."""
+    return table[bucket_key(table, M)]
+
+
+def lookup(table: dict, M: int, N: int, K: int) -> dict:
+    """Config for an [M, K] x [K, N] product: the shape override "<bucket>:N<N>:K<K>" where the tuner found
+    one clearly better for that shape than the bucket's config, else the bucket's config."""
+    key = bucket_key(table, M)
+    return table.get(f"{key}:N{N}:K{K}") or table[key]

@@ -26,18 +26,18 @@ def _kg():
     return _gemm
 
 
-def _gemm_config(kind: str, M: int, device: torch.device) -> dict | None:
-    """The shipped config for this GPU and M bucket; None for a GPU without a table (autotuned)."""
-    return _gemm_config_bucket(kind, next_pow2(max(M, 1)), device)
+def _gemm_config(kind: str, M: int, N: int, K: int, device: torch.device) -> dict | None:
+    """The shipped config for this GPU, M bucket and shape; None for a GPU without a table (autotuned)."""
+    return _gemm_config_bucket(kind, next_pow2(max(M, 1)), N, K, device)
 
 
 @functools.cache
-def _gemm_config_bucket(kind: str, m_bucket: int, device: torch.device) -> dict | None:
-    """Config lookup, cached per (kind, M bucket, device): the per-call cost is one dict hit."""
+def _gemm_config_bucket(kind: str, m_bucket: int, N: int, K: int, device: torch.device) -> dict | None:
+    """Config lookup, cached per (kind, M bucket, N, K, device): the per-call cost is one dict hit."""
     if is_interpreter():
         return configs.pick(configs.INTERPRETER_GEMM, m_bucket)
     table = configs.load(gpu_slug(device_name(device))).get(kind)
-    return configs.pick(table, m_bucket) if table else None
+    return configs.lookup(table, m_bucket, N, K) if table else None
 
 
 def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
@@ -48,7 +48,7 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
     K = a2.shape[1] * (2 if kind == "int4" else 1)    # K = 0: no loop iterations, the epilogue still runs
     if kind == "fp8":
         a2, b = a2.view(torch.uint8), b.view(torch.uint8)
-    cfg = _gemm_config(kind, M, c.device)
+    cfg = _gemm_config(kind, M, N, K, c.device)
     if cfg is None:      # a GPU without a shipped table: tune once per (M bucket, N, K), cached on disk
         bucket = next_pow2(max(M, 1))
         cfg = autotune.tuned(gpu_slug(device_name(c.device)), f"{kind}:M{bucket}:N{N}:K{K}",

@@ -1,0 +1,35 @@
+"""Config tables as data: bucket choice, shape overrides, and the shipped tables' sanity."""
+import pytest
+
+from qkernels import configs
+
+TABLE = {"16": {"id": "a"}, "128": {"id": "b"}, "4096": {"id": "c"}, "128:N14336:K4096": {"id": "b-wide"}}
+
+
+@pytest.mark.parametrize("M, key", [(0, "16"), (1, "16"), (16, "16"), (17, "128"), (128, "128"), (129, "4096"),
+                                    (4096, "4096"), (100000, "4096")])
+def test_bucket_key_ignores_override_keys(M, key):
+    assert configs.bucket_key(TABLE, M) == key
+    assert configs.pick(TABLE, M) is TABLE[key]
+
+
+def test_lookup_prefers_the_shape_override():
+    assert configs.lookup(TABLE, 100, 14336, 4096) == {"id": "b-wide"}
+    assert configs.lookup(TABLE, 100, 4096, 4096) == {"id": "b"}
+    assert configs.lookup(TABLE, 16, 14336, 4096) == {"id": "a"}      # override is for bucket 128 only
+
+
+@pytest.mark.parametrize("slug", configs.shipped())
+def test_shipped_tables_are_well_formed(slug):
+    table = configs.load(slug)
+    assert {"int8", "fp8", "w4a16", "w8a16"} <= set(table)
+    for kind, tab in table.items():
+        buckets = [k for k in tab if k.isdigit()]
+        assert buckets, kind
+        for key, cfg in tab.items():
+            if not key.isdigit():                      # override: "<bucket>:N<N>:K<K>" of an existing bucket
+                b, n, k = key.split(":")
+                assert b in buckets and n[0] == "N" and k[0] == "K" and n[1:].isdigit() and k[1:].isdigit(), key
+            assert cfg["num_warps"] in (1, 2, 4, 8, 16) and cfg["BLOCK_K"] % 16 == 0, (kind, key, cfg)
+            if kind.startswith("w"):
+                assert cfg["path"] in ("gemv", "mm", "dequant"), cfg
