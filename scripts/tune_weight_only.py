@@ -3,9 +3,11 @@ into src/qkernels/configs/<gpu>.json ("w4a16" / "w8a16"). Each candidate is time
 replay on the three Llama-3-8B shapes; the score is the geometric mean of time / best time per shape.
 Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]"""
 import argparse
+import ast
 import itertools
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from qkernels.ops import weight_only as WO
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
+OVERRIDE_GAIN = 0.9    # a shape gets its own config when that is this much faster than the bucket's
 
 
 def gemv(bn, bk, w, s, min_programs=0):
@@ -71,12 +74,55 @@ def candidates(m: int) -> list[dict]:
     return c
 
 
+def set_overrides(tab: dict, kind: str, m: int, results: list, chosen_cfg: dict) -> None:
+    """Shape overrides "<bucket>:N<N>:K<K>" (configs.lookup) where another candidate is >10% faster on one
+    shape than the bucket's config; stale ones are dropped."""
+    chosen = next(r for r in results if r[1] == chosen_cfg)
+    for si, (N, K) in enumerate(SHAPES):
+        top = min(results, key=lambda r: r[0][si])
+        key = f"{m}:N{N}:K{K}"
+        if top[0][si] < OVERRIDE_GAIN * chosen[0][si]:
+            tab[key] = top[1]
+            print(f"==> {kind} {key}: {top[1]} ({top[0][si]:.2f} vs {chosen[0][si]:.2f} us)", flush=True)
+        else:
+            tab.pop(key, None)
+
+
+def from_log(log: Path, table: dict, bits_list: list) -> None:
+    """Shape overrides from an earlier sweep's log (per-shape times), against the table's bucket configs."""
+    pat = re.compile(r"^(w\da16) M=\s*(\d+) (\{.*\}) (\[.*\])$")
+    runs = {}
+    for line in log.read_text().splitlines():
+        mt = pat.match(line.strip())
+        if mt and int(mt.group(1)[1]) in bits_list:
+            times = [float(t) for t in ast.literal_eval(mt.group(4))]
+            runs.setdefault((mt.group(1), int(mt.group(2))), []).append((times, ast.literal_eval(mt.group(3))))
+    for (kind, m), results in sorted(runs.items()):
+        tab = table.get(kind) or {}
+        chosen = tab.get(str(m))
+        if chosen is None or not any(r[1] == chosen for r in results):
+            print(f"{kind} M<={m}: the table's config is not in {log.name}; no overrides", flush=True)
+            continue
+        set_overrides(tab, kind, m, results, chosen)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--buckets", type=int, nargs="+", default=BUCKETS)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
+    ap.add_argument("--from-log", type=Path, nargs="+", help="no timing: shape overrides from earlier sweeps' logs")
+    ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
     args = ap.parse_args()
+    if args.from_log:
+        path = Path(configs.__file__).parent / f"{args.gpu}.json"
+        table = json.loads(path.read_text())
+        for log in args.from_log:
+            from_log(log, table, args.bits)
+        for kind in table:
+            table[kind] = dict(sorted(table[kind].items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))
+        path.write_text(json.dumps(table, indent=1) + "\n")
+        return
     dev = torch.device("cuda")
     slug = gpu_slug(device_name(dev))
     path = Path(configs.__file__).parent / f"{slug}.json"
@@ -97,7 +143,7 @@ def main():
                 break
             results = []
             for cfg in candidates(m):
-                WO.config_for = lambda bits, M, device, cfg=cfg: cfg
+                WO.config_for = lambda *args, cfg=cfg: cfg
                 times = []
                 try:
                     for N, K in SHAPES:
@@ -114,9 +160,10 @@ def main():
             score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(SHAPES))  # noqa
             times, cfg = min(results, key=score)
             tab[str(m)] = cfg
+            set_overrides(tab, key, m, results, cfg)
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "
                   f"{time.time() - t0:.0f} s)", flush=True)
-        table[key] = dict(sorted(tab.items(), key=lambda kv: int(kv[0])))
+        table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))
         path.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {path}")
 

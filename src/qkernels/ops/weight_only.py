@@ -30,16 +30,17 @@ def _kw():
 
 
 @functools.cache
-def _config_bucket(bits: int, m_bucket: int, device: torch.device) -> dict | None:
-    """The shipped config for this GPU and M bucket; None for a GPU without a table (autotuned)."""
+def _config_bucket(bits: int, m_bucket: int, N: int, K: int, device: torch.device) -> dict | None:
+    """The shipped config for this GPU, M bucket and shape (configs.lookup: a shape override if the table
+    has one); None for a GPU without a table (autotuned)."""
     if is_interpreter():
         return configs.pick(configs.INTERPRETER_WEIGHT_ONLY, m_bucket)
     table = configs.load(gpu_slug(device_name(device))).get(f"w{bits}a16")
-    return configs.pick(table, m_bucket) if table else None
+    return configs.lookup(table, m_bucket, N, K) if table else None
 
 
-def config_for(bits: int, M: int, device: torch.device) -> dict | None:
-    return _config_bucket(bits, next_pow2(max(M, 1)), device)
+def config_for(bits: int, M: int, N: int, K: int, device: torch.device) -> dict | None:
+    return _config_bucket(bits, next_pow2(max(M, 1)), N, K, device)
 
 
 _PLANS: dict = {}   # (id(cfg), M, N, K, bits, group, has_bias) -> (cfg, launch plan); cfg kept alive: ids stay unique
@@ -126,9 +127,9 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
     if M == 0 or N == 0 or K == 0:    # empty product: zeros (+ bias)
         out = torch.zeros((M, N), dtype=torch.float32, device=x.device)
         return (out + bias.float() if bias is not None else out).to(x.dtype)
-    cfg = config_for(bits, M, x.device)
+    cfg = config_for(bits, M, N, K, x.device)
     if path:
-        cfg = _path_config(cfg, path, bits, x.device)
+        cfg = _path_config(cfg, path, bits, N, K, x.device)
     elif cfg is None:    # a GPU without a shipped table: tune once per (M bucket, N, K, group), cached on disk
         bucket = next_pow2(M)
         cfg = autotune.tuned(gpu_slug(device_name(x.device)), f"w{bits}a16:M{bucket}:N{N}:K{K}:g{group}",
@@ -149,18 +150,18 @@ def _run_config(x, qweight, scale_zero, bias, bits, group, cfg):
     return _launch(x, qweight, scale_zero, bias, alloc((M, N), x.dtype, x.device), bits, group, cfg)
 
 
-def _path_config(cfg: dict, path: str, bits: int, device) -> dict:
+def _path_config(cfg: dict, path: str, bits: int, N: int, K: int, device) -> dict:
     """The config of the first bucket whose path is `path` (tests use it to run every path at every M)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "mm-splitk":
-        return dict(_path_config(cfg, "mm", bits, device), SPLIT_K=3)
+        return dict(_path_config(cfg, "mm", bits, N, K, device), SPLIT_K=3)
     if path == "gemv-splitk":
-        return dict(_path_config(cfg, "gemv", bits, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
+        return dict(_path_config(cfg, "gemv", bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if cfg is not None and cfg["path"] == path:
         return cfg
     for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536):
-        c = _config_bucket(bits, m, device)
+        c = _config_bucket(bits, m, N, K, device)
         if c is not None and c["path"] == path:
             return c
     return configs.pick({k: v for k, v in configs.DEFAULT_WEIGHT_ONLY.items() if v["path"] == path}, 1)
