@@ -322,9 +322,12 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om,
                   BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_N: tl.constexpr, SPLIT_K: tl.constexpr):
+                  GROUP_N: tl.constexpr, SPLIT_K: tl.constexpr, X_IS_A: tl.constexpr = False):
     """SPLIT_K > 1: program column pid_k covers K_STEP-aligned slice pid_k of K and writes its fp32
-    partial sums to out_ptr [SPLIT_K, M, N] (no bias); _wo_splitk_reduce adds them in a fixed order."""
+    partial sums to out_ptr [SPLIT_K, M, N] (no bias); _wo_splitk_reduce adds them in a fixed order.
+    X_IS_A: out = x @ W.T with the x tile as the MMA's A operand and the dequantized weight tile as B (which
+    the MMA reads from shared memory), for large M; else out.T = W @ x.T with the weight tile as A in
+    registers (small M: the weight rows fill the MMA's M side)."""
     pid = tl.program_id(0)
     # GROUP_N weight row-blocks share their x tiles in L2
     pid_n, pid_m = _grouped_pid(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)
@@ -339,7 +342,10 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     kr = tl.max_contiguous(tl.multiple_of(kr, HALF), HALF)
     dt: tl.constexpr = x_ptr.dtype.element_ty
     xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [NC * 32, BLOCK_M]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if X_IS_A:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     s_row = offs_n.to(tl.int64) * stride_sn
     k_lo, k_hi = _k_slice(K, tl.program_id(1), BLOCK_K, SPLIT_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -357,17 +363,32 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         else:
             x_lo = tl.load(p_lo, mask=(k0 + kr < K)[:, None], other=0.0)
             x_hi = tl.load(p_lo + HALF, mask=(k0 + kr < K - HALF)[:, None], other=0.0)
-        acc = _dot(w_lo, x_lo, acc)
-        acc = _dot(w_hi, x_hi, acc)
-    o_mask = (rows_n < N)[:, None] & (rows_m < M)[None, :]
+        if X_IS_A:
+            acc = _dot(tl.trans(x_lo), tl.trans(w_lo), acc)
+            acc = _dot(tl.trans(x_hi), tl.trans(w_hi), acc)
+        else:
+            acc = _dot(w_lo, x_lo, acc)
+            acc = _dot(w_hi, x_hi, acc)
+    if X_IS_A:
+        _wo_mm_store(acc, bias_ptr, out_ptr, rows_m[:, None], rows_n[None, :], offs_n[None, :], M, N, stride_om,
+                     HAS_BIAS, SPLIT_K)
+    else:
+        _wo_mm_store(acc, bias_ptr, out_ptr, rows_m[None, :], rows_n[:, None], offs_n[:, None], M, N, stride_om,
+                     HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _wo_mm_store(acc, bias_ptr, out_ptr, rm, rn, on, M, N, stride_om, HAS_BIAS: tl.constexpr,
+                 SPLIT_K: tl.constexpr):
+    """Epilogue of _wo_mm_kernel for either tile orientation: rm / rn / on broadcast to acc's shape."""
+    o_mask = (rn < N) & (rm < M)
     if SPLIT_K == 1:
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
-        o_ptrs = out_ptr + rows_m[None, :].to(tl.int64) * stride_om + rows_n[:, None]
-        tl.store(o_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=o_mask)
+            acc += tl.load(bias_ptr + on).to(tl.float32)
+        tl.store(out_ptr + rm.to(tl.int64) * stride_om + rn, _cast(acc, out_ptr.dtype.element_ty), mask=o_mask)
     else:
         ws = out_ptr + tl.program_id(1).to(tl.int64) * M * N
-        tl.store(ws + rows_m[None, :].to(tl.int64) * N + rows_n[:, None], acc, mask=o_mask)
+        tl.store(ws + rm.to(tl.int64) * N + rn, acc, mask=o_mask)
 
 
 @triton.jit

@@ -21,7 +21,8 @@ from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_de
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
-PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk")   # "*-splitk": K split 3 ways (tests)
+# forced paths for tests: "*-splitk": K split 3 ways; "mm-xa": the mm kernel with x as the MMA's A operand
+PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk")
 
 
 def _kw():
@@ -156,6 +157,8 @@ def _path_config(cfg: dict, path: str, bits: int, N: int, K: int, device) -> dic
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "mm-splitk":
         return dict(_path_config(cfg, "mm", bits, N, K, device), SPLIT_K=3)
+    if path.startswith("mm-xa"):
+        return dict(_path_config(cfg, path[:2] + path[5:], bits, N, K, device), X_IS_A=True)
     if path == "gemv-splitk":
         return dict(_path_config(cfg, "gemv", bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if cfg is not None and cfg["path"] == path:
