@@ -35,22 +35,12 @@ CANDIDATES = {
 }
 M_OF = {"16": [1, 16], "128": [128], "1024": [1024], "4096": [4096]}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
-OVERRIDE_GAIN = 0.9    # a shape gets its own config when that is this much faster than the bucket's
 
 
 
-def set_overrides(tab: dict, kind: str, bucket: str, results: list, chosen_cfg: dict) -> None:
-    """Shape overrides: where another candidate is >10% faster on one shape than the bucket's config."""
-    chosen = next(r for r in results if r[1] == chosen_cfg)
-    for si, (N, K) in enumerate(SHAPES):
-        on_shape = lambda r: sum(r[0][mi * len(SHAPES) + si] for mi in range(len(M_OF[bucket])))  # noqa
-        top = min(results, key=on_shape)
-        key = f"{bucket}:N{N}:K{K}"
-        if on_shape(top) < OVERRIDE_GAIN * on_shape(chosen):
-            tab[key] = top[1]
-            print(f"==> {kind} {key}: {top[1]} ({on_shape(top):.1f} vs {on_shape(chosen):.1f} us)", flush=True)
-        else:
-            tab.pop(key, None)
+def per_shape(times: list, bucket: str) -> list:
+    """Sweep times (M-major over SHAPES) -> one time per shape, summed over the bucket's M values."""
+    return [sum(times[mi * len(SHAPES) + si] for mi in range(len(M_OF[bucket]))) for si in range(len(SHAPES))]
 
 
 def from_log(log: Path, table: dict, kinds: list) -> None:
@@ -60,14 +50,9 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
     for line in log.read_text().splitlines():
         m = pat.match(line.strip())
         if m and m.group(1) in kinds:
-            times = [float(t) for t in ast.literal_eval(m.group(4))]
+            times = per_shape([float(t) for t in ast.literal_eval(m.group(4))], m.group(2))
             runs.setdefault((m.group(1), m.group(2)), []).append((times, ast.literal_eval(m.group(3))))
-    for (kind, bucket), results in runs.items():
-        chosen = (table.get(kind) or {}).get(bucket)
-        if chosen is None or not any(r[1] == chosen for r in results):
-            print(f"{kind} M<={bucket}: the table's config is not in {log.name}; no overrides", flush=True)
-            continue
-        set_overrides(table[kind], kind, bucket, results, chosen)
+    configs.overrides_from_runs(table, runs, SHAPES, log.name)
 
 
 ap = argparse.ArgumentParser()
@@ -122,6 +107,7 @@ for kind in args.kinds:
                 best = (gm, cfg)
         table[kind][bucket] = best[1]
         print(f"==> {kind} M<={bucket}: {best[1]} ({best[0]:.2f} us, {time.time() - t0:.0f} s)", flush=True)
-        set_overrides(table[kind], kind, bucket, results, best[1])
+        configs.set_shape_overrides(table[kind], kind, bucket, SHAPES,
+                                    [(per_shape(t, bucket), c) for t, c in results], best[1])
         path.write_text(json.dumps(table, indent=1) + "\n")     # after every bucket: a cut-off run keeps its work
 print(f"wrote {path}")

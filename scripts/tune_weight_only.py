@@ -21,7 +21,6 @@ from qkernels.ops import weight_only as WO
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
-OVERRIDE_GAIN = 0.9    # a shape gets its own config when that is this much faster than the bucket's
 
 
 def gemv(bn, bk, w, s, min_programs=0):
@@ -82,20 +81,6 @@ def candidates(m: int) -> list[dict]:
     return c
 
 
-def set_overrides(tab: dict, kind: str, m: int, results: list, chosen_cfg: dict) -> None:
-    """Shape overrides "<bucket>:N<N>:K<K>" (configs.lookup) where another candidate is >10% faster on one
-    shape than the bucket's config; stale ones are dropped."""
-    chosen = next(r for r in results if r[1] == chosen_cfg)
-    for si, (N, K) in enumerate(SHAPES):
-        top = min(results, key=lambda r: r[0][si])
-        key = f"{m}:N{N}:K{K}"
-        if top[0][si] < OVERRIDE_GAIN * chosen[0][si]:
-            tab[key] = top[1]
-            print(f"==> {kind} {key}: {top[1]} ({top[0][si]:.2f} vs {chosen[0][si]:.2f} us)", flush=True)
-        else:
-            tab.pop(key, None)
-
-
 def from_log(log: Path, table: dict, bits_list: list) -> None:
     """Shape overrides from an earlier sweep's log (per-shape times), against the table's bucket configs."""
     pat = re.compile(r"^(w\da16) M=\s*(\d+) (\{.*\}) (\[.*\])$")
@@ -105,13 +90,7 @@ def from_log(log: Path, table: dict, bits_list: list) -> None:
         if mt and int(mt.group(1)[1]) in bits_list:
             times = [float(t) for t in ast.literal_eval(mt.group(4))]
             runs.setdefault((mt.group(1), int(mt.group(2))), []).append((times, ast.literal_eval(mt.group(3))))
-    for (kind, m), results in sorted(runs.items()):
-        tab = table.get(kind) or {}
-        chosen = tab.get(str(m))
-        if chosen is None or not any(r[1] == chosen for r in results):
-            print(f"{kind} M<={m}: the table's config is not in {log.name}; no overrides", flush=True)
-            continue
-        set_overrides(tab, kind, m, results, chosen)
+    configs.overrides_from_runs(table, runs, SHAPES, log.name)
 
 
 def main():
@@ -168,7 +147,7 @@ def main():
             score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(SHAPES))  # noqa
             times, cfg = min(results, key=score)
             tab[str(m)] = cfg
-            set_overrides(tab, key, m, results, cfg)
+            configs.set_shape_overrides(tab, key, m, SHAPES, results, cfg)
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "
                   f"{time.time() - t0:.0f} s)", flush=True)
         table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))

@@ -33,3 +33,20 @@ def test_shipped_tables_are_well_formed(slug):
             assert cfg["num_warps"] in (1, 2, 4, 8, 16) and cfg["BLOCK_K"] % 16 == 0, (kind, key, cfg)
             if kind.startswith("w"):
                 assert cfg["path"] in ("gemv", "mm", "dequant"), cfg
+
+
+def test_set_shape_overrides_rule(capsys):
+    shapes = [(4096, 4096), (14336, 4096)]
+    a, b = {"id": "a"}, {"id": "b"}
+    tab = {"128": a, "128:N4096:K4096": b}                      # a stale override
+    results = [([10.0, 50.0], a), ([10.5, 40.0], b)]             # b: 20% faster on the wide shape only
+    configs.set_shape_overrides(tab, "int8", 128, shapes, results, a)
+    assert tab == {"128": a, "128:N14336:K4096": b}
+    results = [([10.0, 50.0], a), ([9.5, 46.0], b)]              # within 10% everywhere: no overrides
+    configs.set_shape_overrides(tab, "int8", 128, shapes, results, a)
+    assert tab == {"128": a}
+    runs = {("int8", "128"): [([10.0, 50.0], a), ([10.5, 40.0], b)], ("int8", "16"): [([1.0, 2.0], b)]}
+    table = {"int8": {"128": a, "16": a}}                        # bucket 16's config was not in that log
+    configs.overrides_from_runs(table, runs, shapes, "log")
+    assert table["int8"] == {"128": a, "16": a, "128:N14336:K4096": b}
+    assert "not in log" in capsys.readouterr().out

@@ -86,3 +86,35 @@ def lookup(table: dict, M: int, N: int, K: int) -> dict:
     one clearly better for that shape than the bucket's config, else the bucket's config."""
     key = bucket_key(table, M)
     return table.get(f"{key}:N{N}:K{K}") or table[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# shape overrides, as the tuning scripts (scripts/tune_gemm.py, scripts/tune_weight_only.py) write them
+
+OVERRIDE_GAIN = 0.9    # a shape gets its own config when another is this much faster there than the bucket's
+
+
+def set_shape_overrides(tab: dict, kind: str, bucket, shapes: list, results: list, chosen: dict) -> None:
+    """results: [(time per shape, in `shapes` order), config)] of one bucket's sweep, `chosen` the bucket's
+    config among them. Writes "<bucket>:N<N>:K<K>" where another config is clearly faster on that shape, and
+    drops stale overrides."""
+    base = next(r[0] for r in results if r[1] == chosen)
+    for i, (N, K) in enumerate(shapes):
+        times, cfg = min(results, key=lambda r: r[0][i])
+        key = f"{bucket}:N{N}:K{K}"
+        if times[i] < OVERRIDE_GAIN * base[i]:
+            tab[key] = cfg
+            print(f"==> {kind} {key}: {cfg} ({times[i]:.2f} vs {base[i]:.2f} us)", flush=True)
+        else:
+            tab.pop(key, None)
+
+
+def overrides_from_runs(table: dict, runs: dict, shapes: list, source: str) -> None:
+    """runs: {(kind, bucket): [(time per shape, config)]} parsed from an earlier sweep's log: shape overrides
+    against the table's current bucket configs (skipped where the log did not time that config)."""
+    for (kind, bucket), results in sorted(runs.items(), key=lambda kv: (kv[0][0], int(kv[0][1]))):
+        chosen = (table.get(kind) or {}).get(str(bucket))
+        if chosen is None or not any(r[1] == chosen for r in results):
+            print(f"{kind} M<={bucket}: the table's config is not in {source}; no overrides", flush=True)
+            continue
+        set_shape_overrides(table[kind], kind, bucket, shapes, results, chosen)
