@@ -203,9 +203,9 @@ def test_opcheck():
     x = torch.randn(5, 64, device=DEVICE, dtype=torch.float16)
     b = torch.randn(24, device=DEVICE, dtype=torch.float16)
     for path in ("", "gemv", "mm"):
-        torch.library.opcheck(WO._weight_only_op, (x, pw.qweight, pw.scale_zero, b, 4, 32, path))
+        torch.library.opcheck(WO._weight_only_op, (x, pw.qweight, pw.scale_zero, b, 4, 32, pw.symmetric, path))
     pw8 = _weight(24, 64, 8, -1, True)
-    torch.library.opcheck(WO._weight_only_op, (x, pw8.qweight, pw8.scale_zero, None, 8, 64, ""))
+    torch.library.opcheck(WO._weight_only_op, (x, pw8.qweight, pw8.scale_zero, None, 8, 64, pw8.symmetric, ""))
 
 
 def test_quantized_linear_schemes():

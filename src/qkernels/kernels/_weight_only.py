@@ -62,6 +62,13 @@ def _nibbles_asm(magic: str, one: str, neg_magic: str, fma: str) -> str:
 
 _NIBBLES_F16: tl.constexpr = tl.constexpr(_nibbles_asm("0x64006400", "0x3C003C00", "0xE400E400", "f16x2"))    # 1024.0
 _NIBBLES_BF16: tl.constexpr = tl.constexpr(_nibbles_asm("0x43004300", "0x3F803F80", "0xC300C300", "bf16x2"))  # 128.0
+# the same without the final fmas: magic + code, for kernels that fold the magic into the zero point
+_NIBBLES_RAW_F16: tl.constexpr = tl.constexpr("\n".join(
+    ln for ln in _nibbles_asm("0x64006400", "0x3C003C00", "0xE400E400", "f16x2").splitlines() if "fma" not in ln))
+_NIBBLES_RAW_BF16: tl.constexpr = tl.constexpr("\n".join(
+    ln for ln in _nibbles_asm("0x43004300", "0x3F803F80", "0xC300C300", "bf16x2").splitlines() if "fma" not in ln))
+MAGIC_F16: tl.constexpr = tl.constexpr(1024.0)
+MAGIC_BF16: tl.constexpr = tl.constexpr(128.0)
 
 
 @triton.jit
@@ -74,6 +81,31 @@ def _nibbles(b, dt: tl.constexpr):
         lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_F16, constraints="=r,=r,=r,=r,r", args=[b],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     return lo, hi
+
+
+@triton.jit
+def _nibbles_raw(b, dt: tl.constexpr):
+    """uint8 -> (magic + low nibble, magic + high nibble) as dt (magic: 1024 for float16, 128 for bfloat16)."""
+    if dt == tl.bfloat16:
+        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_RAW_BF16, constraints="=r,=r,=r,=r,r", args=[b],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_RAW_F16, constraints="=r,=r,=r,=r,r", args=[b],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    return lo, hi
+
+
+@triton.jit
+def _bytes_f16_raw(b):
+    """uint8 -> 1024 + byte as float16 (one prmt per two bytes)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 mg;
+        mov.b32 mg, 0x64646464;
+        prmt.b32 $0, $2, mg, 0x4140;
+        prmt.b32 $1, $2, mg, 0x4342;
+        }""",
+        constraints="=r,=r,r", args=[b], dtype=tl.float16, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -223,29 +255,57 @@ def _load_t(w_ptr, x_row, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, 
 
 
 @triton.jit
-def _codes_t(b_lo, b_hi, BITS: tl.constexpr, dt: tl.constexpr):
+def _codes_t(b_lo, b_hi, BITS: tl.constexpr, dt: tl.constexpr, INT_Z: tl.constexpr):
     """Code bytes (_load_t) -> two tiles of exact integers (dt; fp32 where the magic-number conversion
-    does not apply): lo[c, n, j] for k = k0 + 64 c + j, hi for that + 32."""
+    does not apply): lo[c, n, j] for k = k0 + 64 c + j, hi for that + 32. INT_Z (zero points known to be
+    integers): the codes come back as magic + u (_magic: the constant), which _run_dot folds into the
+    zero point: (magic + u) - (magic + z) is exact for integer z, one instruction per pair fewer."""
     if BITS == 4:
         if INTERPRET:
             bi = b_lo.to(tl.int32)
             lo, hi = (bi & 15).to(tl.float32), (bi >> 4).to(tl.float32)
+            if INT_Z:
+                lo, hi = lo + _magic(BITS, dt), hi + _magic(BITS, dt)
+        elif INT_Z:
+            lo, hi = _nibbles_raw(b_lo, dt)
         else:
             lo, hi = _nibbles(b_lo, dt)
     else:
         if INTERPRET or dt == tl.bfloat16:
             lo, hi = b_lo.to(tl.float32), b_hi.to(tl.float32)
+            if INT_Z:
+                lo, hi = lo + _magic(BITS, dt), hi + _magic(BITS, dt)
+        elif INT_Z:
+            lo, hi = _bytes_f16_raw(b_lo), _bytes_f16_raw(b_hi)
         else:
             lo, hi = _bytes_f16(b_lo), _bytes_f16(b_hi)
     return lo, hi
 
 
 @triton.jit
-def _run_dot(u, sz, x, st: tl.constexpr):
+def _magic(BITS: tl.constexpr, dt: tl.constexpr):
+    """The constant _codes_t adds to each code with INT_Z (0 where it converts without a magic number)."""
+    if dt == tl.bfloat16:
+        if BITS == 4:
+            m = MAGIC_BF16
+        else:
+            m = 0.0
+    else:
+        m = MAGIC_F16
+    return m
+
+
+@triton.jit
+def _run_dot(u, sz, x, st: tl.constexpr, BITS: tl.constexpr, dt: tl.constexpr, INT_Z: tl.constexpr):
     """[NC, BLOCK_N]: s * sum_j (u - z) x over each 32-run; u - z in u's dtype (two per instruction,
-    exact for integer zero points), the sum an fp32 FMA chain, the scale applied once."""
+    exact for integer zero points), the sum an fp32 FMA chain, the scale applied once. INT_Z: u carries
+    _magic, added to z here once per run instead of subtracted from every code."""
     s, z = _unpack_sz(sz, st)
-    d = (u - z.to(u.dtype)[:, :, None]).to(tl.float32)
+    if INT_Z:
+        zz = (z.to(tl.float32) + _magic(BITS, dt)).to(u.dtype)
+    else:
+        zz = z.to(u.dtype)
+    d = (u - zz[:, :, None]).to(tl.float32)
     return s.to(tl.float32) * tl.sum(d * x.to(tl.float32)[:, None, :], axis=2)
 
 
@@ -266,9 +326,12 @@ def _k_slice(K, pid_k, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                     stride_xm, stride_wn, stride_sn, stride_om,
                     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """One x row per program column. SPLIT_K > 1: program z covers BLOCK_K-aligned slice z of K and writes
-    fp32 partial sums to out_ptr [SPLIT_K, M, N] (no bias), added in order by _wo_splitk_reduce. The scale is factored out of each run of 32 k sharing one group:
+                    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                    INT_Z: tl.constexpr = False):
+    """One x row per program column. INT_Z: the zero points are integers (symmetric weights), so the magic
+    number of the code conversion folds into them (_codes_t). SPLIT_K > 1: program z covers BLOCK_K-aligned
+    slice z of K and writes fp32 partial sums to out_ptr [SPLIT_K, M, N] (no bias), added in order by
+    _wo_splitk_reduce. The scale is factored out of each run of 32 k sharing one group:
     sum_k (u_k - z) s x_k = s sum_k (u_k - z) x_k, so the integer differences u - z (exact) enter an fp32
     FMA chain and the scale is applied once per run and row, not once per weight. Tiles are chunk first
     ([NC, BLOCK_N, 32]): a thread holds several rows at the same k and converts x once for all of them.
@@ -297,8 +360,8 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         # the next step's (scale, zero) words, a step ahead: small, and their latency would otherwise be
         # exposed every step
         nsz_lo, nsz_hi = _sz_step(sz_ptr, s_row, k1, K, GROUP, NC, True)
-        u_lo, u_hi = _codes_t(b_lo, b_hi, BITS, dt)
-        acc += _run_dot(u_lo, sz_lo, x_lo, st) + _run_dot(u_hi, sz_hi, x_hi, st)
+        u_lo, u_hi = _codes_t(b_lo, b_hi, BITS, dt, INT_Z)
+        acc += _run_dot(u_lo, sz_lo, x_lo, st, BITS, dt, INT_Z) + _run_dot(u_hi, sz_hi, x_hi, st, BITS, dt, INT_Z)
         sz_lo, sz_hi = nsz_lo, nsz_hi
     out = tl.sum(acc, axis=0)
     if SPLIT_K == 1:

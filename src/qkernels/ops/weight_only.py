@@ -47,10 +47,10 @@ def config_for(bits: int, M: int, N: int, K: int, device: torch.device) -> dict 
 _PLANS: dict = {}   # (id(cfg), M, N, K, bits, group, has_bias) -> (cfg, launch plan); cfg kept alive: ids stay unique
 
 
-def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bool):
+def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bool, int_zeros: bool):
     """kernel, grid, split and constexprs of a gemv / mm launch: worked out once per shape and config, so
     an eager call does no dict building beyond the lookup."""
-    key = (id(cfg), M, N, K, bits, group, has_bias)
+    key = (id(cfg), M, N, K, bits, group, has_bias, int_zeros)
     hit = _PLANS.get(key)
     if hit is not None:
         return hit[1]
@@ -72,6 +72,8 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
         grid = (grid[0], grid[1], split) if cfg["path"] == "gemv" else (grid[0], split)
     constexprs = dict(BITS=bits, GROUP=0 if group == K else group, HAS_BIAS=has_bias,
                       EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p)
+    if cfg["path"] == "gemv":
+        constexprs["INT_Z"] = int_zeros
     plan = (kernel, grid, split, constexprs)
     if len(_PLANS) >= 4096:      # many distinct M (prefill lengths): start over rather than grow
         _PLANS.clear()
@@ -79,12 +81,12 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
     return plan
 
 
-def _launch(x2, qweight, scale_zero, bias, out, bits, group, cfg):
+def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
     """gemv / mm paths: out [M, N] written by one kernel (two with split-K). x2 rows are contiguous;
     scale_zero is [N, G, 2] contiguous, read as one 32-bit word per group (stride in words: G)."""
     M, K = x2.shape
     N = qweight.shape[0]
-    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None)
+    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None, int_zeros)
     bias_arg = bias if bias is not None else scale_zero
     if split == 1:
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
@@ -116,9 +118,10 @@ def _dequant_into(qweight, scale_zero, w, bits, group, cfg):
 
 
 def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
-                      bias: torch.Tensor | None, bits: int, group: int, path: str) -> torch.Tensor:
+                      bias: torch.Tensor | None, bits: int, group: int, int_zeros: bool, path: str) -> torch.Tensor:
     """x [M, K] with contiguous rows, qweight / scale_zero in the PackedWeight layout (contiguous),
-    group: group length (K: per channel); path "" = pick by M from the config table."""
+    group: group length (K: per channel); int_zeros: every zero point is an integer (symmetric weights:
+    lets the GEMV fold its conversion constant into them); path "" = pick by M from the config table."""
     M, K = x.shape
     N = qweight.shape[0]
     if x.stride(1) != 1:
@@ -135,11 +138,11 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
         bucket = next_pow2(M)
         cfg = autotune.tuned(gpu_slug(device_name(x.device)), f"w{bits}a16:M{bucket}:N{N}:K{K}:g{group}",
                              configs.candidates(f"w{bits}a16", bucket, configs.DEFAULT_WEIGHT_ONLY),
-                             functools.partial(_run_config, x, qweight, scale_zero, bias, bits, group))
-    return _run_config(x, qweight, scale_zero, bias, bits, group, cfg)
+                             functools.partial(_run_config, x, qweight, scale_zero, bias, bits, group, int_zeros))
+    return _run_config(x, qweight, scale_zero, bias, bits, group, int_zeros, cfg)
 
 
-def _run_config(x, qweight, scale_zero, bias, bits, group, cfg):
+def _run_config(x, qweight, scale_zero, bias, bits, group, int_zeros, cfg):
     M, K = x.shape
     N = qweight.shape[0]
     if cfg["path"] == "dequant":
@@ -148,7 +151,7 @@ def _run_config(x, qweight, scale_zero, bias, bits, group, cfg):
         # cuBLAS picks its kernel (and summation order) by layout: a row-sliced x must give the bits of
         # the contiguous x
         return torch.nn.functional.linear(x.contiguous(), w, bias.to(x.dtype) if bias is not None else None)
-    return _launch(x, qweight, scale_zero, bias, alloc((M, N), x.dtype, x.device), bits, group, cfg)
+    return _launch(x, qweight, scale_zero, bias, alloc((M, N), x.dtype, x.device), bits, group, int_zeros, cfg)
 
 
 def _path_config(cfg: dict, path: str, bits: int, N: int, K: int, device) -> dict:
@@ -174,7 +177,7 @@ _weight_only_op = torch.library.custom_op("qkernels::weight_only_linear", mutate
 
 
 @_weight_only_op.register_fake
-def _(x, qweight, scale_zero, bias, bits, group, path):
+def _(x, qweight, scale_zero, bias, bits, group, int_zeros, path):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
@@ -190,7 +193,8 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
             and x.device == qweight.device            and (x.is_cuda or is_interpreter())):
         # the common call (2-D x, no bias, no act-order, where kernels run) validated in a few checks; anything
         # else goes through the full checks below, which name what is wrong
-        return call_op(_weight_only_op, _weight_only_impl, x, qweight, w.scale_zero, None, bits, w.group_len, path)
+        return call_op(_weight_only_op, _weight_only_impl, x, qweight, w.scale_zero, None, bits, w.group_len,
+                       w.symmetric, path)
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w_packed must be a qkernels.PackedWeight (see PackedWeight.from_float / from_gptq / "
                         f"from_awq), got {type(w).__name__}")
@@ -212,7 +216,7 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
     if w.perm is not None:
         x2 = x2.index_select(1, w.perm)
     out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, bias, bits, w.group_len,
-                  path)
+                  w.symmetric, path)
     return out.reshape(*x.shape[:-1], N)
 
 
