@@ -49,7 +49,8 @@ def candidates(m: int) -> list[dict]:
         # GEMV tiles are [BLOCK_K / 64, BLOCK_N, 32]: 32 threads span 16 chunks x 2, so BLOCK_N = 2 x warps
         # gives each thread two rows at the same k (x converted once for both)
         c += [gemv(*p, mp) for p in [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 8, 1), (8, 512, 2, 1),
-                                     (4, 1024, 4, 1)] for mp in (0, 1024, 2048)]
+                                     (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 2048, 8, 1), (2, 2048, 2, 1),
+                                     (4, 4096, 8, 1)] for mp in (0, 1024, 2048)]
     if m <= 32:
         bms = [8] if m <= 8 else [m // 2, m]     # M = 16 as two 8-row blocks (weights re-read from L2) or one
         c += [mm(bm, bn, bk, w, s, split=sp) for bm in bms for bn, bk, w, s in small_mm for sp in (1, 2, 4, 8)]
