@@ -140,7 +140,8 @@ def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 # kernel launches with a lean host path
 
 
-_LAUNCHES: dict = {}       # (kernel, device, constexprs, argument facts) -> CompiledKernel, or None: not eligible
+# (kernel, device, constexprs, argument facts) -> (CompiledKernel, constexpr placeholders); (None, ()): not eligible
+_LAUNCHES: dict = {}
 _FAST_LAUNCH = [os.environ.get("QKERNELS_FAST_LAUNCH", "1") != "0"]
 
 

@@ -44,7 +44,8 @@ def config_for(bits: int, M: int, N: int, K: int, device: torch.device) -> dict 
     return _config_bucket(bits, next_pow2(max(M, 1)), N, K, device)
 
 
-_PLANS: dict = {}   # (id(cfg), M, N, K, bits, group, has_bias) -> (cfg, launch plan); cfg kept alive: ids stay unique
+# (id(cfg), M, N, K, bits, group, has_bias, int_zeros) -> (cfg, launch plan); cfg kept alive: ids stay unique
+_PLANS: dict = {}
 
 
 def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bool, int_zeros: bool):
