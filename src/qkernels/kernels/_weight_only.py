@@ -72,25 +72,16 @@ MAGIC_BF16: tl.constexpr = tl.constexpr(128.0)
 
 
 @triton.jit
-def _nibbles(b, dt: tl.constexpr):
-    """uint8 -> (low nibble, high nibble) as dt (float16 / bfloat16) integers, two codes per instruction."""
+def _nibbles(b, dt: tl.constexpr, RAW: tl.constexpr = False):
+    """uint8 -> (low nibble, high nibble) as dt (float16 / bfloat16) integers, two codes per instruction;
+    RAW: magic + nibble instead (magic: 1024 for float16, 128 for bfloat16)."""
     if dt == tl.bfloat16:
-        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_BF16, constraints="=r,=r,=r,=r,r", args=[b],
+        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_RAW_BF16 if RAW else _NIBBLES_BF16,
+                                           constraints="=r,=r,=r,=r,r", args=[b],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
-        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_F16, constraints="=r,=r,=r,=r,r", args=[b],
-                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
-    return lo, hi
-
-
-@triton.jit
-def _nibbles_raw(b, dt: tl.constexpr):
-    """uint8 -> (magic + low nibble, magic + high nibble) as dt (magic: 1024 for float16, 128 for bfloat16)."""
-    if dt == tl.bfloat16:
-        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_RAW_BF16, constraints="=r,=r,=r,=r,r", args=[b],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    else:
-        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_RAW_F16, constraints="=r,=r,=r,=r,r", args=[b],
+        lo, hi = tl.inline_asm_elementwise(asm=_NIBBLES_RAW_F16 if RAW else _NIBBLES_F16,
+                                           constraints="=r,=r,=r,=r,r", args=[b],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     return lo, hi
 
@@ -267,7 +258,7 @@ def _codes_t(b_lo, b_hi, BITS: tl.constexpr, dt: tl.constexpr, INT_Z: tl.constex
             if INT_Z:
                 lo, hi = lo + _magic(BITS, dt), hi + _magic(BITS, dt)
         elif INT_Z:
-            lo, hi = _nibbles_raw(b_lo, dt)
+            lo, hi = _nibbles(b_lo, dt, True)
         else:
             lo, hi = _nibbles(b_lo, dt)
     else:

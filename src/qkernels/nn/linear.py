@@ -107,9 +107,16 @@ class QuantizedLinear(nn.Module):
         return mod
 
     def packed_weight(self):
-        from ..packed_weight import PackedWeight
-        return PackedWeight(self.qweight, self.scale_zero, self.bits, self.group_size,
-                            (self.out_features, self.in_features), self.perm, self.symmetric)
+        """The buffers as a PackedWeight; kept while the buffers are the same tensors (in-place loads keep
+        them; .to() / .cuda() replace them), so a forward does not rebuild it."""
+        pw = self.__dict__.get("_packed")
+        if pw is None or pw.qweight is not self.qweight or pw.scale_zero is not self.scale_zero \
+                or pw.perm is not self.perm:
+            from ..packed_weight import PackedWeight
+            pw = PackedWeight(self.qweight, self.scale_zero, self.bits, self.group_size,
+                              (self.out_features, self.in_features), self.perm, self.symmetric)
+            self.__dict__["_packed"] = pw
+        return pw
 
     @property
     def scales(self) -> torch.Tensor:

@@ -35,7 +35,6 @@ _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 
 
 @functools.cache
-@functools.cache
 def _format_constexprs(dtype: str, symmetric: bool, fp8_emulate: bool) -> dict:
     fmt = get_format(dtype)
     qmin, qmax = (0, 0) if fmt.is_float else fmt.qrange(symmetric)
