@@ -34,6 +34,11 @@ def mm(bm, bn, bk, w, s, g=8, split=1, xa=False):
     return dict(c, X_IS_A=True) if xa else c
 
 
+def tc(bn, bm, w, split=1, min_programs=0):
+    c = dict(path="tc", BLOCK_N=bn, BLOCK_M=bm, num_warps=w)
+    return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs or 1 << 30)
+
+
 def dq(bn, bk, w):
     return dict(path="dequant", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1)
 
@@ -43,6 +48,11 @@ def candidates(m: int) -> list[dict]:
     its N side. tl.dot pads small N itself, so BLOCK_M = 8 serves M <= 8 with half the x tile of 16
     (mma.sync m16n8k16; 4 warps with BLOCK_M = 16 pick wgmma with the dequantized tile as register A)."""
     c = []
+    if m <= 32:
+        # the Gluon tensor-core kernel (4-bit, K % 128 == 0; others fall back): BLOCK_N = 16 x warps x reps
+        bm = 8 if m <= 8 else 16
+        c += [tc(bn, bm, w, sp, mp) for bn, w in [(64, 4), (128, 4), (32, 2), (64, 2), (128, 8), (256, 8)]
+              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (4, 0)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:
@@ -101,6 +111,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
     ap.add_argument("--from-log", type=Path, nargs="+", help="no timing: shape overrides from earlier sweeps' logs")
     ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
+    ap.add_argument("--paths", nargs="+", help="only candidates of these paths (and the table's current config)")
     args = ap.parse_args()
     if args.from_log:
         path = Path(configs.__file__).parent / f"{args.gpu}.json"
@@ -130,7 +141,12 @@ def main():
                 print(f"budget spent: {key} M={m} and later keep their configs", flush=True)
                 break
             results = []
-            for cfg in candidates(m):
+            cands = [c for c in candidates(m) if bits == 4 or c["path"] != "tc"]    # tc: 4-bit only
+            if args.paths:
+                cands = [c for c in cands if c["path"] in args.paths]
+                if str(m) in tab:
+                    cands.insert(0, tab[str(m)])
+            for cfg in cands:
                 WO.config_for = lambda *args, cfg=cfg: cfg
                 times = []
                 try:
@@ -147,6 +163,9 @@ def main():
             best_per_shape = [min(r[0][i] for r in results) for i in range(len(SHAPES))]
             score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(SHAPES))  # noqa
             times, cfg = min(results, key=score)
+            others = [r for r in results if r[1]["path"] != "tc"]
+            if cfg["path"] == "tc" and others:   # for what the tc kernel does not run (8-bit, group 32 / 64)
+                cfg = dict(cfg, fallback={k: v for k, v in min(others, key=score)[1].items() if k != "fallback"})
             tab[str(m)] = cfg
             configs.set_shape_overrides(tab, key, m, SHAPES, results, cfg)
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "

@@ -22,12 +22,33 @@ from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
 # forced paths for tests: "*-splitk": K split 3 ways; "mm-xa": the mm kernel with x as the MMA's A operand
-PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk")
+PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk")
+# "tc" (kernels/_weight_only_tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
+# or per channel, CUDA GPUs of sm_80+. Elsewhere a "tc" config runs its "fallback" config.
+TC_K = 128
+TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=1024)
 
 
 def _kw():
     from ..kernels import _weight_only
     return _weight_only
+
+
+def _kw_tc():
+    from ..kernels import _weight_only_tc
+    return _weight_only_tc
+
+
+def tc_supported(bits: int, K: int, group: int, device: torch.device) -> bool:
+    """Whether the Gluon tensor-core kernel runs this case (it has no interpreter twin: the Triton-language
+    kernels are its CPU stand-ins)."""
+    return (bits == 4 and K % TC_K == 0 and (group == K or group % TC_K == 0) and not is_interpreter()
+            and device.type == "cuda" and _capability(device) >= (8, 0))
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple:
+    return torch.cuda.get_device_capability(device)
 
 
 @functools.cache
@@ -55,10 +76,18 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
     hit = _PLANS.get(key)
     if hit is not None:
         return hit[1]
-    p = {k: v for k, v in cfg.items() if k != "path"}
-    if p["BLOCK_K"] % 64:
+    p = {k: v for k, v in cfg.items() if k not in ("path", "fallback")}
+    if cfg["path"] != "tc" and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
+    if cfg["path"] == "tc":
+        programs = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
+        split = max(1, min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs), K // TC_K))
+        if split > 1:    # equal slices of whole steps: none empty
+            split = cdiv(K // TC_K, cdiv(K // TC_K, split))
+        constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
+        return _keep_plan(key, cfg, (_kw_tc()._wo_tc_kernel, (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"])),
+                                     split, constexprs))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
         programs = cdiv(N, p["BLOCK_N"]) * M
@@ -75,7 +104,10 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
                       EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p)
     if cfg["path"] == "gemv":
         constexprs["INT_Z"] = int_zeros
-    plan = (kernel, grid, split, constexprs)
+    return _keep_plan(key, cfg, (kernel, grid, split, constexprs))
+
+
+def _keep_plan(key, cfg, plan):
     if len(_PLANS) >= 4096:      # many distinct M (prefill lengths): start over rather than grow
         _PLANS.clear()
     _PLANS[key] = (cfg, plan)
@@ -146,6 +178,8 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
 def _run_config(x, qweight, scale_zero, bias, bits, group, int_zeros, cfg):
     M, K = x.shape
     N = qweight.shape[0]
+    if cfg["path"] == "tc" and not tc_supported(bits, K, group, x.device):
+        cfg = cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(M))
     if cfg["path"] == "dequant":
         w = _dequant_into(qweight, scale_zero, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group,
                           cfg)
@@ -163,6 +197,11 @@ def _path_config(cfg: dict, path: str, bits: int, N: int, K: int, device) -> dic
         return dict(_path_config(cfg, "mm", bits, N, K, device), SPLIT_K=3)
     if path.startswith("mm-xa"):
         return dict(_path_config(cfg, path[:2] + path[5:], bits, N, K, device), X_IS_A=True)
+    if path == "tc":
+        return cfg if cfg is not None and cfg["path"] == "tc" else dict(TC_DEFAULT, fallback=_path_config(
+            cfg, "gemv", bits, N, K, device))
+    if path == "tc-splitk":
+        return dict(_path_config(cfg, "tc", bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if path == "gemv-splitk":
         return dict(_path_config(cfg, "gemv", bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if cfg is not None and cfg["path"] == path:

@@ -1,0 +1,197 @@
+"""Gluon kernel for small-M weight-only linears (W4A16, M <= 16 per program): tensor cores at decode.
+Launcher: ops/weight_only.py (path "tc"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
+The Triton-language kernels in _weight_only.py compute the same thing and are its CPU twin (Gluon has no
+interpreter); the tests run this one on GPUs against the reference.
+
+Why Gluon. At M = 1 the Triton-language GEMV spends ~5 instructions per weight (fp32 FMA chain, conversions),
+and the Triton-language tensor-core kernel moves every dequantized tile into the MMA's operand layout through
+shared memory. Here the layouts are explicit, so the codes go from global memory straight into the registers
+the MMA reads:
+
+  out.T[n, m] = sum_k W[n, k] x[m, k] is computed as x @ W.T with x as the MMA's A operand (16 rows: the
+  M <= 16 rows of x, clamped) and the weight as its B operand (mma.sync m16n8k16, fp32 accumulation).
+
+The B operand layout (DotOperandLayout(1, mma v2, k_width=2)) gives a thread, for one weight row n, the k
+positions {2t, 2t + 1, 2t + 8, 2t + 9} + 16 r (t: lane % 4) of each 64-wide tile: not contiguous. But the
+order in which k is summed is free, as long as x is read in the same order. So each thread loads 16
+contiguous code bytes (one 128-bit load) per row and step into a layout `_codes_layout` whose register
+bits are the byte offset's low bits; `_kprime` then renames the byte offset's bits (reshape + permute, no
+data movement: the conversion to the operand layout is checked trivial at compile time) so that the tile is
+the B operand, with logical k' <- byte k'' a fixed bit permutation. x is loaded with the same permutation
+(`_x_tile`), so the MMA's sum runs over the same pairs. Low and high nibbles of the bytes (k and k + 32 in
+the PackedWeight chunk layout) are two B tiles, each with its own x tile.
+
+Per weight that leaves: half a conversion instruction pair (_nibbles: two codes per prmt / lop3), one
+paired subtract of the zero point and one paired multiply by the scale ((u - z) * s, exact difference,
+one rounding, as the other kernels), and 1/256 of an MMA.
+"""
+import triton  # noqa: F401  (Gluon needs Triton's runtime)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from ._weight_only import _NIBBLES_RAW_BF16
+
+TILE_K: gl.constexpr = gl.constexpr(128)     # k per step: two 64-k chunks = 64 code bytes per row
+BYTES: gl.constexpr = gl.constexpr(64)
+
+
+@gluon.constexpr_function
+def _codes_layout(BLOCK_N, num_warps):
+    """[BLOCK_N, 64] code bytes: 16 contiguous bytes per thread and row (registers: the byte offset's bits
+    0-3), 4 threads along the row (bits 4, 5), rows n and n + 8 in one thread (the MMA's A fragment holds
+    both), 8 row pairs per warp, 16 rows per warp, then registers along N."""
+    reg = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]]
+    reps = BLOCK_N // (16 * num_warps)
+    reg += [[16 * num_warps * (1 << i), 0] for i in range(reps.bit_length() - 1)]
+    lane = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
+    warp = [[16 * (1 << i), 0] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_N, 64])
+
+
+@gluon.constexpr_function
+def _x_layout(BLOCK_M, num_warps):
+    """[BLOCK_M, 64] x values in byte-offset order k'': 16 contiguous values per thread (the B operand's
+    registers after the bit renaming), one x row per lane group, every warp holding the whole tile."""
+    reg = [[0, 1], [0, 2], [0, 4], [0, 8]] + [[8 * (1 << i), 0] for i in range((BLOCK_M // 8).bit_length() - 1)]
+    lane = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
+    warp = [[0, 0] for _ in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_M, 64])
+
+
+@gluon.jit
+def _kprime_bits(t):
+    """[R, 64] indexed by byte offset k'' -> [R, 2, 2, 2, 2, 2, 2] indexed by (r, bits of k' high to low):
+    k'0 = k''0, k'1 = k''4, k'2 = k''5, k'3 = k''1, k'4 = k''2, k'5 = k''3. Renames only: no data moves."""
+    R: gl.constexpr = t.shape[0]
+    t = gl.reshape(t, [R, 2, 2, 2, 2, 2, 2])      # (r, k''5, k''4, k''3, k''2, k''1, k''0)
+    return gl.permute(t, [0, 3, 4, 5, 1, 2, 6])
+
+
+@gluon.jit
+def _kprime(t):
+    """[R, 64] in byte order k'' -> [R, 64] in k' order (the A operand's k)."""
+    return gl.reshape(_kprime_bits(t), [t.shape[0], 64])
+
+
+@gluon.jit
+def _kprime_t(t):
+    """[R, 64] in byte order k'' -> [64, R] in k' order (the B operand's k)."""
+    return gl.reshape(gl.permute(_kprime_bits(t), [1, 2, 3, 4, 5, 6, 0]), [64, t.shape[0]])
+
+
+# fp16: 4 code bytes -> $0, $1: 1024 + low nibble of bytes (0, 1), (2, 3); $2, $3: 1024 + 16 * high nibble (the
+# nibble stays in bits 4-7, inside fp16's mantissa: no shift). One prmt per byte pair, one lop3 per code pair.
+_NIBBLES_TC_F16: gl.constexpr = gl.constexpr("""{
+        .reg .b32 t0, t1;
+        prmt.b32 t0, $4, 0, 0x4140;
+        prmt.b32 t1, $4, 0, 0x4342;
+        lop3.b32 $0, t0, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 $1, t1, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 $2, t0, 0x00F000F0, 0x64006400, 0xEA;
+        lop3.b32 $3, t1, 0x00F000F0, 0x64006400, 0xEA;
+        }""")
+
+
+@gluon.jit
+def _codes(b, dt: gl.constexpr):
+    """uint8 codes -> (magic + low nibble, magic + HI * high nibble) as dt, exact: fp16 magic 1024 and HI = 16
+    (_NIBBLES_TC_F16); bf16 magic 128 and HI = 1 (its 7-bit mantissa cannot hold the nibble in bits 4-7)."""
+    if dt == gl.bfloat16:
+        lo, hi = gl.inline_asm_elementwise(asm=_NIBBLES_RAW_BF16, constraints="=r,=r,=r,=r,r", args=[b],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+    else:
+        lo, hi = gl.inline_asm_elementwise(asm=_NIBBLES_TC_F16, constraints="=r,=r,=r,=r,r", args=[b],
+                                           dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    return lo, hi
+
+
+@gluon.jit
+def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+                  stride_xm, stride_wn, stride_sn, stride_om,
+                  GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr):
+    """W4A16, K a multiple of 128, GROUP 0 (per channel) or a multiple of 128. Program (n, k-slice, m):
+    BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: fp32 partials to out_ptr [SPLIT_K, M, N]
+    (no bias), reduced in order by _wo_splitk_reduce. INT_Z: integer zero points, the conversion's magic
+    number folds into them ((magic + u) - (magic + z) is exact)."""
+    W: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
+    b_l: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
+    cl: gl.constexpr = _codes_layout(BLOCK_N, W)
+    xl: gl.constexpr = _x_layout(BLOCK_M, W)
+    dt: gl.constexpr = x_ptr.dtype.element_ty
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(2)
+    rn = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cl))) % N    # wrapped: no row masks
+    kb = gl.arange(0, BYTES, layout=gl.SliceLayout(0, cl))
+    w_p = w_ptr + rn.to(gl.int64)[:, None] * stride_wn + kb[None, :]
+    s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rn.to(gl.int64) * stride_sn
+    # x rows past M read row M - 1 (no masks, no zero fills): their outputs are not stored
+    xm = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xl)), M - 1)
+    xk = gl.arange(0, BYTES, layout=gl.SliceLayout(0, xl))
+    xk = (xk // 32) * 64 + xk % 32              # byte k'' of a step holds k = 64 (k'' // 32) + k'' % 32 (+ 32)
+    x_p = x_ptr + xm.to(gl.int64)[:, None] * stride_xm + xk[None, :]
+
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_per = gl.cdiv(K // TILE_K, SPLIT_K) * TILE_K
+        k_lo = gl.program_id(1) * k_per
+        k_hi = gl.minimum(K, k_lo + k_per)
+    if dt == gl.bfloat16:
+        MAGIC: gl.constexpr = 128.0
+        HI: gl.constexpr = 1.0
+    else:
+        MAGIC: gl.constexpr = 1024.0
+        HI: gl.constexpr = 16.0
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+    if GROUP == 0:     # per channel: one scale per row for all of K, applied at the end
+        szw = gl.load(s_p)
+    for k0 in range(k_lo, k_hi, TILE_K):
+        b = gl.load(w_p + k0 // 2)
+        if GROUP != 0:
+            szw = gl.load(s_p + k0 // GROUP)
+        z = ((szw >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+        lo, hi = _codes(b, dt)       # MAGIC + u, MAGIC + HI * u
+        if INT_Z:    # (MAGIC + u) - (MAGIC + z): exact
+            d_lo = lo - (z + MAGIC).to(dt)[:, None]
+            d_hi = hi - (z * HI + MAGIC).to(dt)[:, None]
+        else:        # u exact, then u - z rounded to dt (non-integer zero points), as the other kernels
+            d_lo = (lo - MAGIC) - z.to(dt)[:, None]
+            d_hi = (hi - MAGIC) - (z * HI).to(dt)[:, None]
+        x_lo = gl.load(x_p + k0)
+        x_hi = gl.load(x_p + k0 + 32)
+        # sum over the step of (u - z) x, exact products in fp32; the high nibbles' factor HI (a power of
+        # two) is divided out in fp32, then the step's scale is applied per row (GROUP 0: at the end)
+        part = mma_v2(gl.convert_layout(_kprime(d_hi), a_l),
+                      gl.convert_layout(_kprime_t(x_hi), b_l, assert_trivial=True),
+                      gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma))
+        if HI != 1.0:
+            part = part * (1.0 / HI)
+        part = mma_v2(gl.convert_layout(_kprime(d_lo), a_l),
+                      gl.convert_layout(_kprime_t(x_lo), b_l, assert_trivial=True), part)
+        if GROUP == 0:
+            acc += part
+        else:
+            s = (szw & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+            acc += part * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
+    if GROUP == 0:
+        s = (szw & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+        acc = acc * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
+
+    on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    om = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+    mask = (on < N)[:, None] & (om < M)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + on % N).to(gl.float32)[:, None]
+        gl.store(out_ptr + om.to(gl.int64)[None, :] * stride_om + on[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        ws = out_ptr + gl.program_id(1).to(gl.int64) * M * N
+        gl.store(ws + om.to(gl.int64)[None, :] * N + on[:, None], acc, mask=mask)
