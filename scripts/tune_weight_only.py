@@ -34,8 +34,8 @@ def mm(bm, bn, bk, w, s, g=8, split=1, xa=False):
     return dict(c, X_IS_A=True) if xa else c
 
 
-def tc(bn, bm, w, split=1, min_programs=0):
-    c = dict(path="tc", BLOCK_N=bn, BLOCK_M=bm, num_warps=w)
+def tc(bn, bm, w, split=1, min_programs=0, unroll=1):
+    c = dict(path="tc", BLOCK_N=bn, BLOCK_M=bm, num_warps=w, UNROLL=unroll)
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs or 1 << 30)
 
 
@@ -51,8 +51,8 @@ def candidates(m: int) -> list[dict]:
     if m <= 32:
         # the Gluon tensor-core kernel (4-bit, K % 128 == 0; others fall back): BLOCK_N = 16 x warps x reps
         bm = 8 if m <= 8 else 16
-        c += [tc(bn, bm, w, sp, mp) for bn, w in [(64, 4), (128, 4), (32, 2), (64, 2), (128, 8), (256, 8)]
-              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (4, 0)]]
+        c += [tc(bn, bm, w, sp, mp, u) for bn, w in [(64, 4), (128, 4), (32, 2), (128, 8)]
+              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (16, 4096)] for u in (2, 4)]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:
@@ -146,6 +146,8 @@ def main():
                 cands = [c for c in cands if c["path"] in args.paths]
                 if str(m) in tab:
                     cands.insert(0, tab[str(m)])
+                    if "fallback" in tab[str(m)]:
+                        cands.insert(1, tab[str(m)]["fallback"])
             for cfg in cands:
                 WO.config_for = lambda *args, cfg=cfg: cfg
                 times = []
@@ -163,11 +165,13 @@ def main():
             best_per_shape = [min(r[0][i] for r in results) for i in range(len(SHAPES))]
             score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(SHAPES))  # noqa
             times, cfg = min(results, key=score)
-            others = [r for r in results if r[1]["path"] != "tc"]
-            if cfg["path"] == "tc" and others:   # for what the tc kernel does not run (8-bit, group 32 / 64)
-                cfg = dict(cfg, fallback={k: v for k, v in min(others, key=score)[1].items() if k != "fallback"})
             tab[str(m)] = cfg
             configs.set_shape_overrides(tab, key, m, SHAPES, results, cfg)
+            others = [r for r in results if r[1]["path"] != "tc"]
+            if others:   # tc configs carry one for what the tc kernel does not run (group 32 / 64, K % 128)
+                fallback = {k: v for k, v in min(others, key=score)[1].items() if k != "fallback"}
+                for k in [k for k in tab if k.split(":")[0] == str(m) and tab[k]["path"] == "tc"]:
+                    tab[k] = dict(tab[k], fallback=fallback)
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "
                   f"{time.time() - t0:.0f} s)", flush=True)
         table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))

@@ -107,10 +107,53 @@ def _codes(b, dt: gl.constexpr):
 
 
 @gluon.jit
+def _tc_load(w_p, s_p, x_p, k0, sz, GROUP: gl.constexpr):
+    """One step's operands: code bytes [BLOCK_N, 64], (scale, zero) words [BLOCK_N] (GROUP 0: sz, loaded once),
+    x in byte order for the low and high nibbles [BLOCK_M, 64] each."""
+    b = gl.load(w_p + k0 // 2)
+    if GROUP != 0:
+        sz = gl.load(s_p + k0 // GROUP)
+    return b, sz, gl.load(x_p + k0), gl.load(x_p + k0 + 32)
+
+
+@gluon.jit
+def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: gl.constexpr, GROUP: gl.constexpr,
+             INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr):
+    """acc + this step's sum over k of (u - z) x, times the step's scale per row (GROUP 0: the caller scales at
+    the end). Products exact in fp32; the high nibbles' factor HI (a power of two) is divided out in fp32."""
+    if dt == gl.bfloat16:
+        MAGIC: gl.constexpr = 128.0
+        HI: gl.constexpr = 1.0
+    else:
+        MAGIC: gl.constexpr = 1024.0
+        HI: gl.constexpr = 16.0
+    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+    lo, hi = _codes(b, dt)       # MAGIC + u, MAGIC + HI * u
+    if INT_Z:    # (MAGIC + u) - (MAGIC + z): exact
+        d_lo = lo - (z + MAGIC).to(dt)[:, None]
+        d_hi = hi - (z * HI + MAGIC).to(dt)[:, None]
+    else:        # u exact, then u - z rounded to dt (non-integer zero points), as the other kernels
+        d_lo = (lo - MAGIC) - z.to(dt)[:, None]
+        d_hi = (hi - MAGIC) - (z * HI).to(dt)[:, None]
+    part = mma_v2(gl.convert_layout(_kprime(d_hi), a_l), gl.convert_layout(_kprime_t(x_hi), b_l, assert_trivial=True),
+                  gl.zeros(acc.shape, gl.float32, layout=mma))
+    if HI != 1.0:
+        part = part * (1.0 / HI)
+    part = mma_v2(gl.convert_layout(_kprime(d_lo), a_l), gl.convert_layout(_kprime_t(x_lo), b_l, assert_trivial=True),
+                  part)
+    if GROUP == 0:
+        acc += part
+    else:
+        s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+        acc += part * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
+    return acc
+
+
+@gluon.jit
 def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr):
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, UNROLL: gl.constexpr = 1):
     """W4A16, K a multiple of 128, GROUP 0 (per channel) or a multiple of 128. Program (n, k-slice, m):
     BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: fp32 partials to out_ptr [SPLIT_K, M, N]
     (no bias), reduced in order by _wo_splitk_reduce. INT_Z: integer zero points, the conversion's magic
@@ -136,52 +179,32 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     xk = (xk // 32) * 64 + xk % 32              # byte k'' of a step holds k = 64 (k'' // 32) + k'' % 32 (+ 32)
     x_p = x_ptr + xm.to(gl.int64)[:, None] * stride_xm + xk[None, :]
 
+    STEP: gl.constexpr = TILE_K * UNROLL
     if SPLIT_K == 1:
         k_lo = 0
         k_hi = K
-    else:
-        k_per = gl.cdiv(K // TILE_K, SPLIT_K) * TILE_K
+    else:    # slices of whole STEPs (the launcher picks UNROLL dividing K / TILE_K)
+        k_per = gl.cdiv(K // STEP, SPLIT_K) * STEP
         k_lo = gl.program_id(1) * k_per
         k_hi = gl.minimum(K, k_lo + k_per)
-    if dt == gl.bfloat16:
-        MAGIC: gl.constexpr = 128.0
-        HI: gl.constexpr = 1.0
-    else:
-        MAGIC: gl.constexpr = 1024.0
-        HI: gl.constexpr = 16.0
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    if GROUP == 0:     # per channel: one scale per row for all of K, applied at the end
-        szw = gl.load(s_p)
-    for k0 in range(k_lo, k_hi, TILE_K):
-        b = gl.load(w_p + k0 // 2)
-        if GROUP != 0:
-            szw = gl.load(s_p + k0 // GROUP)
-        z = ((szw >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-        lo, hi = _codes(b, dt)       # MAGIC + u, MAGIC + HI * u
-        if INT_Z:    # (MAGIC + u) - (MAGIC + z): exact
-            d_lo = lo - (z + MAGIC).to(dt)[:, None]
-            d_hi = hi - (z * HI + MAGIC).to(dt)[:, None]
-        else:        # u exact, then u - z rounded to dt (non-integer zero points), as the other kernels
-            d_lo = (lo - MAGIC) - z.to(dt)[:, None]
-            d_hi = (hi - MAGIC) - (z * HI).to(dt)[:, None]
-        x_lo = gl.load(x_p + k0)
-        x_hi = gl.load(x_p + k0 + 32)
-        # sum over the step of (u - z) x, exact products in fp32; the high nibbles' factor HI (a power of
-        # two) is divided out in fp32, then the step's scale is applied per row (GROUP 0: at the end)
-        part = mma_v2(gl.convert_layout(_kprime(d_hi), a_l),
-                      gl.convert_layout(_kprime_t(x_hi), b_l, assert_trivial=True),
-                      gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma))
-        if HI != 1.0:
-            part = part * (1.0 / HI)
-        part = mma_v2(gl.convert_layout(_kprime(d_lo), a_l),
-                      gl.convert_layout(_kprime_t(x_lo), b_l, assert_trivial=True), part)
-        if GROUP == 0:
-            acc += part
-        else:
-            s = (szw & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-            acc += part * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
+    sz0 = gl.load(s_p)     # per channel (GROUP 0): the one scale per row, applied at the end
+    for k0 in range(k_lo, k_hi, STEP):
+        # UNROLL steps' loads first, then their math: UNROLL times the bytes in flight per warp
+        b0, sz0, xl0, xh0 = _tc_load(w_p, s_p, x_p, k0, sz0, GROUP)
+        if UNROLL >= 2:
+            b1, sz1, xl1, xh1 = _tc_load(w_p, s_p, x_p, k0 + TILE_K, sz0, GROUP)
+        if UNROLL >= 4:
+            b2, sz2, xl2, xh2 = _tc_load(w_p, s_p, x_p, k0 + 2 * TILE_K, sz0, GROUP)
+            b3, sz3, xl3, xh3 = _tc_load(w_p, s_p, x_p, k0 + 3 * TILE_K, sz0, GROUP)
+        acc = _tc_math(acc, b0, sz0, xl0, xh0, a_l, b_l, mma, GROUP, INT_Z, dt, st)
+        if UNROLL >= 2:
+            acc = _tc_math(acc, b1, sz1, xl1, xh1, a_l, b_l, mma, GROUP, INT_Z, dt, st)
+        if UNROLL >= 4:
+            acc = _tc_math(acc, b2, sz2, xl2, xh2, a_l, b_l, mma, GROUP, INT_Z, dt, st)
+            acc = _tc_math(acc, b3, sz3, xl3, xh3, a_l, b_l, mma, GROUP, INT_Z, dt, st)
     if GROUP == 0:
-        s = (szw & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+        s = (sz0 & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
         acc = acc * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
 
     on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))

@@ -26,7 +26,7 @@ PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-sp
 # "tc" (kernels/_weight_only_tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
 # or per channel, CUDA GPUs of sm_80+. Elsewhere a "tc" config runs its "fallback" config.
 TC_K = 128
-TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=1024)
+TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048, UNROLL=2)
 
 
 def _kw():
@@ -81,11 +81,16 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
     if cfg["path"] == "tc":
+        unroll = int(p.pop("UNROLL", 1))
+        while (K // TC_K) % unroll:          # steps of TC_K * UNROLL must tile K
+            unroll //= 2
+        steps = K // (TC_K * unroll)
         programs = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
-        split = max(1, min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs), K // TC_K))
+        split = max(1, min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs), steps))
         if split > 1:    # equal slices of whole steps: none empty
-            split = cdiv(K // TC_K, cdiv(K // TC_K, split))
-        constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
+            split = cdiv(steps, cdiv(steps, split))
+        constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split,
+                          UNROLL=unroll, **p)
         return _keep_plan(key, cfg, (_kw_tc()._wo_tc_kernel, (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"])),
                                      split, constexprs))
     if cfg["path"] == "gemv":
