@@ -34,8 +34,8 @@ def mm(bm, bn, bk, w, s, g=8, split=1, xa=False):
     return dict(c, X_IS_A=True) if xa else c
 
 
-def tc(bn, bm, w, split=1, min_programs=0, unroll=1):
-    c = dict(path="tc", BLOCK_N=bn, BLOCK_M=bm, num_warps=w, UNROLL=unroll)
+def tc(bn, bm, w, split=1, min_programs=0):
+    c = dict(path="tc", BLOCK_N=bn, BLOCK_M=bm, num_warps=w)
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs or 1 << 30)
 
 
@@ -51,8 +51,8 @@ def candidates(m: int) -> list[dict]:
     if m <= 32:
         # the Gluon tensor-core kernel (4-bit, K % 128 == 0; others fall back): BLOCK_N = 16 x warps x reps
         bm = 8 if m <= 8 else 16
-        c += [tc(bn, bm, w, sp, mp, u) for bn, w in [(64, 4), (128, 4), (32, 2), (128, 8)]
-              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (16, 4096)] for u in (2, 4)]
+        c += [tc(bn, bm, w, sp, mp) for bn, w in [(64, 4), (128, 4), (32, 2), (64, 2), (128, 8), (256, 8)]
+              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (4, 0), (16, 4096)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:

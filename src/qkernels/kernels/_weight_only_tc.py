@@ -59,6 +59,55 @@ def _x_layout(BLOCK_M, num_warps):
     return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_M, 64])
 
 
+@gluon.constexpr_function
+def _code_words_layout(BLOCK_N, num_warps):
+    """[BLOCK_N, 16] 32-bit words of code bytes: _codes_layout with the bytes of a word (its register bits 0, 1)
+    taken out, so the loop can carry them (words cost nothing to carry; bytes one register each)."""
+    reg = [[0, 1], [0, 2], [8, 0]]
+    reps = BLOCK_N // (16 * num_warps)
+    reg += [[16 * num_warps * (1 << i), 0] for i in range(reps.bit_length() - 1)]
+    lane = [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]]
+    warp = [[16 * (1 << i), 0] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_N, 16])
+
+
+@gluon.constexpr_function
+def _x_words_layout(BLOCK_M, num_warps):
+    """[BLOCK_M, 32] 32-bit words of x value pairs: _x_layout without its register bit 0 (the pair)."""
+    reg = [[0, 1], [0, 2], [0, 4]] + [[8 * (1 << i), 0] for i in range((BLOCK_M // 8).bit_length() - 1)]
+    lane = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
+    warp = [[0, 0] for _ in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_M, 32])
+
+
+@gluon.jit
+def _bytes_of(w, layout: gl.constexpr):
+    """int32 words [R, C] -> their bytes [R, 4 C] (little endian) in `layout`: the words joined with themselves
+    twice (the new axes are register bits 0, 1), then an identity asm packs each 4 copies' ... as one register:
+    no instructions."""
+    R: gl.constexpr = w.shape[0]
+    C: gl.constexpr = w.shape[1]
+    w4 = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [R, 4 * C])
+    b = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4], dtype=gl.uint8,
+                                  is_pure=True, pack=4)
+    return gl.convert_layout(b, layout, assert_trivial=True)
+
+
+@gluon.jit
+def _halves_of(w, dt: gl.constexpr, layout: gl.constexpr):
+    """int32 words [R, C] -> the 16-bit values they hold [R, 2 C] as dt, in `layout` (no instructions)."""
+    R: gl.constexpr = w.shape[0]
+    C: gl.constexpr = w.shape[1]
+    w2 = gl.reshape(gl.join(w, w), [R, 2 * C])
+    if dt == gl.bfloat16:
+        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.bfloat16,
+                                      is_pure=True, pack=2)
+    else:
+        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.float16,
+                                      is_pure=True, pack=2)
+    return gl.convert_layout(h, layout, assert_trivial=True)
+
+
 @gluon.jit
 def _kprime_bits(t):
     """[R, 64] indexed by byte offset k'' -> [R, 2, 2, 2, 2, 2, 2] indexed by (r, bits of k' high to low):
@@ -108,12 +157,12 @@ def _codes(b, dt: gl.constexpr):
 
 @gluon.jit
 def _tc_load(w_p, s_p, x_p, k0, sz, GROUP: gl.constexpr):
-    """One step's operands: code bytes [BLOCK_N, 64], (scale, zero) words [BLOCK_N] (GROUP 0: sz, loaded once),
-    x in byte order for the low and high nibbles [BLOCK_M, 64] each."""
-    b = gl.load(w_p + k0 // 2)
+    """One step's operands as 32-bit words: codes [BLOCK_N, 16], (scale, zero) [BLOCK_N] (GROUP 0: sz, loaded
+    once), x pairs for the low and high nibbles [BLOCK_M, 32] each (word pointers)."""
+    w = gl.load(w_p + k0 // 8)
     if GROUP != 0:
         sz = gl.load(s_p + k0 // GROUP)
-    return b, sz, gl.load(x_p + k0), gl.load(x_p + k0 + 32)
+    return w, sz, gl.load(x_p + k0 // 2), gl.load(x_p + k0 // 2 + 16)
 
 
 @gluon.jit
@@ -153,7 +202,7 @@ def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: 
 def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, UNROLL: gl.constexpr = 1):
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr):
     """W4A16, K a multiple of 128, GROUP 0 (per channel) or a multiple of 128. Program (n, k-slice, m):
     BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: fp32 partials to out_ptr [SPLIT_K, M, N]
     (no bias), reduced in order by _wo_splitk_reduce. INT_Z: integer zero points, the conversion's magic
@@ -169,42 +218,42 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
 
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(2)
-    rn = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cl))) % N    # wrapped: no row masks
-    kb = gl.arange(0, BYTES, layout=gl.SliceLayout(0, cl))
-    w_p = w_ptr + rn.to(gl.int64)[:, None] * stride_wn + kb[None, :]
+    cwl: gl.constexpr = _code_words_layout(BLOCK_N, W)
+    xwl: gl.constexpr = _x_words_layout(BLOCK_M, W)
+    rn = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cwl))) % N    # wrapped: no row masks
+    kw = gl.arange(0, BYTES // 4, layout=gl.SliceLayout(0, cwl))
+    # the launcher guarantees 16-byte aligned rows for x and the codes (4 words; 8 words of x pairs)
+    w_p = (w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+           + rn.to(gl.int64)[:, None] * gl.multiple_of(stride_wn // 4, 4) + kw[None, :])
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rn.to(gl.int64) * stride_sn
     # x rows past M read row M - 1 (no masks, no zero fills): their outputs are not stored
-    xm = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xl)), M - 1)
-    xk = gl.arange(0, BYTES, layout=gl.SliceLayout(0, xl))
-    xk = (xk // 32) * 64 + xk % 32              # byte k'' of a step holds k = 64 (k'' // 32) + k'' % 32 (+ 32)
-    x_p = x_ptr + xm.to(gl.int64)[:, None] * stride_xm + xk[None, :]
+    xm = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xwl)), M - 1)
+    xk = gl.arange(0, BYTES // 2, layout=gl.SliceLayout(0, xwl))
+    xk = (xk // 16) * 32 + xk % 16      # word of byte k'' = 2 xk: k = 64 (k'' // 32) + k'' % 32 (+ 32), in pairs
+    x_p = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+           + xm.to(gl.int64)[:, None] * gl.multiple_of(stride_xm // 2, 8) + xk[None, :])
 
-    STEP: gl.constexpr = TILE_K * UNROLL
     if SPLIT_K == 1:
         k_lo = 0
         k_hi = K
-    else:    # slices of whole STEPs (the launcher picks UNROLL dividing K / TILE_K)
-        k_per = gl.cdiv(K // STEP, SPLIT_K) * STEP
+    else:    # slices of whole steps
+        k_per = gl.cdiv(K // TILE_K, SPLIT_K) * TILE_K
         k_lo = gl.program_id(1) * k_per
         k_hi = gl.minimum(K, k_lo + k_per)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    sz0 = gl.load(s_p)     # per channel (GROUP 0): the one scale per row, applied at the end
-    for k0 in range(k_lo, k_hi, STEP):
-        # UNROLL steps' loads first, then their math: UNROLL times the bytes in flight per warp
-        b0, sz0, xl0, xh0 = _tc_load(w_p, s_p, x_p, k0, sz0, GROUP)
-        if UNROLL >= 2:
-            b1, sz1, xl1, xh1 = _tc_load(w_p, s_p, x_p, k0 + TILE_K, sz0, GROUP)
-        if UNROLL >= 4:
-            b2, sz2, xl2, xh2 = _tc_load(w_p, s_p, x_p, k0 + 2 * TILE_K, sz0, GROUP)
-            b3, sz3, xl3, xh3 = _tc_load(w_p, s_p, x_p, k0 + 3 * TILE_K, sz0, GROUP)
-        acc = _tc_math(acc, b0, sz0, xl0, xh0, a_l, b_l, mma, GROUP, INT_Z, dt, st)
-        if UNROLL >= 2:
-            acc = _tc_math(acc, b1, sz1, xl1, xh1, a_l, b_l, mma, GROUP, INT_Z, dt, st)
-        if UNROLL >= 4:
-            acc = _tc_math(acc, b2, sz2, xl2, xh2, a_l, b_l, mma, GROUP, INT_Z, dt, st)
-            acc = _tc_math(acc, b3, sz3, xl3, xh3, a_l, b_l, mma, GROUP, INT_Z, dt, st)
+    sz = gl.load(s_p)     # per channel (GROUP 0): the one scale per row, applied at the end
+    # registers one step ahead: the next step's loads are in flight while this step computes (the step after
+    # the last wraps to the first: in bounds, unused)
+    nw, nsz, nxl, nxh = _tc_load(w_p, s_p, x_p, k_lo, sz, GROUP)
+    for k0 in range(k_lo, k_hi, TILE_K):
+        words, sz, xwl_, xwh_ = nw, nsz, nxl, nxh
+        k1 = k0 + TILE_K
+        k1 = gl.where(k1 < k_hi, k1, k_lo)
+        nw, nsz, nxl, nxh = _tc_load(w_p, s_p, x_p, k1, sz, GROUP)
+        acc = _tc_math(acc, _bytes_of(words, cl), gl.convert_layout(sz, gl.SliceLayout(1, cl)), _halves_of(xwl_, dt, xl), _halves_of(xwh_, dt, xl),
+                       a_l, b_l, mma, GROUP, INT_Z, dt, st)
     if GROUP == 0:
-        s = (sz0 & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+        s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
         acc = acc * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
 
     on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))

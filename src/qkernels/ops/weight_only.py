@@ -26,7 +26,7 @@ PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-sp
 # "tc" (kernels/_weight_only_tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
 # or per channel, CUDA GPUs of sm_80+. Elsewhere a "tc" config runs its "fallback" config.
 TC_K = 128
-TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048, UNROLL=2)
+TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048)
 
 
 def _kw():
@@ -39,11 +39,12 @@ def _kw_tc():
     return _weight_only_tc
 
 
-def tc_supported(bits: int, K: int, group: int, device: torch.device) -> bool:
+def tc_supported(bits: int, K: int, group: int, qweight: torch.Tensor) -> bool:
     """Whether the Gluon tensor-core kernel runs this case (it has no interpreter twin: the Triton-language
-    kernels are its CPU stand-ins)."""
+    kernels are its CPU stand-ins). It reads code rows as 16-byte vectors: rows must be 16-byte aligned."""
     return (bits == 4 and K % TC_K == 0 and (group == K or group % TC_K == 0) and not is_interpreter()
-            and device.type == "cuda" and _capability(device) >= (8, 0))
+            and qweight.is_cuda and _capability(qweight.device) >= (8, 0)
+            and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
 @functools.cache
@@ -81,16 +82,12 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
     if cfg["path"] == "tc":
-        unroll = int(p.pop("UNROLL", 1))
-        while (K // TC_K) % unroll:          # steps of TC_K * UNROLL must tile K
-            unroll //= 2
-        steps = K // (TC_K * unroll)
+        steps = K // TC_K
         programs = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
         split = max(1, min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs), steps))
         if split > 1:    # equal slices of whole steps: none empty
             split = cdiv(steps, cdiv(steps, split))
-        constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split,
-                          UNROLL=unroll, **p)
+        constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
         return _keep_plan(key, cfg, (_kw_tc()._wo_tc_kernel, (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"])),
                                      split, constexprs))
     if cfg["path"] == "gemv":
@@ -183,8 +180,11 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
 def _run_config(x, qweight, scale_zero, bias, bits, group, int_zeros, cfg):
     M, K = x.shape
     N = qweight.shape[0]
-    if cfg["path"] == "tc" and not tc_supported(bits, K, group, x.device):
-        cfg = cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(M))
+    if cfg["path"] == "tc":
+        if not tc_supported(bits, K, group, qweight):
+            cfg = cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(M))
+        elif x.data_ptr() % 16 or x.stride(0) % 8:
+            x = x.clone(memory_format=torch.contiguous_format)    # x rows are read as 16-byte vectors too
     if cfg["path"] == "dequant":
         w = _dequant_into(qweight, scale_zero, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group,
                           cfg)
