@@ -30,9 +30,14 @@ def test_shipped_tables_are_well_formed(slug):
             if not key.isdigit():                      # override: "<bucket>:N<N>:K<K>" of an existing bucket
                 b, n, k = key.split(":")
                 assert b in buckets and n[0] == "N" and k[0] == "K" and n[1:].isdigit() and k[1:].isdigit(), key
-            assert cfg["num_warps"] in (1, 2, 4, 8, 16) and cfg["BLOCK_K"] % 16 == 0, (kind, key, cfg)
             if kind.startswith("w"):
-                assert cfg["path"] in ("gemv", "mm", "dequant"), cfg
+                assert cfg["path"] in ("gemv", "tc", "mm", "dequant"), cfg
+            if cfg.get("path") == "tc":      # the Gluon kernel: BLOCK_N = 16 x warps x a power of two
+                assert kind == "w4a16" and cfg["BLOCK_M"] in (8, 16), cfg
+                assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
+                assert cfg["fallback"]["path"] != "tc", cfg     # what tc does not run (group 32 / 64, K % 128)
+                cfg = cfg["fallback"]
+            assert cfg["num_warps"] in (1, 2, 4, 8, 16) and cfg["BLOCK_K"] % 16 == 0, (kind, key, cfg)
 
 
 def test_set_shape_overrides_rule(capsys):

@@ -249,6 +249,22 @@ def test_cuda_graph_replay(M):
 
 
 @gpu
+@pytest.mark.parametrize("M", [1, 5, 16, 19])
+def test_tc_alignment_and_fallback(M):
+    """The tensor-core kernel reads x and code rows as 16-byte vectors: a 2-byte-offset x view is copied
+    first; cases it does not run (group 64, K % 128) take the config's fallback. Both against the reference."""
+    N, K = 72, 384
+    for group_size, k in ((128, K), (-1, K), (64, K), (128, 256 + 128), (-1, 320)):
+        pw = _weight(N, k, 4, group_size, False)
+        buf = torch.randn(M * k + 1, device=DEVICE, dtype=torch.float16)
+        x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
+        assert x.data_ptr() % 16
+        _check(_run(x, pw, path="tc"), _ref(x, pw), torch.float16)
+        _check(_run(x, pw, path="tc-splitk"), _ref(x, pw), torch.float16)
+    assert WO.tc_supported(4, 384, 128, pw.qweight) and not WO.tc_supported(4, 384, 64, pw.qweight)
+
+
+@gpu
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 14336, 4096), (128, 4096, 14336), (1024, 4096, 4096)])
 @pytest.mark.parametrize("bits,group_size", [(4, 128), (4, 64), (8, -1)])

@@ -3,27 +3,30 @@ Launcher: ops/weight_only.py (path "tc"). Layout: packed_weight.py. Reference: r
 The Triton-language kernels in _weight_only.py compute the same thing and are its CPU twin (Gluon has no
 interpreter); the tests run this one on GPUs against the reference.
 
-Why Gluon. At M = 1 the Triton-language GEMV spends ~5 instructions per weight (fp32 FMA chain, conversions),
-and the Triton-language tensor-core kernel moves every dequantized tile into the MMA's operand layout through
-shared memory. Here the layouts are explicit, so the codes go from global memory straight into the registers
-the MMA reads:
+Why Gluon. The Triton-language tensor-core kernel moves every dequantized tile into the MMA's operand layout
+through shared memory, and the GEMV spends ~5 instructions per weight. Here the layouts are explicit, so the
+codes go from global memory straight into the registers the MMA reads:
 
-  out.T[n, m] = sum_k W[n, k] x[m, k] is computed as x @ W.T with x as the MMA's A operand (16 rows: the
-  M <= 16 rows of x, clamped) and the weight as its B operand (mma.sync m16n8k16, fp32 accumulation).
+  out.T = W @ x.T with the weight tile as the MMA's A operand (mma.sync m16n8k16, fp32 accumulation) and up
+  to BLOCK_M (8 or 16) rows of x as its B operand (rows past M read row M - 1; their outputs are dropped).
 
-The B operand layout (DotOperandLayout(1, mma v2, k_width=2)) gives a thread, for one weight row n, the k
-positions {2t, 2t + 1, 2t + 8, 2t + 9} + 16 r (t: lane % 4) of each 64-wide tile: not contiguous. But the
-order in which k is summed is free, as long as x is read in the same order. So each thread loads 16
-contiguous code bytes (one 128-bit load) per row and step into a layout `_codes_layout` whose register
-bits are the byte offset's low bits; `_kprime` then renames the byte offset's bits (reshape + permute, no
-data movement: the conversion to the operand layout is checked trivial at compile time) so that the tile is
-the B operand, with logical k' <- byte k'' a fixed bit permutation. x is loaded with the same permutation
-(`_x_tile`), so the MMA's sum runs over the same pairs. Low and high nibbles of the bytes (k and k + 32 in
-the PackedWeight chunk layout) are two B tiles, each with its own x tile.
+The A operand layout gives a thread, for rows n and n + 8, the k positions {2t, 2t + 1, 2t + 8, 2t + 9}
++ 16 r (t: lane % 4) of each 64-wide tile: not contiguous. But the order in which k is summed is free, as
+long as x is read in the same order. So each thread loads 16 contiguous code bytes per row and step (one
+128-bit load) into `_codes_layout`, whose register bits are the byte offset's low bits, and `_kprime`
+renames the byte offset's bits (reshape + permute: no data moves) so that the tile is the A operand, with
+k' <- byte k'' a fixed bit permutation; x is loaded in byte order and renamed the same way (its conversion to
+the B operand is checked trivial at compile time). Low and high nibbles (k and k + 32 in the PackedWeight
+chunk layout) are two MMAs per step, each with its own x tile.
 
-Per weight that leaves: half a conversion instruction pair (_nibbles: two codes per prmt / lop3), one
-paired subtract of the zero point and one paired multiply by the scale ((u - z) * s, exact difference,
-one rounding, as the other kernels), and 1/256 of an MMA.
+The loop carries the next step's codes and x as 32-bit words (bytes would cost a register each); `_bytes_of`
+/ `_halves_of` turn them back into byte / half tensors with identity asm (no instructions).
+
+Per weight: half a prmt and a lop3 (`_NIBBLES_TC_F16`: magic + u, and magic + 16 u for the high nibble, no
+shift), half a paired subtract of (magic + zero point) (exact for integer zero points), 1/256 of an MMA.
+The scale is applied per row after the MMA, once per 128-k step (group sizes of a multiple of 128; per
+channel: once at the end), in fp32. Measured on the H100 (benchmarks/NOTES.md): ~2 instructions per weight in
+the loop, yet ~1.1-1.3 TB/s of weights at M = 1: bound by bytes in flight, not issue.
 """
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon

@@ -1,12 +1,13 @@
 """Weight-only quantized linears: W4A16 and W8A16 (fp16 / bf16 activations, 4- or 8-bit weights).
 
-One op, three paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
-"w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode),
-"mm" (tensor cores with in-register dequantization; SPLIT_K > 1 in a config splits K over programs
-when the grid is small; for "gemv", K is split up to SPLIT_K ways only while the grid has fewer than
-MIN_PROGRAMS programs) and "dequant" (dequantize to x's dtype, then
-cuBLAS: the large-M fallback that keeps the op as fast as fp16 there).
-Kernels: kernels/_weight_only.py. Reference: reference.weight_only_linear.
+One op, four paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
+"w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode), "tc" (Gluon
+tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of 128 or per channel; other cases
+run the config's "fallback"), "mm" (tensor cores with in-register dequantization) and "dequant"
+(dequantize to x's dtype, then cuBLAS: the large-M fallback that keeps the op as fast as fp16 there).
+SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv" and "tc", K is split up
+to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs.
+Kernels: kernels/_weight_only.py, kernels/_weight_only_tc.py. Reference: reference.weight_only_linear.
 """
 from __future__ import annotations
 
