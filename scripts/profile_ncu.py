@@ -4,7 +4,7 @@ cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one lau
   ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section LaunchStats python3 scripts/profile_ncu.py [case ...]
 
-Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), wo128, w8 (W8A16 M=1), fp16-1 / fp16-16 (cuBLAS), int8 (core
+Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), tc1 / tc1-nosplit (the tc kernel at M=1), wo128, w8 (W8A16 M=1), fp16-1 / fp16-16 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
 unless --nk says otherwise.
 """
@@ -18,6 +18,16 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import qkernels  # noqa: E402
+from qkernels.ops import weight_only as WO  # noqa: E402
+
+
+def _with_config(cfg, fn):
+    saved = WO.config_for
+    WO.config_for = lambda *args: cfg
+    try:
+        return fn()
+    finally:
+        WO.config_for = saved
 
 
 def cases(n: int, k: int, dev: str = "cuda"):
@@ -32,6 +42,10 @@ def cases(n: int, k: int, dev: str = "cuda"):
         "wo1": lambda: qkernels.w4a16_linear(xs[1], pw4),
         "wo2": lambda: qkernels.w4a16_linear(xs[2], pw4),
         "wo16": lambda: qkernels.w4a16_linear(xs[16], pw4),
+        # the Gluon tc kernel at M = 1: its default config (split-K) and one program column per row block
+        "tc1": lambda: WO._weight_only(xs[1], pw4, None, 4, "tc1", path="tc"),
+        "tc1-nosplit": lambda: _with_config(dict(path="tc", BLOCK_N=32, BLOCK_M=8, num_warps=2),
+                                            lambda: qkernels.w4a16_linear(xs[1], pw4)),
         "wo128": lambda: qkernels.w4a16_linear(xs[128], pw4),
         "w8": lambda: qkernels.w8a16_linear(xs[1], pw8),
         "fp16-1": lambda: torch.nn.functional.linear(xs[1], w),

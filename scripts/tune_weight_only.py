@@ -51,8 +51,8 @@ def candidates(m: int) -> list[dict]:
     if m <= 32:
         # the Gluon tensor-core kernel (4-bit, K % 128 == 0; others fall back): BLOCK_N = 16 x warps x reps
         bm = 8 if m <= 8 else 16
-        c += [tc(bn, bm, w, sp, mp) for bn, w in [(64, 4), (128, 4), (32, 2), (64, 2), (128, 8), (256, 8)]
-              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (4, 0), (16, 4096)]]
+        c += [tc(bn, bm, w, sp, mp) for bn, w in [(64, 4), (128, 4), (32, 2), (64, 2), (128, 8)]
+              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (16, 4096), (8, 4096), (16, 8192)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:

@@ -265,6 +265,21 @@ def test_tc_alignment_and_fallback(M):
 
 
 @gpu
+def test_tc_splitk_fixup_counters_and_graphs():
+    """tc's split-K partials are added by the last program of each tile, counted with per-tile counters that
+    must be back at zero after every launch; in slice order, so results are deterministic, eager or replayed."""
+    pw = _weight(1000, 4096, 4, 128, False)
+    for M in (1, 3, 9):
+        x = torch.randn(M, 4096, device=DEVICE, dtype=torch.float16)
+        first = _run(x, pw, path="tc-splitk")
+        _check(first, _ref(x, pw), torch.float16)
+        for _ in range(3):
+            assert_bit_exact(_run(x, pw, path="tc-splitk"), first, "repeat")
+        assert_bit_exact(graph_replay(lambda: WO._weight_only(x, pw, None, 4, "t", "tc-splitk")), first, "graph")
+        assert all(not buf.any() for buf in WO._COUNTERS.values()), "split-K counters left non-zero"
+
+
+@gpu
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 14336, 4096), (128, 4096, 14336), (1024, 4096, 4096)])
 @pytest.mark.parametrize("bits,group_size", [(4, 128), (4, 64), (8, -1)])

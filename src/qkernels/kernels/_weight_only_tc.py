@@ -203,12 +203,13 @@ def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: 
 
 @gluon.jit
 def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
-                  stride_xm, stride_wn, stride_sn, stride_om,
+                  stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr):
     """W4A16, K a multiple of 128, GROUP 0 (per channel) or a multiple of 128. Program (n, k-slice, m):
-    BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: fp32 partials to out_ptr [SPLIT_K, M, N]
-    (no bias), reduced in order by _wo_splitk_reduce. INT_Z: integer zero points, the conversion's magic
+    BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: program column z covers slice z of K and
+    writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32
+    counter per (n, m) program, zero between launches). INT_Z: integer zero points, the conversion's magic
     number folds into them ((magic + u) - (magic + z) is exact)."""
     W: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
@@ -262,11 +263,28 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     om = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
     mask = (on < N)[:, None] & (om < M)[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + on % N).to(gl.float32)[:, None]
-        gl.store(out_ptr + om.to(gl.int64)[None, :] * stride_om + on[:, None], acc.to(out_ptr.dtype.element_ty),
-                 mask=mask)
+    if SPLIT_K > 1:
+        # split-K fix-up in this kernel (no second launch): every program stores its fp32 partial tile; the
+        # last of a tile's SPLIT_K programs to finish (a counter per tile, acq_rel) adds them in slice order
+        # (deterministic) and resets the counter for the next launch
+        offs = om.to(gl.int64)[None, :] * N + on[:, None]
+        gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + offs, acc, mask=mask)
+        gl.thread_barrier()     # the whole tile is stored before the counter says so
+        tile = pid_m * gl.num_programs(0) + pid_n
+        done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:
+            acc = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            for sk in range(1, SPLIT_K):
+                acc += gl.load(ws_ptr + sk * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            _tc_store(acc, bias_ptr, out_ptr, on, om, mask, N, stride_om, HAS_BIAS)
+            gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
-        ws = out_ptr + gl.program_id(1).to(gl.int64) * M * N
-        gl.store(ws + om.to(gl.int64)[None, :] * N + on[:, None], acc, mask=mask)
+        _tc_store(acc, bias_ptr, out_ptr, on, om, mask, N, stride_om, HAS_BIAS)
+
+
+@gluon.jit
+def _tc_store(acc, bias_ptr, out_ptr, on, om, mask, N, stride_om, HAS_BIAS: gl.constexpr):
+    if HAS_BIAS:
+        acc += gl.load(bias_ptr + on % N).to(gl.float32)[:, None]
+    gl.store(out_ptr + om.to(gl.int64)[None, :] * stride_om + on[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=mask)

@@ -124,6 +124,11 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
     N = qweight.shape[0]
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None, int_zeros)
     bias_arg = bias if bias is not None else scale_zero
+    if cfg["path"] == "tc":      # split-K partials are added up inside the kernel (per-tile counters)
+        ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
+        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
+               scale_zero.shape[1], out.stride(0), ws, _counters(x2.device, grid[0] * grid[2]), **constexprs)
+        return out
     if split == 1:
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), **constexprs)
@@ -137,6 +142,23 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
            ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
     return out
+
+
+# (device index, stream) -> int32 counters, zero between launches (the tc kernel's last program of a tile
+# resets its counter); one buffer per stream, so concurrent launches on two streams do not share counters
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device)
+    key = (device.index, stream.cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        if torch.cuda.is_current_stream_capturing():
+            return buf        # from the graph's pool, zeroed in every replay: not kept for eager calls
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _dequant_into(qweight, scale_zero, w, bits, group, cfg):
