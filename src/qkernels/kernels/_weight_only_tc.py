@@ -162,10 +162,12 @@ def _codes(b, dt: gl.constexpr):
 def _tc_load(w_p, s_p, x_p, k0, sz, GROUP: gl.constexpr):
     """One step's operands as 32-bit words: codes [BLOCK_N, 16], (scale, zero) [BLOCK_N] (GROUP 0: sz, loaded
     once), x pairs for the low and high nibbles [BLOCK_M, 32] each (word pointers)."""
-    w = gl.load(w_p + k0 // 8)
+    # codes stream through (read once: kept out of L1, which then holds x for every program on the SM)
+    w = gl.load(w_p + k0 // 8, cache_modifier=".cg")
     if GROUP != 0:
         sz = gl.load(s_p + k0 // GROUP)
-    return w, sz, gl.load(x_p + k0 // 2), gl.load(x_p + k0 // 2 + 16)
+    return w, sz, gl.load(x_p + k0 // 2, eviction_policy="evict_last"), \
+        gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
 
 
 @gluon.jit
@@ -205,7 +207,7 @@ def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: 
 def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr):
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr = 1):
     """W4A16, K a multiple of 128, GROUP 0 (per channel) or a multiple of 128. Program (n, k-slice, m):
     BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: program column z covers slice z of K and
     writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32
@@ -249,11 +251,19 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     # registers one step ahead: the next step's loads are in flight while this step computes (the step after
     # the last wraps to the first: in bounds, unused)
     nw, nsz, nxl, nxh = _tc_load(w_p, s_p, x_p, k_lo, sz, GROUP)
+    if PREFETCH == 2:    # two steps ahead (past the slice's end: the first step again, in bounds and unused)
+        k2 = k_lo + TILE_K
+        nw2, nsz2, nxl2, nxh2 = _tc_load(w_p, s_p, x_p, gl.where(k2 < k_hi, k2, k_lo), sz, GROUP)
     for k0 in range(k_lo, k_hi, TILE_K):
         words, sz, xwl_, xwh_ = nw, nsz, nxl, nxh
-        k1 = k0 + TILE_K
-        k1 = gl.where(k1 < k_hi, k1, k_lo)
-        nw, nsz, nxl, nxh = _tc_load(w_p, s_p, x_p, k1, sz, GROUP)
+        if PREFETCH == 2:
+            nw, nsz, nxl, nxh = nw2, nsz2, nxl2, nxh2
+            k2 = k0 + 2 * TILE_K
+            nw2, nsz2, nxl2, nxh2 = _tc_load(w_p, s_p, x_p, gl.where(k2 < k_hi, k2, k_lo), sz, GROUP)
+        else:
+            k1 = k0 + TILE_K
+            k1 = gl.where(k1 < k_hi, k1, k_lo)
+            nw, nsz, nxl, nxh = _tc_load(w_p, s_p, x_p, k1, sz, GROUP)
         acc = _tc_math(acc, _bytes_of(words, cl), gl.convert_layout(sz, gl.SliceLayout(1, cl)), _halves_of(xwl_, dt, xl), _halves_of(xwh_, dt, xl),
                        a_l, b_l, mma, GROUP, INT_Z, dt, st)
     if GROUP == 0:
