@@ -34,9 +34,9 @@ def mm(bm, bn, bk, w, s, g=8, split=1, xa=False):
     return dict(c, X_IS_A=True) if xa else c
 
 
-def tc(bn, bm, w, split=1, min_programs=0, prefetch=1):
+def tc(bn, bm, w, split=1, min_programs=0, stages=1):
     c = dict(path="tc", BLOCK_N=bn, BLOCK_M=bm, num_warps=w)
-    c = c if prefetch == 1 else dict(c, PREFETCH=prefetch)
+    c = c if stages == 1 else dict(c, STAGES=stages)
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs or 1 << 30)
 
 
@@ -54,8 +54,8 @@ def candidates(m: int) -> list[dict]:
         bm = 8 if m <= 8 else 16
         c += [tc(bn, bm, w, sp, mp) for bn, w in [(64, 4), (128, 4), (32, 2), (64, 2), (128, 8)]
               for sp, mp in [(1, 0), (4, 1024), (8, 2048), (16, 4096), (8, 4096), (16, 8192)]]
-        c += [tc(bn, bm, w, sp, mp, prefetch=2) for bn, w in [(64, 4), (32, 2), (64, 2), (128, 4)]
-              for sp, mp in [(1, 0), (4, 1024), (8, 2048), (16, 4096)]]
+        c += [tc(bn, bm, w, sp, mp, stages=st) for bn, w in [(64, 4), (32, 2), (128, 4), (128, 8)]
+              for sp, mp in [(1, 0), (4, 1024), (8, 2048)] for st in (3, 5, 8)]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:

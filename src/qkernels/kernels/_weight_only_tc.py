@@ -31,7 +31,7 @@ the loop, yet ~1.1-1.3 TB/s of weights at M = 1: bound by bytes in flight, not i
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from ._weight_only import _NIBBLES_RAW_BF16
 
@@ -159,14 +159,18 @@ def _codes(b, dt: gl.constexpr):
 
 
 @gluon.jit
-def _tc_load(w_p, s_p, x_p, k0, sz, GROUP: gl.constexpr):
-    """One step's operands as 32-bit words: codes [BLOCK_N, 16], (scale, zero) [BLOCK_N] (GROUP 0: sz, loaded
-    once), x pairs for the low and high nibbles [BLOCK_M, 32] each (word pointers)."""
-    # codes stream through (read once: kept out of L1, which then holds x for every program on the SM)
-    w = gl.load(w_p + k0 // 8, cache_modifier=".cg")
+def _tc_load_w(w_p, k0):
+    """One step's codes as 32-bit words [BLOCK_N, 16], streamed past L1 (read once; L1 keeps x)."""
+    return gl.load(w_p + k0 // 8, cache_modifier=".cg")
+
+
+@gluon.jit
+def _tc_load_sx(s_p, x_p, k0, sz, GROUP: gl.constexpr):
+    """One step's (scale, zero) words [BLOCK_N] (GROUP 0: sz, loaded once) and x pairs for the low and high
+    nibbles [BLOCK_M, 32] each (word pointers), x kept in L1 for the other programs."""
     if GROUP != 0:
         sz = gl.load(s_p + k0 // GROUP)
-    return w, sz, gl.load(x_p + k0 // 2, eviction_policy="evict_last"), \
+    return sz, gl.load(x_p + k0 // 2, eviction_policy="evict_last"), \
         gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
 
 
@@ -207,7 +211,7 @@ def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: 
 def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr = 1):
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr = 1):
     """W4A16, K a multiple of 128, GROUP 0 (per channel) or a multiple of 128. Program (n, k-slice, m):
     BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: program column z covers slice z of K and
     writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32
@@ -248,24 +252,40 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         k_hi = gl.minimum(K, k_lo + k_per)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     sz = gl.load(s_p)     # per channel (GROUP 0): the one scale per row, applied at the end
-    # registers one step ahead: the next step's loads are in flight while this step computes (the step after
-    # the last wraps to the first: in bounds, unused)
-    nw, nsz, nxl, nxh = _tc_load(w_p, s_p, x_p, k_lo, sz, GROUP)
-    if PREFETCH == 2:    # two steps ahead (past the slice's end: the first step again, in bounds and unused)
-        k2 = k_lo + TILE_K
-        nw2, nsz2, nxl2, nxh2 = _tc_load(w_p, s_p, x_p, gl.where(k2 < k_hi, k2, k_lo), sz, GROUP)
+    # the next step's (scale, zero) words and x in registers, a step ahead; the codes either the same way
+    # (STAGES 1) or through a ring of STAGES shared-memory buffers filled by async copies STAGES - 1 steps ahead
+    # (many more bytes in flight, without registers). Steps past the slice's end read its first step again:
+    # in bounds, unused. Each thread reads back only the bytes it copied: no barriers.
+    nsz, nxl, nxh = _tc_load_sx(s_p, x_p, k_lo, sz, GROUP)
+    if STAGES == 1:
+        nw = _tc_load_w(w_p, k_lo)
+    else:
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        for i in gl.static_range(STAGES - 1):
+            ki = k_lo + i * TILE_K
+            async_copy.async_copy_global_to_shared(ring.index(i), w_p + gl.where(ki < k_hi, ki, k_lo) // 8,
+                                                   cache_modifier=".cg")
+            async_copy.commit_group()
     for k0 in range(k_lo, k_hi, TILE_K):
-        words, sz, xwl_, xwh_ = nw, nsz, nxl, nxh
-        if PREFETCH == 2:
-            nw, nsz, nxl, nxh = nw2, nsz2, nxl2, nxh2
-            k2 = k0 + 2 * TILE_K
-            nw2, nsz2, nxl2, nxh2 = _tc_load(w_p, s_p, x_p, gl.where(k2 < k_hi, k2, k_lo), sz, GROUP)
+        sz, xwl_, xwh_ = nsz, nxl, nxh
+        k1 = k0 + TILE_K
+        k1 = gl.where(k1 < k_hi, k1, k_lo)
+        nsz, nxl, nxh = _tc_load_sx(s_p, x_p, k1, sz, GROUP)
+        if STAGES == 1:
+            words = nw
+            nw = _tc_load_w(w_p, k1)
         else:
-            k1 = k0 + TILE_K
-            k1 = gl.where(k1 < k_hi, k1, k_lo)
-            nw, nsz, nxl, nxh = _tc_load(w_p, s_p, x_p, k1, sz, GROUP)
-        acc = _tc_math(acc, _bytes_of(words, cl), gl.convert_layout(sz, gl.SliceLayout(1, cl)), _halves_of(xwl_, dt, xl), _halves_of(xwh_, dt, xl),
-                       a_l, b_l, mma, GROUP, INT_Z, dt, st)
+            it = (k0 - k_lo) // TILE_K
+            kf = k0 + (STAGES - 1) * TILE_K
+            async_copy.async_copy_global_to_shared(ring.index((it + STAGES - 1) % STAGES),
+                                                   w_p + gl.where(kf < k_hi, kf, k_lo) // 8, cache_modifier=".cg")
+            async_copy.commit_group()
+            async_copy.wait_group(STAGES - 1)
+            words = ring.index(it % STAGES).load(cwl)
+        acc = _tc_math(acc, _bytes_of(words, cl), gl.convert_layout(sz, gl.SliceLayout(1, cl)),
+                       _halves_of(xwl_, dt, xl), _halves_of(xwh_, dt, xl), a_l, b_l, mma, GROUP, INT_Z, dt, st)
+    if STAGES > 1:
+        async_copy.wait_group(0)
     if GROUP == 0:
         s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
         acc = acc * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
