@@ -20,8 +20,7 @@ SHAPES_GPU = [(4096, 4096), (14336, 4096), (4096, 14336)]   # (N, K)
 MS_GPU = [1, 2, 4, 8, 16, 32, 64, 128, 1024, 4096]
 # mode "graph8" (decode sizes): 8 calls in one CUDA graph, each on its own copy of the weight (as 8 layers of a
 # model: no copy is in L2 when its call runs), time per call. Plain "graph" replays one call per graph: its time
-# holds the replay's launch latency and the write-back of the L2 flush's dirty lines (~10 us on the H100, the
-# same for every provider), which weighs most on the fastest kernels.
+# holds the replay's launch latency and follows do_bench's L2 flush (3-11 us more per call on the H100).
 LAYERS = 8
 LAYERS_MAX_M = 16
 SHAPES_CPU = [(64, 128)]
