@@ -17,8 +17,8 @@ import math
 import torch
 
 from .. import autotune, configs
-from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
-                        gpu_slug, is_interpreter, launch, next_pow2)
+from .._runtime import (_triton_runtime, alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
+                        device_name, gpu_slug, is_interpreter, launch, next_pow2)
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
@@ -150,8 +150,7 @@ _COUNTERS: dict = {}
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device)
-    key = (device.index, stream.cuda_stream)
+    key = (device.index, _triton_runtime()[1](device.index))    # the raw stream Triton's launch reads too
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
