@@ -41,10 +41,11 @@ def _kw_tc():
 
 
 def tc_supported(bits: int, K: int, group: int, qweight: torch.Tensor) -> bool:
-    """Whether the Gluon tensor-core kernel runs this case (it has no interpreter twin: the Triton-language
-    kernels are its CPU stand-ins). It reads code rows as 16-byte vectors: rows must be 16-byte aligned."""
+    """Whether the Gluon tensor-core kernel runs this case: NVIDIA sm_80+ (mma.sync, cp.async); it has no
+    interpreter twin (the Triton-language kernels are its CPU stand-ins). It reads code rows as 16-byte
+    vectors: rows must be 16-byte aligned."""
     return (bits == 4 and K % TC_K == 0 and (group == K or group % TC_K == 0) and not is_interpreter()
-            and qweight.is_cuda and _capability(qweight.device) >= (8, 0)
+            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) >= (8, 0)
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
