@@ -19,14 +19,17 @@ k' <- byte k'' a fixed bit permutation; x is loaded in byte order and renamed th
 the B operand is checked trivial at compile time). Low and high nibbles (k and k + 32 in the PackedWeight
 chunk layout) are two MMAs per step, each with its own x tile.
 
-The loop carries the next step's codes and x as 32-bit words (bytes would cost a register each); `_bytes_of`
-/ `_halves_of` turn them back into byte / half tensors with identity asm (no instructions).
+The loop carries the next step's x (and with STAGES 1 its codes) as 32-bit words (bytes would cost a register
+each); `_bytes_of` / `_halves_of` turn them back into byte / half tensors with identity asm (no instructions).
+STAGES > 1 streams the codes through a shared-memory ring of async copies instead. SPLIT_K > 1: the last
+program of each output tile adds the slices' fp32 partials in order, in this kernel.
 
 Per weight: half a prmt and a lop3 (`_NIBBLES_TC_F16`: magic + u, and magic + 16 u for the high nibble, no
 shift), half a paired subtract of (magic + zero point) (exact for integer zero points), 1/256 of an MMA.
 The scale is applied per row after the MMA, once per 128-k step (group sizes of a multiple of 128; per
-channel: once at the end), in fp32. Measured on the H100 (benchmarks/NOTES.md): ~2 instructions per weight in
-the loop, yet ~1.1-1.3 TB/s of weights at M = 1: bound by bytes in flight, not issue.
+channel: once at the end), in fp32. Measured on the H100 (benchmarks/NOTES.md, session 15): ~2.2
+instructions per weight in the loop, yet 1.6-1.8 TB/s of weights at M = 1 (ncu): latency-bound, not
+issue-bound; level with the GEMV at M = 1, ahead of the Triton mm kernel at M = 2-8 on some shapes.
 """
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
@@ -216,7 +219,8 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: program column z covers slice z of K and
     writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32
     counter per (n, m) program, zero between launches). INT_Z: integer zero points, the conversion's magic
-    number folds into them ((magic + u) - (magic + z) is exact)."""
+    number folds into them ((magic + u) - (magic + z) is exact). STAGES > 1: codes through a shared-memory
+    ring of async copies, STAGES - 1 steps ahead."""
     W: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
@@ -232,7 +236,7 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     xwl: gl.constexpr = _x_words_layout(BLOCK_M, W)
     rn = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cwl))) % N    # wrapped: no row masks
     kw = gl.arange(0, BYTES // 4, layout=gl.SliceLayout(0, cwl))
-    # the launcher guarantees 16-byte aligned rows for x and the codes (4 words; 8 words of x pairs)
+    # the launcher guarantees 16-byte aligned rows (4 words) for x and the codes
     w_p = (w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
            + rn.to(gl.int64)[:, None] * gl.multiple_of(stride_wn // 4, 4) + kw[None, :])
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rn.to(gl.int64) * stride_sn
@@ -241,7 +245,7 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     xk = gl.arange(0, BYTES // 2, layout=gl.SliceLayout(0, xwl))
     xk = (xk // 16) * 32 + xk % 16      # word of byte k'' = 2 xk: k = 64 (k'' // 32) + k'' % 32 (+ 32), in pairs
     x_p = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-           + xm.to(gl.int64)[:, None] * gl.multiple_of(stride_xm // 2, 8) + xk[None, :])
+           + xm.to(gl.int64)[:, None] * gl.multiple_of(stride_xm // 2, 4) + xk[None, :])
 
     if SPLIT_K == 1:
         k_lo = 0
