@@ -68,8 +68,6 @@ _NIBBLES_RAW_F16: tl.constexpr = tl.constexpr("\n".join(
 _NIBBLES_RAW_BF16: tl.constexpr = tl.constexpr("\n".join(
     ln for ln in _nibbles_asm("0x43004300", "0x3F803F80", "0xC300C300", "bf16x2").splitlines() if "fma" not in ln))
 MAGIC_F16: tl.constexpr = tl.constexpr(1024.0)
-# the GEMV streams the codes past L1 (each byte is read once), so L1 keeps x for every program on the SM
-CODES_CACHE: tl.constexpr = tl.constexpr(".cg")
 MAGIC_BF16: tl.constexpr = tl.constexpr(128.0)
 
 
@@ -226,24 +224,24 @@ def _load_t(w_ptr, x_row, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, 
     if BITS == 4:
         p = w_ptr + row[None, :, None] + k0 // 2 + (c * HALF)[:, None, None] + j[None, None, :]
         if MASKED:
-            b_lo = tl.load(p, mask=(kc < K)[:, None, None], other=0, cache_modifier=CODES_CACHE)    # 4-bit rows are padded to whole chunks
+            b_lo = tl.load(p, mask=(kc < K)[:, None, None], other=0)    # 4-bit rows are padded to whole chunks
         else:
-            b_lo = tl.load(p, cache_modifier=CODES_CACHE)
+            b_lo = tl.load(p)
         b_hi = b_lo
     else:
         p = w_ptr + row[None, :, None] + kx[:, None, :]
         if MASKED:
-            b_lo = tl.load(p, mask=kx[:, None, :] < K, other=0, cache_modifier=CODES_CACHE)
-            b_hi = tl.load(p + HALF, mask=kx[:, None, :] + HALF < K, other=0, cache_modifier=CODES_CACHE)
+            b_lo = tl.load(p, mask=kx[:, None, :] < K, other=0)
+            b_hi = tl.load(p + HALF, mask=kx[:, None, :] + HALF < K, other=0)
         else:
-            b_lo = tl.load(p, cache_modifier=CODES_CACHE)
-            b_hi = tl.load(p + HALF, cache_modifier=CODES_CACHE)
+            b_lo = tl.load(p)
+            b_hi = tl.load(p + HALF)
     if MASKED:
-        x_lo = tl.load(x_row + kx, mask=kx < K, other=0.0, eviction_policy="evict_last")
-        x_hi = tl.load(x_row + kx + HALF, mask=kx + HALF < K, other=0.0, eviction_policy="evict_last")
+        x_lo = tl.load(x_row + kx, mask=kx < K, other=0.0)
+        x_hi = tl.load(x_row + kx + HALF, mask=kx + HALF < K, other=0.0)
     else:
-        x_lo = tl.load(x_row + kx, eviction_policy="evict_last")
-        x_hi = tl.load(x_row + kx + HALF, eviction_policy="evict_last")
+        x_lo = tl.load(x_row + kx)
+        x_hi = tl.load(x_row + kx + HALF)
     return b_lo, b_hi, x_lo, x_hi
 
 
