@@ -88,9 +88,9 @@ def _x_words_layout(BLOCK_M, num_warps):
 
 @gluon.jit
 def _bytes_of(w, layout: gl.constexpr):
-    """int32 words [R, C] -> their bytes [R, 4 C] (little endian) in `layout`: the words joined with themselves
-    twice (the new axes are register bits 0, 1), then an identity asm packs each 4 copies' ... as one register:
-    no instructions."""
+    """int32 words [R, C] -> their bytes [R, 4 C] (little endian) in `layout`: each word joined with itself
+    twice (the new axes become register bits 0, 1), then an identity asm whose 4 inputs are those 4 copies and
+    whose packed uint8 output is the word itself: no instructions."""
     R: gl.constexpr = w.shape[0]
     C: gl.constexpr = w.shape[1]
     w4 = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [R, 4 * C])
