@@ -13,7 +13,7 @@ codes go from global memory straight into the registers the MMA reads:
 The A operand layout gives a thread, for rows n and n + 8, the k positions {2t, 2t + 1, 2t + 8, 2t + 9}
 + 16 r (t: lane % 4) of each 64-wide tile: not contiguous. But the order in which k is summed is free, as
 long as x is read in the same order. So each thread loads 16 contiguous code bytes per row and step (one
-128-bit load) into `_codes_layout`, whose register bits are the byte offset's low bits, and `_kprime`
+128-bit load) into `_k_layout`, whose register bits are the byte offset's low bits, and `_kprime`
 renames the byte offset's bits (reshape + permute: no data moves) so that the tile is the A operand, with
 k' <- byte k'' a fixed bit permutation; x is loaded in byte order and renamed the same way (its conversion to
 the B operand is checked trivial at compile time). Low and high nibbles (k and k + 32 in the PackedWeight
@@ -43,47 +43,23 @@ BYTES: gl.constexpr = gl.constexpr(64)
 
 
 @gluon.constexpr_function
-def _codes_layout(BLOCK_N, num_warps):
-    """[BLOCK_N, 64] code bytes: 16 contiguous bytes per thread and row (registers: the byte offset's bits
-    0-3), 4 threads along the row (bits 4, 5), rows n and n + 8 in one thread (the MMA's A fragment holds
-    both), 8 row pairs per warp, 16 rows per warp, then registers along N."""
-    reg = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]]
-    reps = BLOCK_N // (16 * num_warps)
-    reg += [[16 * num_warps * (1 << i), 0] for i in range(reps.bit_length() - 1)]
-    lane = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
-    warp = [[16 * (1 << i), 0] for i in range(num_warps.bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_N, 64])
-
-
-@gluon.constexpr_function
-def _x_layout(BLOCK_M, num_warps):
-    """[BLOCK_M, 64] x values in byte-offset order k'': 16 contiguous values per thread (the B operand's
-    registers after the bit renaming), one x row per lane group, every warp holding the whole tile."""
-    reg = [[0, 1], [0, 2], [0, 4], [0, 8]] + [[8 * (1 << i), 0] for i in range((BLOCK_M // 8).bit_length() - 1)]
-    lane = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
-    warp = [[0, 0] for _ in range(num_warps.bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_M, 64])
-
-
-@gluon.constexpr_function
-def _code_words_layout(BLOCK_N, num_warps):
-    """[BLOCK_N, 16] 32-bit words of code bytes: _codes_layout with the bytes of a word (its register bits 0, 1)
-    taken out, so the loop can carry them (words cost nothing to carry; bytes one register each)."""
-    reg = [[0, 1], [0, 2], [8, 0]]
-    reps = BLOCK_N // (16 * num_warps)
-    reg += [[16 * num_warps * (1 << i), 0] for i in range(reps.bit_length() - 1)]
-    lane = [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]]
-    warp = [[16 * (1 << i), 0] for i in range(num_warps.bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_N, 16])
-
-
-@gluon.constexpr_function
-def _x_words_layout(BLOCK_M, num_warps):
-    """[BLOCK_M, 32] 32-bit words of x value pairs: _x_layout without its register bit 0 (the pair)."""
-    reg = [[0, 1], [0, 2], [0, 4]] + [[8 * (1 << i), 0] for i in range((BLOCK_M // 8).bit_length() - 1)]
-    lane = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
-    warp = [[0, 0] for _ in range(num_warps.bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg, lane, warp, [], [BLOCK_M, 32])
+def _k_layout(rows, V, num_warps, weights):
+    """Layout of a [rows, 4 V] step tile (4 V elements along k per row): V contiguous elements per thread and
+    row (register bits), 4 threads along the row, one row per lane group of 4.
+    weights (the codes): rows n and n + 8 in one thread (the MMA's A fragment holds both), 16 rows per warp,
+    warps and then registers along N. Otherwise (x): 8 rows per lane set, then registers; every warp holds the
+    whole tile.
+    The code bytes are _k_layout(BLOCK_N, 16, ..., True), the 32-bit words carrying them V = 4; x values V = 16,
+    x value pairs V = 8: the word layouts are the element layouts without the register bits inside a word."""
+    reg = [[0, 1 << i] for i in range(V.bit_length() - 1)]
+    if weights:
+        reg += [[8, 0]] + [[16 * num_warps << i, 0] for i in range((rows // (16 * num_warps)).bit_length() - 1)]
+        warp = [[16 << i, 0] for i in range(num_warps.bit_length() - 1)]
+    else:
+        reg += [[8 << i, 0] for i in range((rows // 8).bit_length() - 1)]
+        warp = [[0, 0] for _ in range(num_warps.bit_length() - 1)]
+    lane = [[0, V], [0, 2 * V], [1, 0], [2, 0], [4, 0]]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, 4 * V])
 
 
 @gluon.jit
@@ -225,15 +201,15 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     b_l: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
-    cl: gl.constexpr = _codes_layout(BLOCK_N, W)
-    xl: gl.constexpr = _x_layout(BLOCK_M, W)
+    cl: gl.constexpr = _k_layout(BLOCK_N, 16, W, True)        # code bytes
+    xl: gl.constexpr = _k_layout(BLOCK_M, 16, W, False)       # x values
     dt: gl.constexpr = x_ptr.dtype.element_ty
     st: gl.constexpr = sz_ptr.dtype.element_ty
 
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(2)
-    cwl: gl.constexpr = _code_words_layout(BLOCK_N, W)
-    xwl: gl.constexpr = _x_words_layout(BLOCK_M, W)
+    cwl: gl.constexpr = _k_layout(BLOCK_N, 4, W, True)        # code bytes as 32-bit words
+    xwl: gl.constexpr = _k_layout(BLOCK_M, 8, W, False)       # x value pairs as 32-bit words
     rn = (pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cwl))) % N    # wrapped: no row masks
     kw = gl.arange(0, BYTES // 4, layout=gl.SliceLayout(0, cwl))
     # the launcher guarantees 16-byte aligned rows (4 words) for x and the codes
