@@ -8,6 +8,7 @@ copies in one graph, as a model's decode graph runs its layers), the plain eager
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -49,42 +50,22 @@ def _try_tinygemm(w):
         return None
 
 
-_KINDS = {"fp16 cuBLAS": "w", "bf16 cuBLAS": "wb", "tinygemm int4 g128 (bf16)": "tiny",
-          "qkernels w4a16 g128 asym": "w4g128a", "qkernels w4a16 g128 sym": "w4g128s",
-          "qkernels w4a16 g64 asym": "w4g64a", "qkernels w4a16 g64 sym": "w4g64s", "qkernels w8a16 per-channel": "w8"}
+def _copy(v):
+    """A separate copy (distinct memory, same values) of a provider's weight."""
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, tuple):      # tinygemm (packed, scales_and_zeros, bytes)
+        return (v[0].clone(), v[1].clone(), v[2])
+    return dataclasses.replace(v, qweight=v.qweight.clone(), scale_zero=v.scale_zero.clone())
 
 
-def _layer_copies(P: dict) -> dict:
-    """LAYERS separate copies of every provider's weight (distinct memory, same values)."""
-    out = {}
-    for prov, key in _KINDS.items():
-        v = P.get(key)
-        if v is None:
-            continue
-        if isinstance(v, torch.Tensor):
-            out[prov] = [v.clone() for _ in range(LAYERS)]
-        elif isinstance(v, tuple):      # tinygemm (packed, scales_and_zeros, bytes)
-            out[prov] = [(v[0].clone(), v[1].clone(), v[2]) for _ in range(LAYERS)]
-        else:
-            out[prov] = [dataclasses.replace(v, qweight=v.qweight.clone(), scale_zero=v.scale_zero.clone())
-                         for _ in range(LAYERS)]
-    return out
-
-
-def _cycling(prov: str, copies: list, x: torch.Tensor, xb: torch.Tensor):
-    """A call of provider `prov` on the next of its weight copies (LAYERS consecutive calls: every copy once)."""
+def _cycling(op, copies: list):
+    """op on the next of the weight copies per call (LAYERS consecutive calls: every copy once)."""
     state = [0]
 
     def fn():
-        w = copies[state[0] % len(copies)]
         state[0] += 1
-        if prov.startswith("fp16"):
-            return F.linear(x, w)
-        if prov.startswith("bf16"):
-            return F.linear(xb, w)
-        if prov.startswith("tinygemm"):
-            return torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1])
-        return (qk.w4a16_linear if w.bits == 4 else qk.w8a16_linear)(x, w)
+        return op(copies[state[0] % len(copies)])
     return fn
 
 
@@ -109,28 +90,27 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
         x = torch.randn(M, K, device=dev, dtype=torch.float16)
         xb = x.bfloat16()
         fp16_bytes = N * K * 2
+        # (provider, weight key in P, weight bytes, call on a weight)
         cases = []
         if gpu:
-            cases += [("fp16 cuBLAS", fp16_bytes, lambda: F.linear(x, P["w"])),
-                      ("bf16 cuBLAS", fp16_bytes, lambda: F.linear(xb, P["wb"]))]
+            cases += [("fp16 cuBLAS", "w", fp16_bytes, lambda w: F.linear(x, w)),
+                      ("bf16 cuBLAS", "wb", fp16_bytes, lambda w: F.linear(xb, w))]
             if P["tiny"] is not None:
-                wp, sz, tb = P["tiny"]
-                cases.append(("tinygemm int4 g128 (bf16)", tb,
-                              lambda: torch.ops.aten._weight_int4pack_mm(xb, wp, 128, sz)))
+                cases.append(("tinygemm int4 g128 (bf16)", "tiny", P["tiny"][2],
+                              lambda w: torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1])))
         for key, name in (("w4g128a", "qkernels w4a16 g128 asym"), ("w4g128s", "qkernels w4a16 g128 sym"),
                           ("w4g64a", "qkernels w4a16 g64 asym"), ("w4g64s", "qkernels w4a16 g64 sym")):
-            pw = P[key]
-            cases.append((name, pw.nbytes, lambda pw=pw: qk.w4a16_linear(x, pw)))
-        cases.append(("qkernels w8a16 per-channel", P["w8"].nbytes, lambda: qk.w8a16_linear(x, P["w8"])))
+            cases.append((name, key, P[key].nbytes, lambda w: qk.w4a16_linear(x, w)))
+        cases.append(("qkernels w8a16 per-channel", "w8", P["w8"].nbytes, lambda w: qk.w8a16_linear(x, w)))
         modes = ("graph", "eager") if gpu else ("eager",)
         if gpu and M <= LAYERS_MAX_M:
             modes = ("graph", "graph8", "eager")
-            layers = P.setdefault("layers", _layer_copies(P))
-        for prov, nbytes, fn in cases:
+            layers = P.setdefault("layers", {k: [_copy(P[k]) for _ in range(LAYERS)] for _, k, _, _ in cases})
+        for prov, key, nbytes, op in cases:
+            fn = functools.partial(op, P[key])
             for mode in modes:
                 if mode == "graph8":
-                    us = time_us(_cycling(prov, layers[prov], x, xb), mode="graph", calls=LAYERS, rep_ms=60,
-                                 warmup_ms=15)
+                    us = time_us(_cycling(op, layers[key]), mode="graph", calls=LAYERS, rep_ms=60, warmup_ms=15)
                 else:
                     us = time_us(fn, mode=mode, rep_ms=60 if mode == "graph" else 30, warmup_ms=15)
                 extra = {"shape": f"{N}x{K}", "weight_gbps": nbytes / (us * 1e-6) / 1e9, "weight_bytes": nbytes}
