@@ -40,6 +40,10 @@ def tc(bn, bm, w, split=1, min_programs=0, stages=1):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs or 1 << 30)
 
 
+def wg(bm, bn, w, stages, g=8):
+    return dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w)
+
+
 def dq(bn, bk, w):
     return dict(path="dequant", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1)
 
@@ -92,6 +96,11 @@ def candidates(m: int) -> list[dict]:
               [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
                (128, 128, 128, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 4)]]
         c += [dq(32, 128, 4), dq(16, 256, 4)]
+    if m >= 64:
+        # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows, BLOCK_N weight rows
+        c += [wg(bm, bn, w, st) for bm, bn, w, st in
+              [(64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 4, 3), (128, 128, 4, 4),
+               (64, 256, 4, 3), (128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (128, 128, 8, 4)]]
     return c
 
 
@@ -144,7 +153,7 @@ def main():
                 print(f"budget spent: {key} M={m} and later keep their configs", flush=True)
                 break
             results = []
-            cands = [c for c in candidates(m) if bits == 4 or c["path"] != "tc"]    # tc: 4-bit only
+            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in WO._GLUON]    # tc, wg: 4-bit only
             if args.paths:
                 cands = [c for c in cands if c["path"] in args.paths]
                 if str(m) in tab:
@@ -170,10 +179,10 @@ def main():
             times, cfg = min(results, key=score)
             tab[str(m)] = cfg
             configs.set_shape_overrides(tab, key, m, SHAPES, results, cfg)
-            others = [r for r in results if r[1]["path"] != "tc"]
-            if others:   # tc configs carry one for what the tc kernel does not run (group 32 / 64, K % 128)
+            others = [r for r in results if r[1]["path"] not in WO._GLUON]
+            if others:   # tc / wg configs carry one for what their kernels do not run (GPU, group size, K)
                 fallback = {k: v for k, v in min(others, key=score)[1].items() if k != "fallback"}
-                for k in [k for k in tab if k.split(":")[0] == str(m) and tab[k]["path"] == "tc"]:
+                for k in [k for k in tab if k.split(":")[0] == str(m) and tab[k]["path"] in WO._GLUON]:
                     tab[k] = dict(tab[k], fallback=fallback)
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "
                   f"{time.time() - t0:.0f} s)", flush=True)

@@ -31,11 +31,15 @@ def test_shipped_tables_are_well_formed(slug):
                 b, n, k = key.split(":")
                 assert b in buckets and n[0] == "N" and k[0] == "K" and n[1:].isdigit() and k[1:].isdigit(), key
             if kind.startswith("w"):
-                assert cfg["path"] in ("gemv", "tc", "mm", "dequant"), cfg
+                assert cfg["path"] in ("gemv", "tc", "mm", "wg", "dequant"), cfg
             if cfg.get("path") == "tc":      # the Gluon kernel: BLOCK_N = 16 x warps x a power of two
                 assert kind == "w4a16" and cfg["BLOCK_M"] in (8, 16), cfg
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
-                assert cfg["fallback"]["path"] != "tc", cfg     # what tc does not run (group 32 / 64, K % 128)
+            if cfg.get("path") == "wg":      # the Gluon wgmma kernel: warpgroups of 64 rows, a ring of >= 3
+                assert kind == "w4a16" and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 3, cfg
+                assert cfg["BLOCK_M"] % 64 == 0 and cfg["BLOCK_N"] % 64 == 0, cfg
+            if cfg.get("path") in ("tc", "wg"):     # Gluon: a fallback for what its kernel does not run
+                assert cfg["fallback"]["path"] not in ("tc", "wg"), cfg
                 cfg = cfg["fallback"]
             assert cfg["num_warps"] in (1, 2, 4, 8, 16) and cfg["BLOCK_K"] % 16 == 0, (kind, key, cfg)
 

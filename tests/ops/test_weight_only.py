@@ -14,7 +14,7 @@ from ..conftest import DEVICE, ON_GPU
 from ..helpers import assert_bit_exact, graph_replay, rel_err
 
 gpu = pytest.mark.gpu
-PATHS = [p for p in WO.PATHS if ON_GPU or not p.startswith("tc")]   # tc: Gluon, no interpreter
+PATHS = [p for p in WO.PATHS if ON_GPU or p.split("-")[0] not in WO._GLUON]   # tc, wg: Gluon, no interpreter
 # fp32 accumulation, weights rounded to x's dtype once ((u - z) * s), output rounded once: a few units
 # of the dtype's epsilon, relative to |x| @ |W|.T
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
@@ -262,6 +262,31 @@ def test_tc_alignment_and_fallback(M):
         _check(_run(x, pw, path="tc"), _ref(x, pw), torch.float16)
         _check(_run(x, pw, path="tc-splitk"), _ref(x, pw), torch.float16)
     assert WO.tc_supported(4, 384, 128, pw.qweight) and not WO.tc_supported(4, 384, 64, pw.qweight)
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=4),
+                                 dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3),
+                                 dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, STAGES=3),
+                                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=5)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wg_tiles_tails_and_fallback(cfg, dtype):
+    """The Hopper wgmma kernel over its tile shapes: M and N tails (rows past M / N are read but not stored),
+    a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, per channel; group 32 and K % 64
+    take the fallback. Against the reference."""
+    cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
+    cfg["fallback"] = WO._path_config(None, "mm", 4, 200, 320, DEVICE)
+    for M, N, k, group_size, sym in ((1, 200, 320, 64, True), (130, 200, 640, 128, False), (300, 72, 512, -1, True),
+                                     (77, 300, 384, 128, True), (64, 96, 256, 32, False), (5, 64, 352, -1, False)):
+        pw = _weight(N, k, 4, group_size, sym, dtype)
+        buf = torch.randn(M * k + 1, device=DEVICE, dtype=dtype)
+        x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
+        bias = torch.randn(N, device=DEVICE, dtype=dtype)
+        with qk.poison_outputs():
+            got = WO._run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_len, pw.symmetric, cfg)
+        _check(got, _ref(x.float().to(dtype), pw, bias), dtype)
+    assert WO.wg_supported(4, 384, 128, pw.qweight) == (torch.cuda.get_device_capability() == (9, 0))
+    assert not WO.wg_supported(4, 384, 32, pw.qweight) and not WO.wg_supported(4, 352, 352, pw.qweight)
 
 
 @gpu

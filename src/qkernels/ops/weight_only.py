@@ -1,10 +1,12 @@
 """Weight-only quantized linears: W4A16 and W8A16 (fp16 / bf16 activations, 4- or 8-bit weights).
 
-One op, four paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
+One op, five paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
 "w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode), "tc" (Gluon
-tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of 128 or per channel; other cases
-run the config's "fallback"), "mm" (tensor cores with in-register dequantization) and "dequant"
-(dequantize to x's dtype, then cuBLAS: the large-M fallback that keeps the op as fast as fp16 there).
+tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of 128 or per channel), "mm" (tensor
+cores with in-register dequantization), "wg" (Gluon Hopper kernel for large M: wgmma overlapped with the
+dequantization of the next tile; 4-bit weights, groups of a multiple of 64 or per channel) and "dequant"
+(dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a "fallback" config for the cases
+its kernel does not run (other GPUs, group sizes, K).
 SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv" and "tc", K is split up
 to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs.
 Kernels: kernels/_weight_only.py, kernels/_weight_only_tc.py. Reference: reference.weight_only_linear.
@@ -23,11 +25,15 @@ from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
 # forced paths for tests: "*-splitk": K split 3 ways; "mm-xa": the mm kernel with x as the MMA's A operand
-PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk")
+PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk", "wg")
 # "tc" (kernels/_weight_only_tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
 # or per channel, CUDA GPUs of sm_80+. Elsewhere a "tc" config runs its "fallback" config.
 TC_K = 128
 TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048)
+# "wg" (kernels/_weight_only_wg.py, Gluon, wgmma): 4-bit weights, K a multiple of WG_K, groups of a multiple
+# of WG_K or per channel, sm_90 (Hopper) only.
+WG_K = 64
+WG_DEFAULT = dict(path="wg", BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=4)
 
 
 def _kw():
@@ -40,6 +46,11 @@ def _kw_tc():
     return _weight_only_tc
 
 
+def _kw_wg():
+    from ..kernels import _weight_only_wg
+    return _weight_only_wg
+
+
 def tc_supported(bits: int, K: int, group: int, qweight: torch.Tensor) -> bool:
     """Whether the Gluon tensor-core kernel runs this case: NVIDIA sm_80+ (mma.sync, cp.async); it has no
     interpreter twin (the Triton-language kernels are its CPU stand-ins). It reads code rows as 16-byte
@@ -47,6 +58,18 @@ def tc_supported(bits: int, K: int, group: int, qweight: torch.Tensor) -> bool:
     return (bits == 4 and K % TC_K == 0 and (group == K or group % TC_K == 0) and not is_interpreter()
             and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) >= (8, 0)
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
+
+
+def wg_supported(bits: int, K: int, group: int, qweight: torch.Tensor) -> bool:
+    """Whether the Gluon wgmma kernel runs this case: sm_90 (wgmma is Hopper's; no interpreter twin), code
+    rows 16-byte aligned (async copies of 16 bytes)."""
+    return (bits == 4 and K % WG_K == 0 and (group == K or group % WG_K == 0) and not is_interpreter()
+            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) == (9, 0)
+            and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
+
+
+# the Gluon paths: which cases their kernels run (elsewhere their configs' "fallback" runs)
+_GLUON = {"tc": tc_supported, "wg": wg_supported}
 
 
 @functools.cache
@@ -80,7 +103,7 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
     if hit is not None:
         return hit[1]
     p = {k: v for k, v in cfg.items() if k not in ("path", "fallback")}
-    if cfg["path"] != "tc" and p["BLOCK_K"] % 64:
+    if cfg["path"] not in _GLUON and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
     if cfg["path"] == "tc":
@@ -92,6 +115,10 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
         constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
         return _keep_plan(key, cfg, (_kw_tc()._wo_tc_kernel, (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"])),
                                      split, constexprs))
+    if cfg["path"] == "wg":
+        constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, **p)
+        grid = (cdiv(M, p["BLOCK_M"]) * cdiv(N, p["BLOCK_N"]),)
+        return _keep_plan(key, cfg, (_kw_wg()._wo_wg_kernel, grid, 1, constexprs))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
         programs = cdiv(N, p["BLOCK_N"]) * M
@@ -119,7 +146,7 @@ def _keep_plan(key, cfg, plan):
 
 
 def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
-    """gemv / mm paths: out [M, N] written by one kernel (two with split-K). x2 rows are contiguous;
+    """out [M, N] written by one kernel (two with the mm / gemv split-K). x2 rows are contiguous;
     scale_zero is [N, G, 2] contiguous, read as one 32-bit word per group (stride in words: G)."""
     M, K = x2.shape
     N = qweight.shape[0]
@@ -129,6 +156,11 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), ws, _counters(x2.device, grid[0] * grid[2]), **constexprs)
+        return out
+    if cfg["path"] == "wg":      # x and the code bytes through TMA descriptors (rows past M / N read as zeros)
+        x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
+        launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
+               **constexprs)
         return out
     if split == 1:
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
@@ -143,6 +175,16 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
            ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
     return out
+
+
+def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
+    """TMA descriptors of x [M, K] (blocks [block_m, 64], 128-byte swizzle: wgmma's A operand as is) and of
+    the code bytes [N, K / 2] (blocks [block_n, 32], unswizzled: read back by rows)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    x_desc = TensorDescriptor.from_tensor(x2, [block_m, WG_K], gl.NVMMASharedLayout(128, 16, rank=2))
+    w_desc = TensorDescriptor.from_tensor(qweight, [block_n, WG_K // 2], gl.NVMMASharedLayout(0, 8, rank=2))
+    return x_desc, w_desc
 
 
 # (device index, stream) -> int32 counters, zero between launches (the tc kernel's last program of a tile
@@ -203,8 +245,8 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
 def _run_config(x, qweight, scale_zero, bias, bits, group, int_zeros, cfg):
     M, K = x.shape
     N = qweight.shape[0]
-    if cfg["path"] == "tc":
-        if not tc_supported(bits, K, group, qweight):
+    if cfg["path"] in _GLUON:
+        if not _GLUON[cfg["path"]](bits, K, group, qweight):
             cfg = cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(M))
         elif x.data_ptr() % 16 or x.stride(0) % 8:
             x = x.clone(memory_format=torch.contiguous_format)    # x rows are read as 16-byte vectors too
@@ -228,6 +270,9 @@ def _path_config(cfg: dict, path: str, bits: int, N: int, K: int, device) -> dic
     if path == "tc":
         return cfg if cfg is not None and cfg["path"] == "tc" else dict(TC_DEFAULT, fallback=_path_config(
             cfg, "gemv", bits, N, K, device))
+    if path == "wg":
+        return cfg if cfg is not None and cfg["path"] == "wg" else dict(WG_DEFAULT, fallback=_path_config(
+            cfg, "mm", bits, N, K, device))
     if path == "tc-splitk":
         return dict(_path_config(cfg, "tc", bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if path == "gemv-splitk":
