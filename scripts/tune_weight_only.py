@@ -97,10 +97,11 @@ def candidates(m: int) -> list[dict]:
                (128, 128, 128, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 4)]]
         c += [dq(32, 128, 4), dq(16, 256, 4)]
     if m >= 64:
-        # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows, BLOCK_N weight rows
+        # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows (<= 256), BLOCK_N weight rows
+        # (16 x warps x a power of two)
         c += [wg(bm, bn, w, st) for bm, bn, w, st in
-              [(64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 4, 3), (128, 128, 4, 4),
-               (64, 256, 4, 3), (128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (128, 128, 8, 4)]]
+              [(256, 128, 8, 4), (256, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 3), (256, 64, 4, 4),
+               (128, 64, 4, 4), (64, 64, 4, 4), (64, 128, 8, 4)]]
     return c
 
 

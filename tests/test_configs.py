@@ -35,9 +35,9 @@ def test_shipped_tables_are_well_formed(slug):
             if cfg.get("path") == "tc":      # the Gluon kernel: BLOCK_N = 16 x warps x a power of two
                 assert kind == "w4a16" and cfg["BLOCK_M"] in (8, 16), cfg
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
-            if cfg.get("path") == "wg":      # the Gluon wgmma kernel: warpgroups of 64 rows, a ring of >= 3
-                assert kind == "w4a16" and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 3, cfg
-                assert cfg["BLOCK_M"] % 64 == 0 and cfg["BLOCK_N"] % 64 == 0, cfg
+            if cfg.get("path") == "wg":      # the Gluon wgmma kernel: warpgroups split BLOCK_N, BLOCK_M its n
+                assert kind == "w4a16" and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2, cfg
+                assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0 and cfg["BLOCK_M"] in (64, 128, 256), cfg
             if cfg.get("path") in ("tc", "wg"):     # Gluon: a fallback for what its kernel does not run
                 assert cfg["fallback"]["path"] not in ("tc", "wg"), cfg
                 cfg = cfg["fallback"]

@@ -265,10 +265,10 @@ def test_tc_alignment_and_fallback(M):
 
 
 @gpu
-@pytest.mark.parametrize("cfg", [dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=4),
+@pytest.mark.parametrize("cfg", [dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4),
                                  dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3),
                                  dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, STAGES=3),
-                                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=5)])
+                                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=5)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_wg_tiles_tails_and_fallback(cfg, dtype):
     """The Hopper wgmma kernel over its tile shapes: M and N tails (rows past M / N are read but not stored),

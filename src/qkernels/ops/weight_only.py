@@ -3,8 +3,8 @@
 One op, five paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
 "w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode), "tc" (Gluon
 tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of 128 or per channel), "mm" (tensor
-cores with in-register dequantization), "wg" (Gluon Hopper kernel for large M: wgmma overlapped with the
-dequantization of the next tile; 4-bit weights, groups of a multiple of 64 or per channel) and "dequant"
+cores with in-register dequantization), "wg" (Gluon Hopper kernel for large M: wgmma on in-register
+dequantized weights, overlapped with the next tile's dequantization; 4-bit weights, groups of a multiple of 64 or per channel) and "dequant"
 (dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a "fallback" config for the cases
 its kernel does not run (other GPUs, group sizes, K).
 SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv" and "tc", K is split up
@@ -33,7 +33,7 @@ TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_
 # "wg" (kernels/_weight_only_wg.py, Gluon, wgmma): 4-bit weights, K a multiple of WG_K, groups of a multiple
 # of WG_K or per channel, sm_90 (Hopper) only.
 WG_K = 64
-WG_DEFAULT = dict(path="wg", BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=4)
+WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
 
 
 def _kw():
@@ -116,9 +116,10 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
         return _keep_plan(key, cfg, (_kw_tc()._wo_tc_kernel, (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"])),
                                      split, constexprs))
     if cfg["path"] == "wg":
+        kernel = _kw_wg()._wo_wg_kernel
         constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, **p)
         grid = (cdiv(M, p["BLOCK_M"]) * cdiv(N, p["BLOCK_N"]),)
-        return _keep_plan(key, cfg, (_kw_wg()._wo_wg_kernel, grid, 1, constexprs))
+        return _keep_plan(key, cfg, (kernel, grid, 1, constexprs))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
         programs = cdiv(N, p["BLOCK_N"]) * M
@@ -178,8 +179,8 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
 
 
 def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
-    """TMA descriptors of x [M, K] (blocks [block_m, 64], 128-byte swizzle: wgmma's A operand as is) and of
-    the code bytes [N, K / 2] (blocks [block_n, 32], unswizzled: read back by rows)."""
+    """TMA descriptors of x [M, K] (blocks [block_m, 64], 128-byte swizzle: wgmma's B operand as is) and of
+    the code bytes [N, K / 2] (blocks [block_n, 32], unswizzled)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     x_desc = TensorDescriptor.from_tensor(x2, [block_m, WG_K], gl.NVMMASharedLayout(128, 16, rank=2))
