@@ -4,8 +4,8 @@ One op, five paths picked by M from the per-GPU config table (configs/<gpu>.json
 "w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode), "tc" (Gluon
 tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of 128 or per channel), "mm" (tensor
 cores with in-register dequantization), "wg" (Gluon Hopper kernel for large M: wgmma on in-register
-dequantized weights, overlapped with the next tile's dequantization; 4-bit weights, groups of a multiple of 64 or per channel) and "dequant"
-(dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a "fallback" config for the cases
+dequantized weights, overlapped with the next tile's dequantization; 4-bit weights, groups of a multiple of
+64 or per channel) and "dequant" (dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a "fallback" config for the cases
 its kernel does not run (other GPUs, group sizes, K).
 SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv" and "tc", K is split up
 to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs.
@@ -62,7 +62,7 @@ def tc_supported(bits: int, K: int, group: int, qweight: torch.Tensor) -> bool:
 
 def wg_supported(bits: int, K: int, group: int, qweight: torch.Tensor) -> bool:
     """Whether the Gluon wgmma kernel runs this case: sm_90 (wgmma is Hopper's; no interpreter twin), code
-    rows 16-byte aligned (async copies of 16 bytes)."""
+    rows 16-byte aligned (TMA descriptors need 16-byte aligned bases and row strides)."""
     return (bits == 4 and K % WG_K == 0 and (group == K or group % WG_K == 0) and not is_interpreter()
             and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) == (9, 0)
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
@@ -158,7 +158,8 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), ws, _counters(x2.device, grid[0] * grid[2]), **constexprs)
         return out
-    if cfg["path"] == "wg":      # x and the code bytes through TMA descriptors (rows past M / N read as zeros)
+    if cfg["path"] == "wg":      # x and the code bytes through TMA descriptors (rows past M / N read as zeros);
+        # launch's cache key sees a descriptor only by its class: its dtype follows out's, its blocks the constexprs
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
                **constexprs)
