@@ -5,8 +5,8 @@ One op, five paths picked by M from the per-GPU config table (configs/<gpu>.json
 tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of 128 or per channel), "mm" (tensor
 cores with in-register dequantization), "wg" (Gluon Hopper kernel for large M: wgmma on in-register
 dequantized weights, overlapped with the next tile's dequantization; 4-bit weights, groups of a multiple of
-64 or per channel) and "dequant" (dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a "fallback" config for the cases
-its kernel does not run (other GPUs, group sizes, K).
+64 or per channel) and "dequant" (dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a
+"fallback" config for the cases its kernel does not run (other GPUs, group sizes, K).
 SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv" and "tc", K is split up
 to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs.
 Kernels: kernels/_weight_only.py, kernels/_weight_only_tc.py. Reference: reference.weight_only_linear.
