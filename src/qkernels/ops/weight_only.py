@@ -179,14 +179,21 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
     return out
 
 
-def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
-    """TMA descriptors of x [M, K] (blocks [block_m, 64], 128-byte swizzle: wgmma's B operand as is) and of
-    the code bytes [N, K / 2] (blocks [block_n, 32], unswizzled)."""
+@functools.cache
+def _wg_layouts():
+    """TensorDescriptor and the shared layouts of its two blocks: x 128-byte swizzled (wgmma's B operand as
+    is), code bytes unswizzled. Built once: the launcher runs per call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    x_desc = TensorDescriptor.from_tensor(x2, [block_m, WG_K], gl.NVMMASharedLayout(128, 16, rank=2))
-    w_desc = TensorDescriptor.from_tensor(qweight, [block_n, WG_K // 2], gl.NVMMASharedLayout(0, 8, rank=2))
-    return x_desc, w_desc
+    return TensorDescriptor, gl.NVMMASharedLayout(128, 16, rank=2), gl.NVMMASharedLayout(0, 8, rank=2)
+
+
+def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
+    """TMA descriptors of x [M, K] (blocks [block_m, 64]) and of the code bytes [N, K / 2] (blocks
+    [block_n, 32])."""
+    desc, x_layout, w_layout = _wg_layouts()
+    return (desc.from_tensor(x2, [block_m, WG_K], x_layout),
+            desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
 
 
 # (device index, stream) -> int32 counters, zero between launches (the tc kernel's last program of a tile
