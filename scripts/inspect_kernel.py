@@ -49,6 +49,25 @@ def _kernels(dtype: str, bits: int, group: int):
     }
 
 
+def _tensordesc(dtype: str, block: list[int], swizzle: int, bits: int) -> str:
+    """Signature string of a Gluon TMA descriptor argument (NVMMASharedLayout, as the launcher builds it)."""
+    return (f"tensordesc<{dtype}[{block[0]}, {block[1]}],NVMMASharedLayout(swizzle_byte_width={swizzle}, "
+            f"element_bitwidth={bits}, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
+
+
+def _gluon_kernels(dtype: str, params: dict):
+    """Gluon kernels take TMA descriptors whose block shapes follow the constexprs."""
+    from qkernels.kernels import _weight_only_wg
+    bm, bn = params.get("BLOCK_M", 256), params.get("BLOCK_N", 128)
+    return {
+        "wo_wg": (_weight_only_wg._wo_wg_kernel,
+                  ["x_desc", "w_desc", "sz_ptr", "bias_ptr", "out_ptr", "M", "N", "K", "stride_sn", "stride_om"],
+                  [_tensordesc(dtype, [bm, 64], 128, 16), _tensordesc("u8", [bn, 32], 0, 8),
+                   f"*{dtype}", f"*{dtype}", f"*{dtype}"] + ["i32"] * 5,
+                  dict(HAS_BIAS=False, INT_Z=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4)),
+    }
+
+
 def compile_kernel(fn, names, types, constexprs, arch, num_warps, num_stages):
     sig = dict(zip(names, types))
     for k in constexprs:
@@ -57,7 +76,9 @@ def compile_kernel(fn, names, types, constexprs, arch, num_warps, num_stages):
     params = fn.arg_names
     attrs = {(params.index(n),): [["tt.divisibility", 16]] for n, t in zip(names, types)
              if t.startswith("*") or n in ("N", "K") or n.startswith("stride")}
-    src = ASTSource(fn, signature=sig, constexprs={k: v for k, v in constexprs.items()}, attrs=attrs)
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+    src = source(fn, signature=sig, constexprs={k: v for k, v in constexprs.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
@@ -114,8 +135,11 @@ def main():
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--dump")
     a = ap.parse_args()
-    fn, names, types, flags = _kernels(a.dtype, a.bits, a.group)[a.kernel]
     p = {k: int(v) for k, v in (s.split("=") for s in a.params)}
+    table = _gluon_kernels(a.dtype, p) if a.kernel.startswith("wo_wg") else _kernels(a.dtype, a.bits, a.group)
+    fn, names, types, flags = table[a.kernel]
+    if a.kernel.startswith("wo_wg"):
+        flags["GROUP"] = a.group
     nw, ns = p.pop("num_warps", 4), p.pop("num_stages", 3)
     k = compile_kernel(fn, names, types, {**flags, **p}, a.arch, nw, ns)
     summarize(k, a.dump)

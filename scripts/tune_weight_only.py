@@ -100,7 +100,7 @@ def candidates(m: int) -> list[dict]:
         # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows (<= 256), BLOCK_N weight rows
         # (16 x warps x a power of two)
         c += [wg(bm, bn, w, st) for bm, bn, w, st in
-              [(256, 128, 8, 4), (256, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 3), (256, 64, 4, 4),
+              [(256, 128, 8, 4), (256, 128, 8, 3), (256, 128, 8, 5), (128, 128, 8, 4), (128, 256, 8, 3), (256, 64, 4, 4),
                (128, 64, 4, 4), (64, 64, 4, 4), (64, 128, 8, 4)]]
     return c
 

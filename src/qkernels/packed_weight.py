@@ -59,6 +59,15 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"bits must be 4 or 8, got {bits!r}")
 
 
+def integer_zeros(zeros: torch.Tensor, bits: int) -> bool:
+    """Whether every zero point is an integer in [0, 2**bits] (GPTQ's stored-minus-one zeros reach 2**bits).
+    Reads the values: a device sync, so for conversion and load time, not a forward."""
+    if zeros.is_meta:
+        return False
+    z = zeros.float()
+    return bool(((z == z.round()) & (z >= 0) & (z <= 2 ** bits)).all())
+
+
 def pack_scale_zero(scales: torch.Tensor, zeros: torch.Tensor | None, bits: int) -> torch.Tensor:
     """scales [N, G] and zeros [N, G] (None: the symmetric zero point 2**(bits - 1)) -> [N, G, 2] in
     scales' dtype."""
@@ -77,18 +86,23 @@ class PackedWeight:
     shape: tuple[int, int]   # (N, K)
     perm: torch.Tensor | None = None
     symmetric: bool = False  # zero point 2**(bits - 1) for every group; `zeros` is None
+    # every zero point an integer in [0, 2**bits] (symmetric weights, and the converters' asymmetric ones; not
+    # HQQ-style float zero points): the kernels may then fold their conversion's magic number into the zero
+    # point, exactly. Set by the converters from the data; QuantizedLinear keeps it with its buffers.
+    int_zeros: bool = False
 
     def __post_init__(self):
         if self.scale_zero.dim() != 3 or self.scale_zero.shape[-1] != 2:
             raise ValueError(f"scale_zero must have shape [N, K / group_size, 2], got {tuple(self.scale_zero.shape)}")
         self.scale_zero = self.scale_zero.contiguous()
+        self.int_zeros = bool(self.int_zeros or self.symmetric)
 
     @classmethod
     def from_parts(cls, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int,
                    group_size: int, shape: tuple[int, int], perm: torch.Tensor | None = None) -> "PackedWeight":
         """From separate scales [N, G] and zeros [N, G] (None: symmetric), already in the kernel layout."""
         return cls(qweight, pack_scale_zero(scales, zeros, bits), bits, group_size, tuple(shape), perm,
-                   zeros is None)
+                   zeros is None, zeros is None or integer_zeros(zeros, bits))
 
     # ---- properties -----------------------------------------------------------------------
     @property
@@ -117,7 +131,7 @@ class PackedWeight:
     def to(self, device) -> "PackedWeight":
         mv = (lambda t: None if t is None else t.to(device))
         return PackedWeight(mv(self.qweight), mv(self.scale_zero), self.bits, self.group_size, self.shape,
-                            mv(self.perm), self.symmetric)
+                            mv(self.perm), self.symmetric, self.int_zeros)
 
     def codes(self) -> torch.Tensor:
         """Unsigned codes u [N, K] (uint8), in the stored (possibly permuted) column order."""

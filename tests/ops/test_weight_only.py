@@ -48,6 +48,42 @@ def _check(got, want_mag, dtype):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float_and_integer_zero_points(bits, path):
+    """Integer zero points in [0, 2**bits] let the kernels fold their magic number into the zero point
+    (PackedWeight.int_zeros); float ones (HQQ) and out-of-range ones must not take that shortcut."""
+    N, K, M = 40, 256, 3
+    q = torch.randint(0, 2 ** bits, (N, K), device=DEVICE, dtype=torch.uint8)
+    s = torch.rand(N, 2, device=DEVICE, dtype=torch.float16) / 8 + 0.01
+    x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+    top = 2 ** bits
+    for z, want_int in ((torch.randint(0, top + 1, (N, 2), device=DEVICE).half(), True),
+                        (torch.rand(N, 2, device=DEVICE, dtype=torch.float16) * (top - 1), False),
+                        (torch.full((N, 2), top + 3.0, device=DEVICE, dtype=torch.float16), False)):
+        pw = qk.PackedWeight.from_int(q, s, z, bits=bits, group_size=128)
+        assert pw.int_zeros == want_int
+        _check(_run(x, pw, path=path), _ref(x, pw), torch.float16)
+    assert qk.PackedWeight.from_int(q.to(torch.int8) - top // 2, s, None, bits=bits, group_size=128).int_zeros
+
+
+def test_quantized_linear_loads_decide_integer_zeros():
+    """A QuantizedLinear takes int_zeros from what it loads: float zero points loaded into a layer built with
+    integer ones must turn the kernels' integer shortcut off (else a silently wrong result)."""
+    lin = torch.nn.Linear(128, 48, bias=False, device=DEVICE, dtype=torch.float16)
+    x = torch.randn(5, 128, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin, "w4a16", group_size=64)
+    assert ql.int_zeros and ql.packed_weight().int_zeros
+    ql(x)                                                    # builds and caches the PackedWeight view
+    sd = ql.state_dict()
+    sd["scale_zero"] = sd["scale_zero"].clone()
+    sd["scale_zero"][..., 1] += 0.3                          # float zero points, in place of integer ones
+    ql.load_state_dict(sd)
+    pw = ql.packed_weight()
+    assert not ql.int_zeros and not pw.int_zeros
+    _check(ql(x), _ref(x, pw), torch.float16)
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bits,group_size,symmetric", [(4, 32, False), (4, 64, True), (4, 128, False),
                                                         (4, -1, True), (8, -1, True), (8, 64, False)])
 @pytest.mark.parametrize("M", [1, 2, 17])

@@ -10,10 +10,14 @@ explicit, per 64-k step:
   - x and the code bytes of each step come through a STAGES-deep shared-memory ring by TMA (one mbarrier per
     stage), refilled as soon as every warp is done with a stage; the (scale, zero) words are plain loads;
   - out.T = W @ x.T: the weight tile is the wgmma's A operand straight from registers (64 rows per warpgroup),
-    x.T its B operand from the ring; the code bytes are read from shared memory in the A-operand layout, so
-    the dequantized values need no layout change, and low / high nibbles (k and k + 32 of the packed chunk)
-    are two wgmmas on the two halves of the x tile;
-  - the next step's tile is dequantized while this step's wgmmas run (is_async, waited one step later).
+    x.T its B operand from the ring; the code bytes are read from shared memory as 16-bit pairs in the
+    A-operand layout (a pair is the two adjacent k a thread holds), so the dequantized values need no layout
+    change, and low / high nibbles (k and k + 32 of the packed chunk) are two wgmmas on the two halves of the
+    x tile;
+  - a step issues its wgmmas, waits for the previous step's (is_async, one step in flight), refills the stage
+    that step read and dequantizes the next tile while its own wgmmas run. The loop takes two steps per
+    iteration so the tile in flight and the one being written are different registers (with one loop-carried
+    tile ptxas held the dequantization back until the wgmma reading those registers was done).
 
 Measured against other designs in benchmarks/NOTES.md (session 16): the same pipeline with the dequantized
 tile stored to shared memory as the B operand (x as A) lost ~40% to the extra shared-memory traffic.
@@ -23,7 +27,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ._weight_only import _NIBBLES_RAW_BF16, _NIBBLES_RAW_F16
 
 BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row)
 
@@ -37,18 +40,68 @@ def _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, stage, off_m, off_n, k0, pre
     tma.async_copy_global_to_shared(w_desc, [off_n, k0 // 2], bar, c_ring.index(stage), pred=pred)
 
 
+def _pairs_asm(magic: str) -> str:
+    """PTX: one 16-bit code pair (bytes b0, b1) in $2 -> magic + low nibbles of b0, b1 in $0 and magic + high
+    nibbles in $1, as 16-bit float pairs (prmt spreads the bytes into the halves, lop3 ORs a nibble into the
+    magic number's mantissa)."""
+    return f"""{{
+        .reg .b32 t, u, m, mg;
+        mov.b32 m, 0x000F000F;
+        mov.b32 mg, {magic};
+        cvt.u32.u16 u, $2;
+        prmt.b32 t, u, 0, 0x4140;
+        lop3.b32 $0, t, m, mg, 0xEA;
+        shr.b32 t, t, 4;
+        lop3.b32 $1, t, m, mg, 0xEA;
+        }}"""
+
+
+_PAIRS_F16: gl.constexpr = gl.constexpr(_pairs_asm("0x64006400"))     # magic 1024.0
+_PAIRS_BF16: gl.constexpr = gl.constexpr(_pairs_asm("0x43004300"))    # magic 128.0
+
+
+@gluon.constexpr_function
+def _pairs_layout(ll):
+    """Linear layout of the A operand's code bytes [R, 32] (register bit 0 is k bit 0: each thread holds byte
+    pairs) -> the layout of those pairs as 16-bit words [R, 16]."""
+    assert list(ll.reg_bases[0]) == [0, 1], ll
+
+    def half(bases):
+        return [[r, k // 2] for r, k in bases]
+    return gl.DistributedLinearLayout(half(ll.reg_bases[1:]), half(ll.lane_bases), half(ll.warp_bases),
+                                      half(ll.block_bases), [ll.shape[0], ll.shape[1] // 2])
+
+
 @gluon.jit
-def _wg_dequant(b, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr):
-    """Code bytes [BN, 32] in the wgmma A-operand layout -> (lo, hi): the dequantized k = j and k = 32 + j
-    halves of the step's 64-k chunk, [BN, 32] each, in the same layout."""
+def _halves_of(w, dt: gl.constexpr, layout: gl.constexpr):
+    """int32 words [R, C] -> the 16-bit floats they hold [R, 2 C] (low half first) in `layout`: each word
+    joined with itself (the new axis is register bit 0), then an identity asm: no instructions."""
+    w2 = gl.reshape(gl.join(w, w), [w.shape[0], 2 * w.shape[1]])
     if dt == gl.bfloat16:
-        lo, hi = gl.inline_asm_elementwise(asm=_NIBBLES_RAW_BF16, constraints="=r,=r,=r,=r,r", args=[b],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.bfloat16,
+                                      is_pure=True, pack=2)
+    else:
+        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.float16,
+                                      is_pure=True, pack=2)
+    return gl.convert_layout(h, layout, assert_trivial=True)
+
+
+@gluon.jit
+def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr):
+    """Code pairs [BN, 16] (uint16: bytes 2c, 2c + 1 of each row's 32) -> (lo, hi): the dequantized k = j and
+    k = 32 + j halves of the step's 64-k chunk, [BN, 32] each, in the wgmma A-operand layout `al`."""
+    if dt == gl.bfloat16:
+        lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_BF16, constraints="=r,=r,h", args=[codes],
+                                           dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
         MAGIC: gl.constexpr = 128.0
     else:
-        lo, hi = gl.inline_asm_elementwise(asm=_NIBBLES_RAW_F16, constraints="=r,=r,=r,=r,r", args=[b],
-                                           dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+        lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_F16, constraints="=r,=r,h", args=[codes],
+                                           dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
         MAGIC: gl.constexpr = 1024.0
+    lo = _halves_of(lw, dt, al)
+    hi = _halves_of(hw, dt, al)
+    szl: gl.constexpr = gl.SliceLayout(1, al)
+    sz = gl.convert_layout(sz, szl, assert_trivial=True)
     z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True)
     if INT_Z:
         zz = (z.to(gl.float32) + MAGIC).to(dt)[:, None]
@@ -60,6 +113,45 @@ def _wg_dequant(b, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr):
         hi = (hi - MAGIC) - zz
     s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(dt)[:, None]
     return lo * s, hi * s
+
+
+@gluon.jit
+def _wg_tile(c_ring, bars, step, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
+             STAGES: gl.constexpr):
+    """Wait for step `step`'s stage, read its code bytes in the A-operand layout and dequantize them."""
+    stage = step % STAGES
+    mbarrier.wait(bars.index(stage), (step // STAGES) & 1)
+    BN: gl.constexpr = c_ring.shape[1]
+    pl: gl.constexpr = _pairs_layout(gl.to_linear_layout(al, [BN, BK // 2]))
+    codes = c_ring.index(stage)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+    return _wg_dequant(codes, sz, INT_Z, dt, st, al)
+
+
+@gluon.jit
+def _wg_mma(acc, lo, hi, xs):
+    """Issue one step's wgmmas: low nibbles with the x tile's first 32 k, high nibbles with its last 32."""
+    acc = warpgroup_mma(lo, xs.slice(0, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
+    return warpgroup_mma(hi, xs.slice(BK // 2, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit
+def _wg_step(acc, lo, hi, sz, step, steps, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n,
+             GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
+             STAGES: gl.constexpr):
+    """Step `step`: issue its wgmmas on (lo, hi), wait for the previous step's (its tile's registers and its
+    stage are then free), refill that stage with step - 1 + STAGES once every warp is past it, and dequantize
+    the next step's tile (after the last step: the last one again, unused) while this step's wgmmas run.
+    Returns (acc in flight, next lo, next hi, next scale/zero words)."""
+    acc = _wg_mma(acc, lo, hi, x_ring.index(step % STAGES))
+    acc = warpgroup_mma_wait(2, deps=[acc])
+    gl.thread_barrier()
+    nxt = step - 1 + STAGES
+    _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, nxt % STAGES, off_m, off_n, nxt * BK, (step >= 1) & (nxt < steps))
+    nx = gl.minimum(step + 1, steps - 1)
+    if GROUP != 0:
+        sz = gl.load(s_p + nx * BK // GROUP)
+    nlo, nhi = _wg_tile(c_ring, bars, nx, sz, INT_Z, dt, st, al, STAGES)
+    return acc, nlo, nhi, sz
 
 
 @gluon.jit
@@ -100,28 +192,19 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     for p in gl.static_range(STAGES):
         _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, p * BK, p < steps)
     sz = gl.load(s_p)
-    mbarrier.wait(bars.index(0), 0)
-    lo, hi = _wg_dequant(c_ring.index(0).load(al), sz, INT_Z, dt, st)
+    lo, hi = _wg_tile(c_ring, bars, 0, sz, INT_Z, dt, st, al, STAGES)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    for i in range(steps):
-        stage = i % STAGES
-        xs = x_ring.index(stage)
-        acc = warpgroup_mma(lo, xs.slice(0, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(hi, xs.slice(BK // 2, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
-        # the next step's tile, while these run (the last step re-reads its own codes: unused)
-        nx = gl.minimum(i + 1, steps - 1)
-        if GROUP != 0:
-            sz = gl.load(s_p + nx * BK // GROUP)
-        ns = nx % STAGES
-        mbarrier.wait(bars.index(ns), (nx // STAGES) & 1)
-        nlo, nhi = _wg_dequant(c_ring.index(ns).load(al), sz, INT_Z, dt, st)
-        acc = warpgroup_mma_wait(0, deps=(acc, lo, hi))[0]
-        lo = nlo
-        hi = nhi
-        # every warp is done with step i's x and codes: its stage takes step i + STAGES
-        gl.thread_barrier()
-        nxt = i + STAGES
-        _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, stage, off_m, off_n, nxt * BK, nxt < steps)
+    # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
+    # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
+    # reading the carried registers was done.
+    for j in range(steps // 2):
+        acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, x_desc, w_desc, x_ring, c_ring, bars, s_p,
+                                     off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES)
+        acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, x_desc, w_desc, x_ring, c_ring, bars, s_p,
+                                   off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES)
+    if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
+        acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % STAGES))])
+    acc = warpgroup_mma_wait(0, deps=[acc])
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 

@@ -48,6 +48,7 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("qweight", torch.zeros(out_features, qweight_width(in_features, bits), dtype=torch.uint8,
                                                         device=device))
             self.symmetric = symmetric
+            self.int_zeros = True      # the zero points below; from_packed and loads set it from the data
             sz = torch.ones(out_features, ng, 2, dtype=dtype, device=device)
             sz[..., 1] = 2 ** (bits - 1) if symmetric else 0
             self.register_buffer("scale_zero", sz)
@@ -102,6 +103,7 @@ class QuantizedLinear(nn.Module):
         mod.qweight.copy_(packed.qweight)
         mod.scale_zero.copy_(packed.scale_zero)
         mod.perm = packed.perm
+        mod.int_zeros = packed.int_zeros
         if bias is not None:
             mod.bias.copy_(bias)
         return mod
@@ -114,7 +116,7 @@ class QuantizedLinear(nn.Module):
                 or pw.perm is not self.perm:
             from ..packed_weight import PackedWeight
             pw = PackedWeight(self.qweight, self.scale_zero, self.bits, self.group_size,
-                              (self.out_features, self.in_features), self.perm, self.symmetric)
+                              (self.out_features, self.in_features), self.perm, self.symmetric, self.int_zeros)
             self.__dict__["_packed"] = pw
         return pw
 
@@ -138,6 +140,10 @@ class QuantizedLinear(nn.Module):
                                                                 state_dict.pop(prefix + "zeros", None), self.bits)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if self.scheme in WEIGHT_ONLY_BITS:    # the loaded zero points decide (float ones: HQQ); rebuild the view
+            from ..packed_weight import integer_zeros
+            self.int_zeros = self.symmetric or integer_zeros(self.scale_zero[..., 1], self.bits)
+            self.__dict__.pop("_packed", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not runs_kernels(x):

@@ -316,7 +316,7 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
         # the common call (2-D x, no bias, no act-order, where kernels run) validated in a few checks; anything
         # else goes through the full checks below, which name what is wrong
         return call_op(_weight_only_op, _weight_only_impl, x, qweight, w.scale_zero, None, bits, w.group_len,
-                       w.symmetric, path)
+                       w.int_zeros, path)
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w_packed must be a qkernels.PackedWeight (see PackedWeight.from_float / from_gptq / "
                         f"from_awq), got {type(w).__name__}")
@@ -338,7 +338,7 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
     if w.perm is not None:
         x2 = x2.index_select(1, w.perm)
     out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, bias, bits, w.group_len,
-                  w.symmetric, path)
+                  w.int_zeros, path)
     return out.reshape(*x.shape[:-1], N)
 
 
