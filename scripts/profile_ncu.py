@@ -4,7 +4,8 @@ cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one lau
   ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section LaunchStats python3 scripts/profile_ncu.py [case ...]
 
-Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), tc1 / tc1-nosplit (the tc kernel at M=1), wo128, w8 (W8A16 M=1), fp16-1 / fp16-16 (cuBLAS), int8 (core
+Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), tc1 / tc1-nosplit (the tc kernel at M=1), wo128, w8 (W8A16 M=1),
+wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
 unless --nk says otherwise.
 """
@@ -34,7 +35,7 @@ def cases(n: int, k: int, dev: str = "cuda"):
     w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
     pw4 = qkernels.PackedWeight.from_float(w, bits=4, group_size=128, symmetric=False)
     pw8 = qkernels.PackedWeight.from_float(w, bits=8, group_size=-1, symmetric=True)
-    xs = {m: torch.randn(m, k, device=dev, dtype=torch.float16) for m in (1, 2, 16, 128, 4096)}
+    xs = {m: torch.randn(m, k, device=dev, dtype=torch.float16) for m in (1, 2, 16, 128, 1024, 4096)}
     a8 = torch.randint(-128, 128, (4096, k), device=dev, dtype=torch.int8)
     w8 = torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8)
     ws = torch.rand(n, device=dev) / 100
@@ -48,6 +49,9 @@ def cases(n: int, k: int, dev: str = "cuda"):
                                             lambda: qkernels.w4a16_linear(xs[1], pw4)),
         "wo128": lambda: qkernels.w4a16_linear(xs[128], pw4),
         "w8": lambda: qkernels.w8a16_linear(xs[1], pw8),
+        # the Gluon wgmma kernel (WG_DEFAULT tiles) and cuBLAS at M = 1024
+        "wg1024": lambda: WO._weight_only(xs[1024], pw4, None, 4, "wg1024", path="wg"),
+        "fp16-1024": lambda: torch.nn.functional.linear(xs[1024], w),
         "fp16-1": lambda: torch.nn.functional.linear(xs[1], w),
         "fp16-16": lambda: torch.nn.functional.linear(xs[16], w),
         "int8": lambda: (qkernels.int8_matmul(a8, w8.t()), torch._int_mm(a8, w8.t())),

@@ -116,15 +116,22 @@ def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constex
 
 
 @gluon.jit
-def _wg_tile(c_ring, bars, step, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
-             STAGES: gl.constexpr):
-    """Wait for step `step`'s stage, read its code bytes in the A-operand layout and dequantize them."""
+def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for step `step`'s stage and read its code bytes as 16-bit pairs in the A-operand layout."""
     stage = step % STAGES
     mbarrier.wait(bars.index(stage), (step // STAGES) & 1)
     BN: gl.constexpr = c_ring.shape[1]
     pl: gl.constexpr = _pairs_layout(gl.to_linear_layout(al, [BN, BK // 2]))
-    codes = c_ring.index(stage)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
-    return _wg_dequant(codes, sz, INT_Z, dt, st, al)
+    return c_ring.index(stage)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+
+
+@gluon.jit
+def _wg_sz(s_p, step, steps, GROUP: gl.constexpr):
+    """The (scale, zero) words of step `step` (clamped to the last step), one per row."""
+    if GROUP == 0:
+        return gl.load(s_p)
+    else:
+        return gl.load(s_p + gl.minimum(step, steps - 1) * BK // GROUP)
 
 
 @gluon.jit
@@ -138,20 +145,20 @@ def _wg_mma(acc, lo, hi, xs):
 def _wg_step(acc, lo, hi, sz, step, steps, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n,
              GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
              STAGES: gl.constexpr):
-    """Step `step`: issue its wgmmas on (lo, hi), wait for the previous step's (its tile's registers and its
-    stage are then free), refill that stage with step - 1 + STAGES once every warp is past it, and dequantize
-    the next step's tile (after the last step: the last one again, unused) while this step's wgmmas run.
-    Returns (acc in flight, next lo, next hi, next scale/zero words)."""
+    """Step `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the step
+    after next; wait for the previous step's wgmmas (its tile's registers and its stage are then free); refill
+    that stage with step - 1 + STAGES once every warp is past it; read and dequantize the next step's codes
+    (after the last step: the last one again, unused; sz: its words, loaded a step ago) while this step's
+    wgmmas run. Returns (acc in flight, next lo, next hi, the words for the step after next)."""
     acc = _wg_mma(acc, lo, hi, x_ring.index(step % STAGES))
+    sz_after = _wg_sz(s_p, step + 2, steps, GROUP)
     acc = warpgroup_mma_wait(2, deps=[acc])
     gl.thread_barrier()
     nxt = step - 1 + STAGES
     _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, nxt % STAGES, off_m, off_n, nxt * BK, (step >= 1) & (nxt < steps))
-    nx = gl.minimum(step + 1, steps - 1)
-    if GROUP != 0:
-        sz = gl.load(s_p + nx * BK // GROUP)
-    nlo, nhi = _wg_tile(c_ring, bars, nx, sz, INT_Z, dt, st, al, STAGES)
-    return acc, nlo, nhi, sz
+    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES)
+    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al)
+    return acc, nlo, nhi, sz_after
 
 
 @gluon.jit
@@ -191,8 +198,8 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     steps = K // BK
     for p in gl.static_range(STAGES):
         _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, p * BK, p < steps)
-    sz = gl.load(s_p)
-    lo, hi = _wg_tile(c_ring, bars, 0, sz, INT_Z, dt, st, al, STAGES)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES), _wg_sz(s_p, 0, steps, GROUP), INT_Z, dt, st, al)
+    sz = _wg_sz(s_p, 1, steps, GROUP)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
     # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
