@@ -115,6 +115,15 @@ def from_log(log: Path, table: dict, bits_list: list) -> None:
             times = [float(t) for t in ast.literal_eval(mt.group(4))]
             runs.setdefault((mt.group(1), int(mt.group(2))), []).append((times, ast.literal_eval(mt.group(3))))
     configs.overrides_from_runs(table, runs, SHAPES, log.name)
+    for kind in [k for k in ("w4a16", "w8a16") if k in table]:
+        # Gluon-path overrides need a fallback: the bucket's own, or the bucket config itself
+        tab = table[kind]
+        for key, cfg in list(tab.items()):
+            base = tab.get(key.split(":")[0], {})
+            if cfg["path"] in WO._GLUON and "fallback" not in cfg:
+                fb = base.get("fallback") or (base if base.get("path") not in WO._GLUON else None)
+                if fb is not None:
+                    tab[key] = dict(cfg, fallback=fb)
 
 
 def main():

@@ -91,7 +91,7 @@ def lookup(table: dict, M: int, N: int, K: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # shape overrides, as the tuning scripts (scripts/tune_gemm.py, scripts/tune_weight_only.py) write them
 
-OVERRIDE_GAIN = 0.9    # a shape gets its own config when another is this much faster there than the bucket's
+OVERRIDE_GAIN = 0.92   # a shape gets its own config when another is this much faster there than the bucket's
 
 
 def set_shape_overrides(tab: dict, kind: str, bucket, shapes: list, results: list, chosen: dict) -> None:

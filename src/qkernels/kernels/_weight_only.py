@@ -319,7 +319,7 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                     INT_Z: tl.constexpr = False):
-    """One x row per program column. INT_Z: the zero points are integers (symmetric weights), so the magic
+    """One x row per program column. INT_Z: the zero points are integers (PackedWeight.int_zeros), so the magic
     number of the code conversion folds into them (_codes_t). SPLIT_K > 1: program z covers BLOCK_K-aligned
     slice z of K and writes fp32 partial sums to out_ptr [SPLIT_K, M, N] (no bias), added in order by
     _wo_splitk_reduce. The scale is factored out of each run of 32 k sharing one group:

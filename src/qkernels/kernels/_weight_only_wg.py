@@ -27,6 +27,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from ._weight_only_tc import _halves_of
+
 
 BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row)
 
@@ -70,20 +72,6 @@ def _pairs_layout(ll):
         return [[r, k // 2] for r, k in bases]
     return gl.DistributedLinearLayout(half(ll.reg_bases[1:]), half(ll.lane_bases), half(ll.warp_bases),
                                       half(ll.block_bases), [ll.shape[0], ll.shape[1] // 2])
-
-
-@gluon.jit
-def _halves_of(w, dt: gl.constexpr, layout: gl.constexpr):
-    """int32 words [R, C] -> the 16-bit floats they hold [R, 2 C] (low half first) in `layout`: each word
-    joined with itself (the new axis is register bit 0), then an identity asm: no instructions."""
-    w2 = gl.reshape(gl.join(w, w), [w.shape[0], 2 * w.shape[1]])
-    if dt == gl.bfloat16:
-        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.bfloat16,
-                                      is_pure=True, pack=2)
-    else:
-        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.float16,
-                                      is_pure=True, pack=2)
-    return gl.convert_layout(h, layout, assert_trivial=True)
 
 
 @gluon.jit

@@ -229,8 +229,9 @@ def _dequant_into(qweight, scale_zero, w, bits, group, cfg):
 def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
                       bias: torch.Tensor | None, bits: int, group: int, int_zeros: bool, path: str) -> torch.Tensor:
     """x [M, K] with contiguous rows, qweight / scale_zero in the PackedWeight layout (contiguous),
-    group: group length (K: per channel); int_zeros: every zero point is an integer (symmetric weights:
-    lets the GEMV fold its conversion constant into them); path "" = pick by M from the config table."""
+    group: group length (K: per channel); int_zeros: every zero point an integer in [0, 2**bits]
+    (PackedWeight.int_zeros: lets the kernels fold their conversion constant into them); path "" = pick by M
+    from the config table."""
     M, K = x.shape
     N = qweight.shape[0]
     if x.stride(1) != 1:
