@@ -116,14 +116,19 @@ def from_log(log: Path, table: dict, bits_list: list) -> None:
             runs.setdefault((mt.group(1), int(mt.group(2))), []).append((times, ast.literal_eval(mt.group(3))))
     configs.overrides_from_runs(table, runs, SHAPES, log.name)
     for kind in [k for k in ("w4a16", "w8a16") if k in table]:
-        # Gluon-path overrides need a fallback: the bucket's own, or the bucket config itself
-        tab = table[kind]
-        for key, cfg in list(tab.items()):
-            base = tab.get(key.split(":")[0], {})
-            if cfg["path"] in WO._GLUON and "fallback" not in cfg:
-                fb = base.get("fallback") or (base if base.get("path") not in WO._GLUON else None)
-                if fb is not None:
-                    tab[key] = dict(cfg, fallback=fb)
+        tab = table[kind]      # the overrides take their bucket's fallback (or the bucket's config itself)
+        for bucket in [k for k in tab if ":" not in k]:
+            fb = tab[bucket].get("fallback") or (tab[bucket] if tab[bucket]["path"] not in WO._GLUON else None)
+            if fb is not None:
+                _attach_fallback(tab, bucket, fb)
+
+
+def _attach_fallback(tab: dict, bucket, fallback: dict) -> None:
+    """Gluon-path configs (tc, wg) of a bucket and its shape overrides carry `fallback`, which runs where their
+    kernels do not (GPU, group size, K)."""
+    fallback = {k: v for k, v in fallback.items() if k != "fallback"}
+    for k in [k for k in tab if k.split(":")[0] == str(bucket) and tab[k]["path"] in WO._GLUON]:
+        tab[k] = dict(tab[k], fallback=fallback)
 
 
 def main():
@@ -190,10 +195,8 @@ def main():
             tab[str(m)] = cfg
             configs.set_shape_overrides(tab, key, m, SHAPES, results, cfg)
             others = [r for r in results if r[1]["path"] not in WO._GLUON]
-            if others:   # tc / wg configs carry one for what their kernels do not run (GPU, group size, K)
-                fallback = {k: v for k, v in min(others, key=score)[1].items() if k != "fallback"}
-                for k in [k for k in tab if k.split(":")[0] == str(m) and tab[k]["path"] in WO._GLUON]:
-                    tab[k] = dict(tab[k], fallback=fallback)
+            if others:
+                _attach_fallback(tab, m, min(others, key=score)[1])
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "
                   f"{time.time() - t0:.0f} s)", flush=True)
         table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))

@@ -118,8 +118,7 @@ def _wg_sz(s_p, step, steps, GROUP: gl.constexpr):
     """The (scale, zero) words of step `step` (clamped to the last step), one per row."""
     if GROUP == 0:
         return gl.load(s_p)
-    else:
-        return gl.load(s_p + gl.minimum(step, steps - 1) * BK // GROUP)
+    return gl.load(s_p + gl.minimum(step, steps - 1) * BK // GROUP)
 
 
 @gluon.jit
@@ -139,7 +138,10 @@ def _wg_step(acc, lo, hi, sz, step, steps, x_desc, w_desc, x_ring, c_ring, bars,
     (after the last step: the last one again, unused; sz: its words, loaded a step ago) while this step's
     wgmmas run. Returns (acc in flight, next lo, next hi, the words for the step after next)."""
     acc = _wg_mma(acc, lo, hi, x_ring.index(step % STAGES))
-    sz_after = _wg_sz(s_p, step + 2, steps, GROUP)
+    if GROUP == 0:      # per channel: the same words every step
+        sz_after = sz
+    else:
+        sz_after = _wg_sz(s_p, step + 2, steps, GROUP)
     acc = warpgroup_mma_wait(2, deps=[acc])
     gl.thread_barrier()
     nxt = step - 1 + STAGES
@@ -186,8 +188,10 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     steps = K // BK
     for p in gl.static_range(STAGES):
         _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, p * BK, p < steps)
-    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES), _wg_sz(s_p, 0, steps, GROUP), INT_Z, dt, st, al)
-    sz = _wg_sz(s_p, 1, steps, GROUP)
+    sz = _wg_sz(s_p, 0, steps, GROUP)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES), sz, INT_Z, dt, st, al)
+    if GROUP != 0:
+        sz = _wg_sz(s_p, 1, steps, GROUP)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
     # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
