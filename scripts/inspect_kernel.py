@@ -61,10 +61,11 @@ def _gluon_kernels(dtype: str, params: dict):
     bm, bn = params.get("BLOCK_M", 256), params.get("BLOCK_N", 128)
     return {
         "wo_wg": (_weight_only_wg._wo_wg_kernel,
-                  ["x_desc", "w_desc", "sz_ptr", "bias_ptr", "out_ptr", "M", "N", "K", "stride_sn", "stride_om"],
+                  ["x_desc", "w_desc", "sz_ptr", "bias_ptr", "out_ptr", "M", "N", "K", "stride_sn", "stride_om",
+                   "ws_ptr", "cnt_ptr"],
                   [_tensordesc(dtype, [bm, 64], 128, 16), _tensordesc("u8", [bn, 32], 0, 8),
-                   f"*{dtype}", f"*{dtype}", f"*{dtype}"] + ["i32"] * 5,
-                  dict(HAS_BIAS=False, INT_Z=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4)),
+                   f"*{dtype}", f"*{dtype}", f"*{dtype}"] + ["i32"] * 5 + ["*fp32", "*i32"],
+                  dict(HAS_BIAS=False, INT_Z=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4, SPLIT_K=1)),
     }
 
 

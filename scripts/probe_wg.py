@@ -1,6 +1,6 @@
 """Side-by-side timing of the "wg" weight-only kernel (kernels/_weight_only_wg.py) against fp16 cuBLAS and the
 table's current config, at large M on the three Llama-3-8B shapes (CUDA-graph replay, one call, L2 flushed).
-Usage: PYTHONPATH=src python3 scripts/probe_wg.py [--m 1024 4096] [--cfg BM,BN,WARPS,STAGES ...] [--sym]"""
+Usage: PYTHONPATH=src python3 scripts/probe_wg.py [--m 1024 4096] [--cfg BM,BN,WARPS,STAGES[,SPLIT_K[,PER_SM]] ...] [--sym]"""
 import argparse
 
 import torch
@@ -33,8 +33,11 @@ def main():
             cols.append(f"table {t:7.1f} ({fp / t:.2f}x)")
             ref = WO._weight_only(x, pw, None, 4, "probe")
             for spec in a.cfg:
-                bm, bn, nw, st = (int(v) for v in spec.split(","))
+                bm, bn, nw, st, *split = (int(v) for v in spec.split(","))
                 cfg = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=st, num_warps=nw)
+                if split:       # K split up to SPLIT_K ways while the grid has fewer than PER_SM (2) programs per SM
+                    sms = torch.cuda.get_device_properties(0).multi_processor_count
+                    cfg.update(SPLIT_K=split[0], MIN_PROGRAMS=(split[1] if len(split) > 1 else 2) * sms)
                 WO.config_for = lambda *args, cfg=cfg: cfg
                 got = WO._weight_only(x, pw, None, 4, "probe")
                 err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()

@@ -40,8 +40,11 @@ def tc(bn, bm, w, split=1, min_programs=0, stages=1):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs or 1 << 30)
 
 
-def wg(bm, bn, w, stages, g=8):
-    return dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w)
+def wg(bm, bn, w, stages, g=8, split=1, min_programs=264):
+    """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
+    on the H100 / H200's 132 SMs)."""
+    c = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w)
+    return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
 def dq(bn, bk, w):
@@ -96,9 +99,17 @@ def candidates(m: int) -> list[dict]:
               [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
                (128, 128, 128, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 4)]]
         c += [dq(32, 128, 4), dq(16, 256, 4)]
+    # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows (8-256, the wgmma's n), BLOCK_N
+    # weight rows (16 x warps x a power of two); split-K where the grid is small
+    if m <= 32:
+        bm = max(8, m)
+        c += [wg(bm, bn, w, st, split=sp, min_programs=mp) for bn, w, st, sp, mp in
+              [(64, 4, 8, 8, 264), (64, 4, 6, 8, 264), (128, 4, 8, 8, 264), (64, 4, 8, 16, 528), (128, 8, 8, 4, 264),
+               (64, 4, 8, 1, 0)]]
+    if 64 <= m <= 256:
+        c += [wg(bm, bn, w, st, split=4) for bm, bn, w, st in
+              [(64, 64, 4, 6), (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4)]]
     if m >= 64:
-        # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows (<= 256), BLOCK_N weight rows
-        # (16 x warps x a power of two)
         c += [wg(bm, bn, w, st) for bm, bn, w, st in
               [(256, 128, 8, 4), (256, 128, 8, 3), (256, 128, 8, 5), (128, 128, 8, 4), (128, 256, 8, 3), (256, 64, 4, 4),
                (128, 64, 4, 4), (64, 64, 4, 4), (64, 128, 8, 4)]]
@@ -171,10 +182,13 @@ def main():
             cands = [c for c in candidates(m) if bits == 4 or c["path"] not in WO._GLUON]    # tc, wg: 4-bit only
             if args.paths:
                 cands = [c for c in cands if c["path"] in args.paths]
-                if str(m) in tab:
-                    cands.insert(0, tab[str(m)])
-                    if "fallback" in tab[str(m)]:
-                        cands.insert(1, tab[str(m)]["fallback"])
+                # the table's bucket config, its fallback and its shape overrides compete too
+                mine = [tab[k] for k in tab if k.split(":")[0] == str(m)]
+                mine += [c["fallback"] for c in mine if "fallback" in c]
+                for c in mine:
+                    c = {k: v for k, v in c.items() if k != "fallback"}
+                    if c not in cands:
+                        cands.insert(0, c)
             for cfg in cands:
                 WO.config_for = lambda *args, cfg=cfg: cfg
                 times = []

@@ -304,10 +304,13 @@ def test_tc_alignment_and_fallback(M):
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4),
                                  dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3),
                                  dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, STAGES=3),
-                                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=5)])
+                                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=5),
+                                 dict(BLOCK_M=8, BLOCK_N=64, num_warps=4, STAGES=8, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
+                                 dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=6, SPLIT_K=4, MIN_PROGRAMS=1 << 30)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_wg_tiles_tails_and_fallback(cfg, dtype):
-    """The Hopper wgmma kernel over its tile shapes: M and N tails (rows past M / N are read but not stored),
+    """The Hopper wgmma kernel over its tile shapes and split-K: M and N tails (rows past M / N are read but not
+    stored, split-K slices of unequal length),
     a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, per channel; group 32 and K % 64
     take the fallback. Against the reference."""
     cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
@@ -326,17 +329,19 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype):
 
 
 @gpu
-def test_tc_splitk_fixup_counters_and_graphs():
-    """tc's split-K partials are added by the last program of each tile, counted with per-tile counters that
-    must be back at zero after every launch; in slice order, so results are deterministic, eager or replayed."""
+@pytest.mark.parametrize("path", ["tc-splitk", "wg-splitk"])
+def test_splitk_fixup_counters_and_graphs(path):
+    """tc's and wg's split-K partials are added by the last program of each tile, counted with per-tile counters
+    that must be back at zero after every launch; in slice order, so results are deterministic, eager or
+    replayed."""
     pw = _weight(1000, 4096, 4, 128, False)
-    for M in (1, 3, 9):
+    for M in (1, 3, 9, 100):
         x = torch.randn(M, 4096, device=DEVICE, dtype=torch.float16)
-        first = _run(x, pw, path="tc-splitk")
+        first = _run(x, pw, path=path)
         _check(first, _ref(x, pw), torch.float16)
         for _ in range(3):
-            assert_bit_exact(_run(x, pw, path="tc-splitk"), first, "repeat")
-        assert_bit_exact(graph_replay(lambda: WO._weight_only(x, pw, None, 4, "t", "tc-splitk")), first, "graph")
+            assert_bit_exact(_run(x, pw, path=path), first, "repeat")
+        assert_bit_exact(graph_replay(lambda: WO._weight_only(x, pw, None, 4, "t", path)), first, "graph")
         assert all(not buf.any() for buf in WO._COUNTERS.values()), "split-K counters left non-zero"
 
 

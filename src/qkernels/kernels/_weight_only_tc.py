@@ -274,22 +274,32 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     om = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
     mask = (on < N)[:, None] & (om < M)[None, :]
     if SPLIT_K > 1:
-        # split-K fix-up in this kernel (no second launch): every program stores its fp32 partial tile; the
-        # last of a tile's SPLIT_K programs to finish (a counter per tile, acq_rel) adds them in slice order
-        # (deterministic) and resets the counter for the next launch
-        offs = om.to(gl.int64)[None, :] * N + on[:, None]
-        gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + offs, acc, mask=mask)
-        gl.thread_barrier()     # the whole tile is stored before the counter says so
-        tile = pid_m * gl.num_programs(0) + pid_n
-        done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT_K - 1:
-            acc = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            for sk in range(1, SPLIT_K):
-                acc += gl.load(ws_ptr + sk * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid_m * gl.num_programs(0) + pid_n, on, om, mask, M, N,
+                                  SPLIT_K)
+        if last:
             _tc_store(acc, bias_ptr, out_ptr, on, om, mask, N, stride_om, HAS_BIAS)
-            gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
         _tc_store(acc, bias_ptr, out_ptr, on, om, mask, N, stride_om, HAS_BIAS)
+
+
+@gluon.jit
+def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, on, om, mask, M, N, SPLIT_K: gl.constexpr):
+    """Split-K fix-up inside the kernel (no second launch), shared by the tc and wg kernels: every program
+    stores its fp32 partial tile to ws_ptr [SPLIT_K, M, N] (slice = program_id(1)); the last of a tile's SPLIT_K
+    programs to finish (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice
+    order (deterministic) and resets the counter for the next launch. Returns (the sum, whether this program
+    is the tile's last: only then is the sum complete)."""
+    offs = om.to(gl.int64)[None, :] * N + on[:, None]
+    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + offs, acc, mask=mask)
+    gl.thread_barrier()     # the whole tile is stored before the counter says so
+    done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = done == SPLIT_K - 1
+    if last:
+        acc = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        for sk in range(1, SPLIT_K):
+            acc += gl.load(ws_ptr + sk * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+    return acc, last
 
 
 @gluon.jit

@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ._weight_only_tc import _halves_of
+from ._weight_only_tc import _halves_of, _splitk_fixup
 
 
 BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row)
@@ -35,7 +35,7 @@ BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code by
 
 @gluon.jit
 def _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, stage, off_m, off_n, k0, pred):
-    """TMA copies of step k0's x tile and code bytes into ring stage `stage`, arriving on its barrier."""
+    """TMA copies of the x tile and code bytes into ring stage `stage`, arriving on its barrier."""
     bar = bars.index(stage)
     mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(x_desc, [off_m, k0], bar, x_ring.index(stage), pred=pred)
@@ -114,11 +114,12 @@ def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _wg_sz(s_p, step, steps, GROUP: gl.constexpr):
-    """The (scale, zero) words of step `step` (clamped to the last step), one per row."""
+def _wg_sz(s_p, step, steps, s0, GROUP: gl.constexpr):
+    """The (scale, zero) words of the slice's step `step` (clamped to its last step; s0: the slice's first step
+    in K), one per row."""
     if GROUP == 0:
         return gl.load(s_p)
-    return gl.load(s_p + gl.minimum(step, steps - 1) * BK // GROUP)
+    return gl.load(s_p + (s0 + gl.minimum(step, steps - 1)) * BK // GROUP)
 
 
 @gluon.jit
@@ -129,7 +130,7 @@ def _wg_mma(acc, lo, hi, xs):
 
 
 @gluon.jit
-def _wg_step(acc, lo, hi, sz, step, steps, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n,
+def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n,
              GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
              STAGES: gl.constexpr):
     """Step `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the step
@@ -141,25 +142,29 @@ def _wg_step(acc, lo, hi, sz, step, steps, x_desc, w_desc, x_ring, c_ring, bars,
     if GROUP == 0:      # per channel: the same words every step
         sz_after = sz
     else:
-        sz_after = _wg_sz(s_p, step + 2, steps, GROUP)
+        sz_after = _wg_sz(s_p, step + 2, steps, s0, GROUP)
     acc = warpgroup_mma_wait(2, deps=[acc])
     gl.thread_barrier()
     nxt = step - 1 + STAGES
-    _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, nxt % STAGES, off_m, off_n, nxt * BK, (step >= 1) & (nxt < steps))
+    _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, nxt % STAGES, off_m, off_n, (s0 + nxt) * BK,
+              (step >= 1) & (nxt < steps))
     codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES)
     nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al)
     return acc, nlo, nhi, sz_after
 
 
 @gluon.jit
-def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om,
+def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                   SPLIT_K: gl.constexpr = 1):
     """W4A16 on Hopper, K a multiple of 64, GROUP 0 (per channel) or a multiple of 64. One program per output
     tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share each
     weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
     [N, K / 2], blocks [BLOCK_N, 32] (rows past M / N read as zeros). BLOCK_N: a multiple of 16 x num_warps
-    (warpgroups split the weight rows); BLOCK_M <= 256 (the wgmma's n)."""
+    (warpgroups split the weight rows); BLOCK_M <= 256 (the wgmma's n), a multiple of 8. SPLIT_K > 1: program
+    column z covers slice z of the 64-k steps (the launcher makes every slice non-empty); partials are added up
+    in this kernel (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile)."""
     W: gl.constexpr = gl.num_warps()
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
@@ -185,21 +190,27 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
 
-    steps = K // BK
+    if SPLIT_K == 1:
+        s0 = 0
+        steps = K // BK
+    else:
+        per = gl.cdiv(K // BK, SPLIT_K)
+        s0 = gl.program_id(1) * per
+        steps = gl.minimum(K // BK - s0, per)
     for p in gl.static_range(STAGES):
-        _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, p * BK, p < steps)
-    sz = _wg_sz(s_p, 0, steps, GROUP)
+        _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, (s0 + p) * BK, p < steps)
+    sz = _wg_sz(s_p, 0, steps, s0, GROUP)
     lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES), sz, INT_Z, dt, st, al)
     if GROUP != 0:
-        sz = _wg_sz(s_p, 1, steps, GROUP)
+        sz = _wg_sz(s_p, 1, steps, s0, GROUP)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
     # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
     # reading the carried registers was done.
     for j in range(steps // 2):
-        acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, x_desc, w_desc, x_ring, c_ring, bars, s_p,
+        acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
                                      off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES)
-        acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, x_desc, w_desc, x_ring, c_ring, bars, s_p,
+        acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
                                    off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % STAGES))])
@@ -207,10 +218,26 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
-    on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    if SPLIT_K == 1:
+        _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, W)
+    else:
+        on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, on, om, (on < N)[:, None] & (om < M)[None, :], M, N,
+                                  SPLIT_K)
+        if last:
+            _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, W)
+
+
+@gluon.jit
+def _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS: gl.constexpr, W: gl.constexpr):
+    """out.T tile [BLOCK_N, BLOCK_M] (fp32, + bias) -> out, 8 consecutive n per thread."""
+    BLOCK_N: gl.constexpr = acc.shape[0]
+    BLOCK_M: gl.constexpr = acc.shape[1]
     if HAS_BIAS:
+        on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc.type.layout))
         acc += gl.load(bias_ptr + on % N).to(gl.float32)[:, None]
-    ol: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, W], [0, 1])     # 8 consecutive n per thread
+    ol: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, W], [0, 1])
     y = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), ol)
     on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ol))
     om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ol))

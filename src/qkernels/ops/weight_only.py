@@ -25,7 +25,7 @@ from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
 # forced paths for tests: "*-splitk": K split 3 ways; "mm-xa": the mm kernel with x as the MMA's A operand
-PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk", "wg")
+PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk", "wg", "wg-splitk")
 # "tc" (kernels/_weight_only_tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
 # or per channel, CUDA GPUs of sm_80+. Elsewhere a "tc" config runs its "fallback" config.
 TC_K = 128
@@ -106,20 +106,19 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
     if cfg["path"] not in _GLUON and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
-    if cfg["path"] == "tc":
-        steps = K // TC_K
-        programs = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
-        split = max(1, min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs), steps))
-        if split > 1:    # equal slices of whole steps: none empty
+    if cfg["path"] in _GLUON:
+        # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
+        # whole steps (none empty); the kernels add the partials up themselves
+        steps = K // (TC_K if cfg["path"] == "tc" else WG_K)
+        tiles = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
+        split = max(1, min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), tiles), steps))
+        if split > 1:
             split = cdiv(steps, cdiv(steps, split))
         constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
-        return _keep_plan(key, cfg, (_kw_tc()._wo_tc_kernel, (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"])),
-                                     split, constexprs))
-    if cfg["path"] == "wg":
-        kernel = _kw_wg()._wo_wg_kernel
-        constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, **p)
-        grid = (cdiv(M, p["BLOCK_M"]) * cdiv(N, p["BLOCK_N"]),)
-        return _keep_plan(key, cfg, (kernel, grid, 1, constexprs))
+        if cfg["path"] == "tc":
+            grid = (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"]))
+            return _keep_plan(key, cfg, (_kw_tc()._wo_tc_kernel, grid, split, constexprs))
+        return _keep_plan(key, cfg, (_kw_wg()._wo_wg_kernel, (tiles, split), split, constexprs))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
         programs = cdiv(N, p["BLOCK_N"]) * M
@@ -153,16 +152,17 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
     N = qweight.shape[0]
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None, int_zeros)
     bias_arg = bias if bias is not None else scale_zero
-    if cfg["path"] == "tc":      # split-K partials are added up inside the kernel (per-tile counters)
+    if cfg["path"] in _GLUON:    # split-K partials are added up inside the kernel (per-tile counters)
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
-        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
-               scale_zero.shape[1], out.stride(0), ws, _counters(x2.device, grid[0] * grid[2]), **constexprs)
-        return out
-    if cfg["path"] == "wg":      # x and the code bytes through TMA descriptors (rows past M / N read as zeros);
-        # launch's cache key sees a descriptor only by its class: its dtype follows out's, its blocks the constexprs
+        if cfg["path"] == "tc":
+            launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
+                   scale_zero.shape[1], out.stride(0), ws, _counters(x2.device, grid[0] * grid[2]), **constexprs)
+            return out
+        # wg: x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key
+        # sees a descriptor only by its class: its dtype follows out's, its blocks the constexprs
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
-               **constexprs)
+               ws, _counters(x2.device, grid[0]), **constexprs)
         return out
     if split == 1:
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
@@ -283,8 +283,8 @@ def _path_config(cfg: dict, path: str, bits: int, N: int, K: int, device) -> dic
     if path == "wg":
         return cfg if cfg is not None and cfg["path"] == "wg" else dict(WG_DEFAULT, fallback=_path_config(
             cfg, "mm", bits, N, K, device))
-    if path == "tc-splitk":
-        return dict(_path_config(cfg, "tc", bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
+    if path in ("tc-splitk", "wg-splitk"):
+        return dict(_path_config(cfg, path[:2], bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if path == "gemv-splitk":
         return dict(_path_config(cfg, "gemv", bits, N, K, device), SPLIT_K=3, MIN_PROGRAMS=1 << 30)
     if cfg is not None and cfg["path"] == path:
