@@ -1,6 +1,7 @@
 """Side-by-side timing of the "wg" weight-only kernel (kernels/_weight_only_wg.py) against fp16 cuBLAS and the
 table's current config, at large M on the three Llama-3-8B shapes (CUDA-graph replay, one call, L2 flushed).
-Usage: PYTHONPATH=src python3 scripts/probe_wg.py [--m 1024 4096] [--cfg BM,BN,WARPS,STAGES[,SPLIT_K[,PER_SM]] ...] [--sym]"""
+Usage: PYTHONPATH=src python3 scripts/probe_wg.py [--m 1024 4096] [--cfg BM,BN,WARPS,STAGES[,SPLIT_K[,PER_SM]] ...]
+       [--sym]"""
 import argparse
 
 import torch

@@ -25,7 +25,8 @@ from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
 # forced paths for tests: "*-splitk": K split 3 ways; "mm-xa": the mm kernel with x as the MMA's A operand
-PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk", "wg", "wg-splitk")
+PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk", "wg",
+         "wg-splitk")
 # "tc" (kernels/_weight_only_tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
 # or per channel, CUDA GPUs of sm_80+. Elsewhere a "tc" config runs its "fallback" config.
 TC_K = 128
