@@ -1,4 +1,5 @@
-"""Gluon kernel for large-M weight-only linears on Hopper (sm_90): wgmma fed by in-register dequantization.
+"""Gluon kernel for weight-only linears on Hopper (sm_90): wgmma fed by in-register dequantization, for large
+M (x tiles up to 256 rows) and, with split-K, small M (x tiles of 8-32 rows: the wgmma's n).
 Launcher: ops/weight_only.py (path "wg"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
 The Triton-language kernels in _weight_only.py compute the same thing and are its CPU twin (Gluon has no
 interpreter); the tests run this one on Hopper GPUs against the reference.

@@ -3,13 +3,14 @@
 One op, five paths picked by M from the per-GPU config table (configs/<gpu>.json, keys "w4a16" /
 "w8a16", M-bucketed; defaults in configs/__init__.py): "gemv" (fp32 FMA reduction, decode), "tc" (Gluon
 tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of 128 or per channel), "mm" (tensor
-cores with in-register dequantization), "wg" (Gluon Hopper kernel for large M: wgmma on in-register
-dequantized weights, overlapped with the next tile's dequantization; 4-bit weights, groups of a multiple of
+cores with in-register dequantization), "wg" (Gluon Hopper kernel: wgmma on in-register dequantized weights,
+overlapped with the next tile's dequantization, x tiles of 8-256 rows; 4-bit weights, groups of a multiple of
 64 or per channel) and "dequant" (dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a
 "fallback" config for the cases its kernel does not run (other GPUs, group sizes, K).
-SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv" and "tc", K is split up
-to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs.
-Kernels: kernels/_weight_only.py, kernels/_weight_only_tc.py. Reference: reference.weight_only_linear.
+SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv", "tc" and "wg", K is split
+up to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs (tc and wg add the partials up
+inside the kernel).
+Kernels: kernels/_weight_only.py, _weight_only_tc.py, _weight_only_wg.py. Reference: reference.weight_only_linear.
 """
 from __future__ import annotations
 
@@ -197,7 +198,7 @@ def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
             desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
 
 
-# (device index, stream) -> int32 counters, zero between launches (the tc kernel's last program of a tile
+# (device index, stream) -> int32 counters, zero between launches (the tc / wg kernels' last program of a tile
 # resets its counter); one buffer per stream, so concurrent launches on two streams do not share counters
 _COUNTERS: dict = {}
 
