@@ -155,16 +155,20 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None, int_zeros)
     bias_arg = bias if bias is not None else scale_zero
     if cfg["path"] in _GLUON:    # split-K partials are added up inside the kernel (per-tile counters)
-        ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
+        if split > 1:
+            ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
+            cnt = _counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else grid[0])
+        else:      # unused by the kernel: no workspace, no counter lookup on the per-call path
+            ws = cnt = out
         if cfg["path"] == "tc":
             launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
-                   scale_zero.shape[1], out.stride(0), ws, _counters(x2.device, grid[0] * grid[2]), **constexprs)
+                   scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs)
             return out
         # wg: x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key
         # sees a descriptor only by its class: its dtype follows out's, its blocks the constexprs
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
-               ws, _counters(x2.device, grid[0]), **constexprs)
+               ws, cnt, **constexprs)
         return out
     if split == 1:
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
