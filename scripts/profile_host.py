@@ -35,11 +35,10 @@ calls = {
 }
 print(f"{'call':32s} {'direct launch':>14s} {'triton launch':>14s}  (host us / call)")
 for name, fn in calls.items():
-    R._FAST_LAUNCH[0] = True
-    fast = host_us(fn)
-    R._FAST_LAUNCH[0] = False
-    slow = host_us(fn)
-    R._FAST_LAUNCH[0] = True
+    with R.fast_launch(True):
+        fast = host_us(fn)
+    with R.fast_launch(False):
+        slow = host_us(fn)
     print(f"{name:32s} {fast:14.1f} {slow:14.1f}", flush=True)
 for name in ("w4a16_linear M=1", "w8a8_linear M=16"):
     fn = calls[name]

@@ -23,12 +23,8 @@ from qkernels.ops import weight_only as WO  # noqa: E402
 
 
 def _with_config(cfg, fn):
-    saved = WO.config_for
-    WO.config_for = lambda *args: cfg
-    try:
+    with WO.use_config(cfg):
         return fn()
-    finally:
-        WO.config_for = saved
 
 
 def cases(n: int, k: int, dev: str = "cuda"):

@@ -11,18 +11,13 @@ from qkernels.ops import quant as Q
 dev = torch.device("cuda")
 bw = copy_bandwidth_gbps(dev)
 print(f"copy bandwidth {bw:.0f} GB/s")
-default = dict(Q.TILES)
 
 
 def measure(name, fn, nbytes, settings):
     for st in settings:
-        Q.TILES.clear()
-        Q.TILES.update(default)
-        Q.TILES.update(st)
-        us = time_us(fn)
+        with Q.tiles(**st):
+            us = time_us(fn)
         print(f"{name:34s} {str(st):60s} {us:8.2f} us  {100 * nbytes / (us * 1e-6) / 1e9 / bw:5.1f}%")
-    Q.TILES.clear()
-    Q.TILES.update(default)
 
 
 x = torch.randn(50_000_000, device=dev)

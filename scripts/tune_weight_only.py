@@ -190,14 +190,14 @@ def main():
                     if c not in cands:
                         cands.insert(0, c)
             for cfg in cands:
-                WO.config_for = lambda *args, cfg=cfg: cfg
                 times = []
                 try:
                     for N, K in SHAPES:
                         pw = weights[bits, N, K]
                         x = torch.randn(m, K, device=dev, dtype=torch.float16)
-                        times.append(time_us(lambda: WO._weight_only(x, pw, None, bits, "tune"),
-                                             mode="graph", rep_ms=25, warmup_ms=5))
+                        with WO.use_config(cfg):
+                            times.append(time_us(lambda: WO._weight_only(x, pw, None, bits, "tune"),
+                                                 mode="graph", rep_ms=25, warmup_ms=5))
                 except Exception as e:   # e.g. out of shared memory or registers
                     print(f"{key} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue

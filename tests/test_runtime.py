@@ -108,13 +108,14 @@ def test_hooks_and_ineligible_kernels_take_triton_path(fast):
     assert len(k2.slow_calls) == 2
 
 
-def test_disabled_by_env_switch(fast, monkeypatch):
-    monkeypatch.setattr(R, "_FAST_LAUNCH", [False])
+def test_disabled_by_switch(fast):
     k = FakeKernel(["x", "B"], {"B"})
     x = torch.arange(64, dtype=torch.float16)
-    R.launch(k, (1,), x, B=16)
-    R.launch(k, (1,), x, B=16)
+    with R.fast_launch(False):
+        R.launch(k, (1,), x, B=16)
+        R.launch(k, (1,), x, B=16)
     assert len(k.slow_calls) == 2 and not R._LAUNCHES
+    assert R._FAST_LAUNCH[0]          # restored after the block
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "quantize": ".ops.quant", "dequantize": ".ops.quant", "quantize_tensor": ".ops.quant",
     "dequantize_tensor": ".ops.quant", "pack_int4": ".ops.quant", "unpack_int4": ".ops.quant",
-    "QuantizedTensor": ".quantized_tensor",
+    "QuantizedTensor": ".ops.quant",
     "int8_matmul": ".ops.gemm", "fp8_matmul": ".ops.gemm", "int4_matmul": ".ops.gemm", "w8a8_linear": ".ops.gemm",
     "w4a16_linear": ".ops.weight_only", "w8a16_linear": ".ops.weight_only",
     "PackedWeight": ".packed_weight",

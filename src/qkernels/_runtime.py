@@ -5,6 +5,7 @@ the first launch.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -143,6 +144,32 @@ def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 # (kernel, device, constexprs, argument facts) -> (CompiledKernel, constexpr placeholders); (None, ()): not eligible
 _LAUNCHES: dict = {}
 _FAST_LAUNCH = [os.environ.get("QKERNELS_FAST_LAUNCH", "1") != "0"]
+
+
+@contextlib.contextmanager
+def scoped_update(table: dict, overrides: dict, what: str):
+    """Update `table` (a module's tile dict) for the duration of the block; unknown keys are an error."""
+    bad = set(overrides) - set(table)
+    if bad:
+        raise KeyError(f"unknown {what} keys {sorted(bad)}; known: {sorted(table)}")
+    old = dict(table)
+    table.update(overrides)
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(old)
+
+
+@contextlib.contextmanager
+def fast_launch(enabled: bool):
+    """Scoped switch of the direct launch (QKERNELS_FAST_LAUNCH): profilers compare both paths with it."""
+    old = _FAST_LAUNCH[0]
+    _FAST_LAUNCH[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _FAST_LAUNCH[0] = old
 
 
 def _arg_facts(args: tuple) -> tuple:

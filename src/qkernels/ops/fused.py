@@ -9,13 +9,12 @@ and memory comes from PyTorch's caching allocator: qkernels does not replace eit
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
 from .._runtime import (FLOAT_DTYPES, alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        launch, next_pow2)
+                        launch, next_pow2, scoped_update)
 from .quant import _fp8_emulate
 
 QUANTIZE_FORMATS = {"int8": (torch.int8, 127), "fp8_e4m3": (torch.float8_e4m3fn, 448)}
@@ -31,20 +30,10 @@ TILES = {"max_block": 16384, "loop_block": 4096, "rows_tile": 4096, "elems_per_w
          "elems_per_warp_quant": 1024, "max_warps": 16, "quant_long_warps": 32, "silu_block": 4096}
 
 
-@contextlib.contextmanager
 def tiles(**overrides):
     """Scoped override of TILES (tests force the chunked path on small rows with it; the tuning script
     sweeps them)."""
-    bad = set(overrides) - set(TILES)
-    if bad:
-        raise KeyError(f"unknown tile keys {sorted(bad)}; known: {sorted(TILES)}")
-    old = dict(TILES)
-    TILES.update(overrides)
-    try:
-        yield
-    finally:
-        TILES.clear()
-        TILES.update(old)
+    return scoped_update(TILES, overrides, "tile")
 
 
 def _kf():

@@ -7,15 +7,47 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
 from .. import reference as ref
 from .._runtime import (FLOAT_DTYPES, alloc, call_op, capability, cdiv, check_kernel_device, check_same_device,
-                        check_tensor, is_interpreter, launch, next_pow2, num_sms)
+                        check_tensor, is_interpreter, launch, next_pow2, num_sms, scoped_update)
 from ..formats import GRANULARITIES, get_format
-from ..quantized_tensor import QuantizedTensor
 
+
+@dataclass
+class QuantizedTensor:
+    """Result of `qkernels.quantize`.
+
+    data:        codes. int8 (symmetric int8), uint8 (asymmetric int8), uint8 packed two per byte along
+                 the last dim (int4; even index in the low nibble), or torch.float8_e4m3fn / e5m2.
+    scale:       float32; shape () for "tensor", (*lead, 1) for "row", (K,) for "column",
+                 (*lead, K // group_size) for "group".
+    zero_point:  int32 with the scale's shape (asymmetric), else None.
+    shape:       logical shape of the original tensor (data's last dim is half of it for int4).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    zero_point: torch.Tensor | None
+    shape: torch.Size
+    dtype: str
+    granularity: str
+    group_size: int | None = None
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero_point is None
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize(self, dtype)
+
+    def __repr__(self) -> str:
+        gs = f", group_size={self.group_size}" if self.granularity == "group" else ""
+        return (f"QuantizedTensor(shape={tuple(self.shape)}, dtype={self.dtype!r}, granularity={self.granularity!r}"
+                f"{gs}, symmetric={self.symmetric}, device={self.data.device})")
 
 
 def _kq():
@@ -30,6 +62,11 @@ def _kq():
 # flat: per-tensor kernel; seg: row / group kernel (rows longer than seg_max_block take two passes).
 TILES = {"flat_min": 2048, "flat_max": 2048, "flat_warps": 8,
          "seg_tile_row": 8192, "seg_tile_group": 4096, "seg_warps": 4, "seg_max_block": 16384, "seg_warps_max": 16}
+
+
+def tiles(**overrides):
+    """Scoped override of TILES (scripts/tune_quant.py sweeps them)."""
+    return scoped_update(TILES, overrides, "tile")
 
 _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 

@@ -14,6 +14,7 @@ Kernels: kernels/_weight_only.py, _weight_only_tc.py, _weight_only_wg.py. Refere
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -89,8 +90,28 @@ def _config_bucket(bits: int, m_bucket: int, N: int, K: int, device: torch.devic
     return configs.lookup(table, m_bucket, N, K) if table else None
 
 
+_FORCED_CONFIG: list = [None]    # set only inside use_config()
+
+
 def config_for(bits: int, M: int, N: int, K: int, device: torch.device) -> dict | None:
+    forced = _FORCED_CONFIG[0]
+    if forced is not None:
+        return forced
     return _config_bucket(bits, next_pow2(max(M, 1)), N, K, device)
+
+
+@contextlib.contextmanager
+def use_config(cfg: dict):
+    """Every weight-only call inside the block runs `cfg` (a config-table entry, e.g. {"path": "gemv",
+    "BLOCK_N": 16, ...}) whatever M and shape: the scoped override the tuner and profilers use."""
+    if not isinstance(cfg, dict) or "path" not in cfg:
+        raise ValueError(f"cfg must be a config-table entry with a 'path' key, got {cfg!r}")
+    old = _FORCED_CONFIG[0]
+    _FORCED_CONFIG[0] = cfg
+    try:
+        yield
+    finally:
+        _FORCED_CONFIG[0] = old
 
 
 # (id(cfg), M, N, K, bits, group, has_bias, int_zeros) -> (cfg, launch plan); cfg kept alive: ids stay unique
