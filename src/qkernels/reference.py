@@ -377,3 +377,85 @@ def softmax(x: torch.Tensor, dim: int = -1, scale: float = 1.0, causal: bool = F
     dead = (s == float("-inf")).all(dim=dim, keepdim=True)
     y = torch.softmax(s, dim=dim)
     return torch.where(dead, torch.zeros_like(y), y).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# decoder attention: rotary embedding + KV-cache write, decode attention (models/)
+#
+# Rotary embedding, the "rotate half" convention of Llama / Qwen checkpoints in Hugging Face form:
+# a head vector x of D = 2h elements is split into x1 = x[:h], x2 = x[h:]; at position p with angles
+# a_i = p * inv_freq_i (cos / sin tables [positions, h], fp32):
+#   out[:h] = x1 * cos - x2 * sin,   out[h:] = x2 * cos + x1 * sin        (fp32, one rounding)
+# Optional per-head RMSNorm before rotation (Qwen3's q_norm / k_norm): x * rsqrt(mean(x^2) + eps) * w.
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """inv_freq_i = theta^(-2i / D), i < D / 2 (fp64 -> fp32), with the "llama3" frequency scaling of
+    Llama 3.1+ checkpoints when `scaling` says so (rope_type / type "llama3"); "default" / None: none."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind in (None, "default"):
+        return inv.float()
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, llama3)")
+    factor = scaling["factor"]
+    lo, hi = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
+    mid = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
+
+
+def rope_tables(inv_freq: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_positions, D / 2] fp32 of p * inv_freq (the product in fp32, as HF computes it)."""
+    p = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
+    ang = p[:, None] * inv_freq.float()[None, :]
+    return torch.cos(ang), torch.sin(ang)
+
+
+def _head_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
+    if weight is None:
+        return x
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv_heads: int,
+                   q_norm=None, k_norm=None, eps: float = 1e-6) -> torch.Tensor:
+    """Split the merged projection qkv [B, T, (H + 2 Hkv) D] into heads, (optionally RMS-normalize q and k
+    per head,) rotate q and k at `positions` [B, T], write k and v into the caches [B, Hkv, S, D] at
+    those positions (in place) and return the rotated q [B, T, H, D] in qkv's dtype."""
+    B, T, _ = qkv.shape
+    D = k_cache.shape[-1]
+    x = qkv.float().reshape(B, T, n_heads + 2 * n_kv_heads, D)
+    q, k, v = x.split([n_heads, n_kv_heads, n_kv_heads], dim=2)
+    c, s = cos[positions.long()][:, :, None, :], sin[positions.long()][:, :, None, :]
+    q = _rotate(_head_norm(q, q_norm, eps), c, s)
+    k = _rotate(_head_norm(k, k_norm, eps), c, s)
+    b = torch.arange(B, device=qkv.device)[:, None].expand(B, T)
+    k_cache[b, :, positions.long()] = k.to(k_cache.dtype)     # [B, T, Hkv, D] into [B, Hkv, S, D]
+    v_cache[b, :, positions.long()] = v.to(v_cache.dtype)
+    return q.to(qkv.dtype)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One query per sequence: q [B, H, D] attends to the first lengths[b] keys of the cache [B, Hkv, S, D]
+    (head h reads KV head h // (H / Hkv)); softmax in fp32; output [B, H, D] in q's dtype."""
+    B, H, D = q.shape
+    G = H // k_cache.shape[1]
+    k = k_cache.float().repeat_interleave(G, dim=1)
+    v = v_cache.float().repeat_interleave(G, dim=1)
+    s = torch.einsum("bhd,bhsd->bhs", q.float(), k) * scale
+    live = torch.arange(k.shape[2], device=q.device)[None, :] < lengths.long()[:, None]
+    s = s.masked_fill(~live[:, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("bhs,bhsd->bhd", p, v).to(q.dtype)

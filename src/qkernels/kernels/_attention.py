@@ -1,0 +1,145 @@
+"""Private Triton kernels of the decoder runtime: rotary embedding + KV-cache write, decode attention.
+
+Launchers and numerics: ops/attention.py; pure-torch twins: reference.qkv_rope_cache / decode_attention.
+"""
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET, _cast
+
+
+@triton.jit
+def _head_rms(x1, x2, w_ptr, offs, live, eps, HALF: tl.constexpr):
+    """Per-head RMSNorm of the two halves of one head vector (Qwen3's q_norm / k_norm), fp32."""
+    r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+    w1 = tl.load(w_ptr + offs, mask=live, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs, mask=live, other=0.0).to(tl.float32)
+    return x1 * r * w1, x2 * r * w2
+
+
+@triton.jit
+def _qkv_rope_cache_kernel(
+    qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+    T, stride_qkv_row, stride_cos, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, eps,
+    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+):
+    """One program per (token, head of q | k | v). q heads: rotate, write q_out [rows, H, D]; k heads:
+    rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos]."""
+    row = tl.program_id(0).to(tl.int64)          # token index b * T + t
+    head = tl.program_id(1)
+    b = row // T
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    offs = tl.arange(0, BLOCK_H)
+    live = offs < HALF
+    D: tl.constexpr = 2 * HALF
+    src = qkv_ptr + row * stride_qkv_row + head * D
+    x1 = tl.load(src + offs, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + offs, mask=live, other=0.0).to(tl.float32)
+    if head >= N_HEADS + N_KV:                   # v: no rotation
+        dst = v_cache_ptr + b * stride_vb + (head - N_HEADS - N_KV) * stride_vh + pos * stride_vs
+        tl.store(dst + offs, _cast(x1, v_cache_ptr.dtype.element_ty), mask=live)
+        tl.store(dst + HALF + offs, _cast(x2, v_cache_ptr.dtype.element_ty), mask=live)
+    else:
+        is_q = head < N_HEADS
+        if is_q:
+            if Q_NORM:
+                x1, x2 = _head_rms(x1, x2, qn_ptr, offs, live, eps, HALF)
+        else:
+            if K_NORM:
+                x1, x2 = _head_rms(x1, x2, kn_ptr, offs, live, eps, HALF)
+        c = tl.load(cos_ptr + pos * stride_cos + offs, mask=live, other=0.0)
+        s = tl.load(sin_ptr + pos * stride_cos + offs, mask=live, other=0.0)
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
+        if is_q:
+            dst = q_out_ptr + (row * N_HEADS + head) * D
+            tl.store(dst + offs, _cast(o1, q_out_ptr.dtype.element_ty), mask=live)
+            tl.store(dst + HALF + offs, _cast(o2, q_out_ptr.dtype.element_ty), mask=live)
+        else:
+            dst = k_cache_ptr + b * stride_kb + (head - N_HEADS) * stride_kh + pos * stride_ks
+            tl.store(dst + offs, _cast(o1, k_cache_ptr.dtype.element_ty), mask=live)
+            tl.store(dst + HALF + offs, _cast(o2, k_cache_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _decode_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_ptr,
+    stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, chunk, n_splits, scale,
+    N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Flash-decoding, first pass. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
+    share kv_head (GQA: each key / value tile is read once for all of them) over keys
+    [split * chunk, min((split + 1) * chunk, length)), and writes their softmax-normalized partial output
+    o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range)."""
+    bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    b = bh // N_KV
+    kvh = bh % N_KV
+    length = tl.load(len_ptr + b)
+    start = split * chunk
+    stop = tl.minimum(start + chunk, length)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_live = g < GROUP
+    d_live = d < D
+    tl.static_assert(BLOCK_G >= 16 and BLOCK_S >= 16 and BLOCK_D >= 16)     # tl.dot's minimum tile
+    heads = kvh * GROUP + g                                           # [BLOCK_G] query heads
+    q = tl.load(q_ptr + (b * N_KV * GROUP + heads)[:, None] * D + d[None, :],
+                mask=g_live[:, None] & d_live[None, :], other=0.0)
+    if INTERPRET:
+        q = q.to(tl.float32)
+    qk_scale = scale * 1.4426950408889634                             # softmax in the log2 domain
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    for s0 in range(start, stop, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        s_live = s < stop
+        kv_mask = s_live[:, None] & d_live[None, :]
+        k = tl.load(k_base + s[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+        if INTERPRET:       # the interpreter's dot mis-handles bf16: fp32 there (same products, exact)
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale                    # [BLOCK_G, BLOCK_S] fp32
+        scores = tl.where(s_live[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + s[:, None].to(tl.int64) * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+        if INTERPRET:
+            pv = tl.dot(_cast(p, v.dtype).to(tl.float32), v.to(tl.float32))
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    empty = l == 0.0
+    out = acc / tl.where(empty, 1.0, l)[:, None]
+    lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
+    row = (b * N_KV * GROUP + heads) * n_splits + split               # [BLOCK_G] rows of o_part / lse
+    tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=g_live[:, None] & d_live[None, :])
+    tl.store(lse_ptr + row, lse, mask=g_live)
+
+
+@triton.jit
+def _decode_attention_combine_kernel(
+    o_part_ptr, lse_ptr, out_ptr, n_splits,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+):
+    """Second pass: out[b, h] = sum_i w_i o_part[b, h, i] with w_i = 2^(lse_i - max) / sum 2^(lse_j - max)."""
+    bh = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    i_live = i < n_splits
+    lse = tl.load(lse_ptr + bh * n_splits + i, mask=i_live, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)                       # no key at all: zeros, not NaN
+    w = tl.exp2(lse - mx)
+    w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)
+    o = tl.load(o_part_ptr + (bh * n_splits + i)[:, None] * D + d[None, :],
+                mask=i_live[:, None] & (d < D)[None, :], other=0.0)
+    o = tl.sum(o * w[:, None], axis=0)
+    tl.store(out_ptr + bh * D + d, _cast(o, out_ptr.dtype.element_ty), mask=d < D)

@@ -1,0 +1,185 @@
+"""Decoder-attention launchers: rotary embedding + KV-cache write, and decode attention over the cache.
+
+- `qkv_rope_cache`: after the merged q|k|v GEMM, one kernel splits the heads, applies Qwen3's optional
+  per-head q / k RMSNorm and the rotary embedding at each token's position, writes k and v into the
+  static caches in place and returns q.
+- `decode_attention`: one query token per sequence against the first lengths[b] cache entries
+  (flash-decoding: the sequence is split into chunks processed in parallel, then combined by their
+  log-sum-exp; GQA query heads that share a KV head read each key / value tile once).
+
+Prefill attention stays PyTorch's scaled_dot_product_attention. Kernels: kernels/_attention.py; numerics:
+reference.qkv_rope_cache / reference.decode_attention (fp32 arithmetic, one rounding of each output).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, is_interpreter,
+                        launch, next_pow2, num_sms)
+
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _ka():
+    from ..kernels import _attention
+    return _attention
+
+
+# ---------------------------------------------------------------------------------------------
+# qkv_rope_cache
+
+
+def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, q_norm: torch.Tensor | None,
+                         k_norm: torch.Tensor | None, n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
+    B, T, _ = qkv.shape
+    D = k_cache.shape[-1]
+    q_out = alloc((B, T, n_heads, D), qkv.dtype, qkv.device)
+    if B * T == 0:
+        return q_out
+    qkv2 = qkv.reshape(B * T, -1)
+    half = D // 2
+    launch(_ka()._qkv_rope_cache_kernel, (B * T, n_heads + 2 * n_kv_heads),
+           qkv2, positions, cos, sin, q_norm if q_norm is not None else qkv2, k_norm if k_norm is not None else qkv2,
+           q_out, k_cache, v_cache, T, qkv2.stride(0), cos.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
+           float(eps), N_HEADS=n_heads, N_KV=n_kv_heads, HALF=half, BLOCK_H=max(16, next_pow2(half)),
+           Q_NORM=q_norm is not None, K_NORM=k_norm is not None, num_warps=1 if half <= 64 else 2)
+    return q_out
+
+
+_qkv_rope_cache_op = torch.library.custom_op("qkernels::qkv_rope_cache", mutates_args=("k_cache", "v_cache"))(
+    _qkv_rope_cache_impl)
+
+
+@_qkv_rope_cache_op.register_fake
+def _(qkv, positions, cos, sin, k_cache, v_cache, q_norm, k_norm, n_heads, n_kv_heads, eps):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[-1]))
+
+
+def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv_heads: int, *,
+                   q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                   eps: float = 1e-6) -> torch.Tensor:
+    """qkv [B, T, (n_heads + 2 n_kv_heads) * D] (the merged projection's output, fp16 / bf16 / fp32);
+    positions [B, T] int32 / int64 (each < the cache length S); cos / sin [>= S, D / 2] fp32
+    (reference.rope_tables); k_cache / v_cache [B, n_kv_heads, S, D], written in place at the positions;
+    q_norm / k_norm [D] optional per-head RMSNorm weights. Returns the rotated q [B, T, n_heads, D] in
+    qkv's dtype. Positions are not range-checked on the device (a host check would synchronize): the
+    runtime refuses a prompt that does not fit its cache before it gets here."""
+    check_tensor("qkv", qkv, dtypes=CACHE_DTYPES)
+    check_kernel_device("qkv", qkv)
+    if qkv.dim() != 3:
+        raise ValueError(f"qkv must be [B, T, (H + 2 Hkv) * D], got shape {tuple(qkv.shape)}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, c, dtypes=CACHE_DTYPES)
+        if c.dim() != 4 or c.shape[0] != qkv.shape[0] or c.shape[1] != n_kv_heads or c.stride(-1) != 1:
+            raise ValueError(f"{name} must be [B={qkv.shape[0]}, n_kv_heads={n_kv_heads}, S, D] with a unit "
+                             f"last stride, got shape {tuple(c.shape)} strides {c.stride()}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    B, T, W = qkv.shape
+    D = k_cache.shape[-1]
+    if n_heads <= 0 or n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ValueError(f"n_heads must be a positive multiple of n_kv_heads, got {n_heads} and {n_kv_heads}")
+    if D % 2 or W != (n_heads + 2 * n_kv_heads) * D:
+        raise ValueError(f"qkv's last dim must be (n_heads + 2 n_kv_heads) * head_dim = "
+                         f"({n_heads} + 2 * {n_kv_heads}) * {D} with an even head_dim, got {W}")
+    check_tensor("positions", positions, dtypes=(torch.int32, torch.int64))
+    if tuple(positions.shape) != (B, T):
+        raise ValueError(f"positions must have shape ({B}, {T}), got {tuple(positions.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, dtypes=(torch.float32,))
+        if t.dim() != 2 or t.shape[1] != D // 2 or t.shape[0] < k_cache.shape[2] or t.stride(-1) != 1:
+            raise ValueError(f"{name} must be [>= {k_cache.shape[2]} positions, {D // 2}] fp32 with a unit last "
+                             f"stride, got shape {tuple(t.shape)}")
+    if sin.stride(0) != cos.stride(0):
+        raise ValueError("cos and sin must have the same row stride")
+    for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if w is not None and (w.dim() != 1 or w.shape[0] != D):
+            raise ValueError(f"{name} must be [{D}] (head_dim), got shape {tuple(w.shape)}")
+    check_same_device("qkv", qkv, positions=positions, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache,
+                      q_norm=q_norm, k_norm=k_norm)
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    if qkv.stride(0) != T * qkv.stride(1):
+        qkv = qkv.contiguous()
+    return call_op(_qkv_rope_cache_op, _qkv_rope_cache_impl, qkv, positions.contiguous(), cos, sin, k_cache,
+                   v_cache, q_norm, k_norm, int(n_heads), int(n_kv_heads), float(eps))
+
+
+# ---------------------------------------------------------------------------------------------
+# decode attention
+
+
+def _splits(B: int, n_kv: int, S: int, block_s: int, device: torch.device) -> tuple[int, int]:
+    """(n_splits, chunk): enough programs for two waves on the GPU, each chunk a whole number of key tiles.
+    Depends only on the cache's shape, so a captured decode step keeps one grid at every length."""
+    if is_interpreter():
+        target = 2
+    else:
+        target = max(1, cdiv(2 * num_sms(device), B * n_kv))
+    n = max(1, min(target, cdiv(S, block_s)))
+    chunk = cdiv(cdiv(S, n), block_s) * block_s
+    return cdiv(S, chunk), chunk
+
+
+def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    B, H, D = q.shape
+    n_kv, S = k_cache.shape[1], k_cache.shape[2]
+    out = alloc((B, H, D), q.dtype, q.device)
+    if B == 0:
+        return out
+    ka = _ka()
+    block_s = 16 if is_interpreter() else 64
+    n_splits, chunk = _splits(B, n_kv, S, block_s, q.device)
+    o_part = torch.empty((B, H, n_splits, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, n_splits), dtype=torch.float32, device=q.device)
+    group = H // n_kv
+    block_d = max(16, next_pow2(D))
+    launch(ka._decode_attention_split_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse,
+           *k_cache.stride()[:3], *v_cache.stride()[:3], chunk, n_splits, float(scale),
+           N_KV=n_kv, GROUP=group, BLOCK_G=max(16, next_pow2(group)), D=D, BLOCK_D=block_d, BLOCK_S=block_s,
+           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+    launch(ka._decode_attention_combine_kernel, (B * H,), o_part, lse, out, n_splits,
+           D=D, BLOCK_D=block_d, BLOCK_SPLITS=max(2, next_pow2(n_splits)), num_warps=1)
+    return out
+
+
+_decode_attention_op = torch.library.custom_op("qkernels::decode_attention", mutates_args=())(_decode_attention_impl)
+
+
+@_decode_attention_op.register_fake
+def _(q, k_cache, v_cache, lengths, scale):
+    return torch.empty_like(q)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
+    """Attention of one query per sequence over its cache: q [B, H, D] (fp16 / bf16 / fp32), k_cache /
+    v_cache [B, Hkv, S, D] of q's dtype (H a multiple of Hkv, unit last stride), lengths [B] int32 / int64
+    with 1 <= lengths[b] <= S (keys at positions >= lengths[b] are ignored). scale defaults to D^-0.5.
+    Returns [B, H, D] in q's dtype; softmax in fp32."""
+    check_tensor("q", q, dtypes=CACHE_DTYPES)
+    check_kernel_device("q", q)
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
+    B, H, D = q.shape
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, c, dtypes=(q.dtype,))
+        if c.dim() != 4 or c.shape[0] != B or c.shape[3] != D or c.stride(-1) != 1 or H % c.shape[1]:
+            raise ValueError(f"{name} must be [B={B}, Hkv, S, D={D}] with H={H} a multiple of Hkv and a unit last "
+                             f"stride, got shape {tuple(c.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    check_tensor("lengths", lengths, dtypes=(torch.int32, torch.int64))
+    if tuple(lengths.shape) != (B,):
+        raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
+    check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, lengths=lengths)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite float, got {scale!r}")
+    return call_op(_decode_attention_op, _decode_attention_impl, q.contiguous(), k_cache, v_cache,
+                   lengths.contiguous(), float(scale))

@@ -1,0 +1,73 @@
+"""Rotary embedding + KV-cache write and decode attention against their reference twins."""
+import pytest
+import torch
+
+from qkernels import reference as ref
+from qkernels.ops.attention import decode_attention, qkv_rope_cache
+
+from ..conftest import DEVICE as DEV
+
+
+def _tables(D, S, theta=10000.0):
+    return ref.rope_tables(ref.rope_inv_freq(D, theta), S)
+
+
+@pytest.mark.parametrize("B,T,H,HKV,D", [(1, 1, 4, 2, 16), (2, 5, 4, 4, 32), (3, 3, 6, 2, 64), (1, 7, 8, 1, 128)])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_qkv_rope_cache_matches_reference(B, T, H, HKV, D, norm, dtype):
+    S = 24
+    g = torch.Generator().manual_seed(B * 100 + T * 10 + H + D)
+    qkv = torch.randn(B, T, (H + 2 * HKV) * D, generator=g).to(DEV, dtype)
+    pos = torch.stack([torch.randperm(S, generator=g)[:T] for _ in range(B)]).to(DEV)   # any order, no repeats
+    cos, sin = (t.to(DEV) for t in _tables(D, S))
+    qn = (torch.rand(D, generator=g) + 0.5).to(DEV, dtype) if norm else None
+    kn = (torch.rand(D, generator=g) + 0.5).to(DEV, dtype) if norm else None
+    kc, vc = torch.full((B, HKV, S, D), 7.0, dtype=dtype, device=DEV), torch.full((B, HKV, S, D), 7.0, dtype=dtype,
+                                                                                 device=DEV)
+    kr, vr = kc.clone(), vc.clone()
+    q = qkv_rope_cache(qkv, pos, cos, sin, kc, vc, H, HKV, q_norm=qn, k_norm=kn, eps=1e-6)
+    qr = ref.qkv_rope_cache(qkv, pos, cos, sin, kr, vr, H, HKV, q_norm=qn, k_norm=kn, eps=1e-6)
+    tol = dict(rtol=0, atol=0) if dtype == torch.float32 and not norm else \
+        dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(q, qr, **tol)
+    torch.testing.assert_close(kc, kr, **tol)          # untouched slots kept their 7.0
+    torch.testing.assert_close(vc, vr, rtol=0, atol=0)  # v is a copy
+
+
+@pytest.mark.parametrize("B,H,HKV,D,S", [(1, 4, 1, 64, 40), (2, 8, 2, 128, 33), (3, 6, 6, 32, 17), (2, 32, 8, 64, 70)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_decode_attention_matches_reference(B, H, HKV, D, S, dtype):
+    g = torch.Generator().manual_seed(B + H + D + S)
+    q = torch.randn(B, H, D, generator=g).to(DEV, dtype)
+    kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
+    vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
+    lengths = torch.tensor([1, S, S // 2, 3][:B], dtype=torch.int32, device=DEV)    # length 1 and a full cache
+    out = decode_attention(q, kc, vc, lengths)
+    want = ref.decode_attention(q, kc, vc, lengths, D ** -0.5)
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else \
+        dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=4e-3, atol=4e-3)
+    torch.testing.assert_close(out, want, **tol)
+    # the cache beyond each length is never read: poisoning it changes nothing
+    kc2, vc2 = kc.clone(), vc.clone()
+    for b in range(B):
+        kc2[b, :, int(lengths[b]):] = float("nan")
+        vc2[b, :, int(lengths[b]):] = float("nan")
+    torch.testing.assert_close(decode_attention(q, kc2, vc2, lengths), out, rtol=0, atol=0)
+
+
+def test_bad_inputs_are_named():
+    q = torch.randn(1, 4, 16, device=DEV)
+    kc = torch.randn(1, 3, 8, 16, device=DEV)
+    with pytest.raises(ValueError, match="k_cache must be"):
+        decode_attention(q, kc, kc, torch.ones(1, dtype=torch.int32, device=DEV))
+    kc = torch.randn(1, 2, 8, 16, device=DEV)
+    with pytest.raises(ValueError, match="lengths must have shape"):
+        decode_attention(q, kc, kc, torch.ones(2, dtype=torch.int32, device=DEV))
+    cos, sin = (t.to(DEV) for t in _tables(16, 8))
+    with pytest.raises(ValueError, match="qkv's last dim"):
+        qkv_rope_cache(torch.randn(1, 1, 100, device=DEV), torch.zeros(1, 1, dtype=torch.int64, device=DEV), cos,
+                       sin, kc, kc.clone(), 4, 2)
+    with pytest.raises(ValueError, match="cos must be"):
+        qkv_rope_cache(torch.randn(1, 1, 128, device=DEV), torch.zeros(1, 1, dtype=torch.int64, device=DEV),
+                       cos[:4], sin[:4], kc, kc.clone(), 4, 2)
