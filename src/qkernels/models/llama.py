@@ -1,0 +1,241 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) on qkernels' kernels.
+
+    h_0 = embed(ids)
+    per block:  a = attn(norm_1(h)),  h = h + a,  m = mlp(norm_2(h)),  h = h + m
+    logits = lm_head(norm(h))
+
+The residual add is fused into the next norm (rms_norm(x, w, residual=r) returns the normalized sum and
+the sum), so a block passes (x, residual) on. Projections are merged at load time (q|k|v as one linear,
+gate|up as one); any linear may be an nn.Linear (fp16 / bf16 / fp32 through cuBLAS) or a QuantizedLinear;
+the model code does not know which scheme it runs. With a w8a8 scheme the norms and SwiGLU write int8 /
+fp8 codes and per-token scales straight into the next GEMM.
+
+Attention: one kernel after the qkv GEMM applies the rotary embedding (and Qwen3's per-head q/k norm) and
+writes k, v into the static cache; decode (one token per sequence) runs the flash-decoding kernel on the
+cache in place; a prompt (prefill) runs PyTorch's scaled_dot_product_attention.
+
+Where kernels cannot run (a CPU without TRITON_INTERPRET=1) every op runs its reference twin.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import reference as ref
+from .._runtime import runs_kernels
+from ..nn.linear import QuantizedLinear
+from .config import ModelArgs
+
+_ACT_FORMAT = {"w8a8": "int8", "w8a8-fp8": "fp8_e4m3"}
+
+
+# ---------------------------------------------------------------------------------------------
+# ops: the kernel where it runs, its reference twin elsewhere
+
+
+def rms_norm(x, weight, eps, residual=None, quantize=None):
+    """-> (y, h): y = the normalized h = x (+ residual), as a tensor or (codes, scales); h the new residual."""
+    if runs_kernels(x):
+        from ..ops.fused import rms_norm as kernel
+        out = kernel(x, weight, eps, residual=residual, quantize=quantize)
+        out = out if isinstance(out, tuple) else (out,)
+    else:
+        out = ref.rms_norm(x, weight, eps, residual, quantize)
+    h = out[-1] if residual is not None else x
+    y = out[:-1] if residual is not None else out
+    return (y[0] if len(y) == 1 else y), h
+
+
+def silu_and_mul(gate_up, quantize=None):
+    if runs_kernels(gate_up):
+        from ..ops.fused import silu_and_mul as kernel
+        return kernel(gate_up, quantize=quantize)
+    out = ref.silu_and_mul(gate_up, quantize)
+    return out[0] if len(out) == 1 else out
+
+
+def project(linear: nn.Module, x, dtype: torch.dtype) -> torch.Tensor:
+    """linear(x) where x is a tensor, or (codes, scales) for a w8a8 QuantizedLinear (output in dtype)."""
+    if isinstance(x, tuple):
+        return linear.forward_quantized(x[0], x[1], dtype)
+    return linear(x)
+
+
+def act_format(linear: nn.Module) -> str | None:
+    """The activation format a linear takes straight from a fused norm / SwiGLU (w8a8 schemes), else None."""
+    return _ACT_FORMAT.get(getattr(linear, "scheme", None)) if isinstance(linear, QuantizedLinear) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+
+
+class KVCache(nn.Module):
+    """Static key / value buffers [batch, n_kv_heads, max_seq_len, head_dim], written in place."""
+
+    def __init__(self, batch: int, n_kv_heads: int, max_seq_len: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, n_kv_heads, max_seq_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.eps = args.norm_eps
+        self.wqkv = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=args.qkv_bias,
+                              device="meta")
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias, device="meta")
+        self.q_norm = nn.Parameter(torch.empty(args.head_dim, device="meta")) if args.qk_norm else None
+        self.k_norm = nn.Parameter(torch.empty(args.head_dim, device="meta")) if args.qk_norm else None
+        self.cache: KVCache | None = None
+
+    def forward(self, x, rope: tuple, pos, batch: int, seq: int, dtype: torch.dtype) -> torch.Tensor:
+        """x: the normed input (tensor [B*T, dim] or codes); pos: None (no cache: positions 0..T-1), an int
+        (prefill at positions pos..pos+T-1 of every sequence) or a tensor [B] (decode: T == 1, sequence b at
+        position pos[b])."""
+        B, T = batch, seq
+        qkv = project(self.wqkv, x, dtype).view(B, T, -1)
+        cos, sin = rope
+        if self.cache is None or pos is None:
+            kc = qkv.new_empty(B, self.n_kv_heads, T, self.head_dim)
+            vc = torch.empty_like(kc)
+            positions = torch.arange(T, device=qkv.device).expand(B, T)
+            start = 0
+        else:
+            kc, vc = self.cache.k, self.cache.v
+            if isinstance(pos, torch.Tensor):
+                positions, start = pos.view(B, 1), None
+            else:
+                positions, start = torch.arange(pos, pos + T, device=qkv.device).expand(B, T), pos
+        rope_op = _qkv_rope_cache if runs_kernels(qkv) else ref.qkv_rope_cache
+        q = rope_op(qkv, positions, cos, sin, kc, vc, self.n_heads, self.n_kv_heads, q_norm=self.q_norm,
+                    k_norm=self.k_norm, eps=self.eps)                      # [B, T, H, D]
+        if start is None:                                                   # decode
+            lengths = positions.view(B) + 1
+            att = _decode_attention if runs_kernels(q) else ref.decode_attention
+            o = att(q.view(B, self.n_heads, self.head_dim), kc, vc, lengths, self.head_dim ** -0.5)
+        else:                                                               # prompt: SDPA over the cache prefix
+            k, v = kc[:, :, :start + T], vc[:, :, :start + T]
+            qt = q.transpose(1, 2)
+            if start == 0:
+                o = F.scaled_dot_product_attention(qt, k, v, is_causal=True, enable_gqa=True)
+            else:
+                i = torch.arange(T, device=q.device)[:, None]
+                mask = torch.arange(start + T, device=q.device)[None, :] <= i + start
+                o = F.scaled_dot_product_attention(qt, k, v, attn_mask=mask, enable_gqa=True)
+            o = o.transpose(1, 2)
+        return project(self.wo, o.reshape(B * T, -1), dtype)
+
+
+def _qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=None, k_norm=None, eps=1e-6):
+    from ..ops.attention import qkv_rope_cache
+    return qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=q_norm, k_norm=k_norm, eps=eps)
+
+
+def _decode_attention(q, kc, vc, lengths, scale):
+    from ..ops.attention import decode_attention
+    return decode_attention(q, kc, vc, lengths, scale)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w_gate_up = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False, device="meta")
+        self.w_down = nn.Linear(args.intermediate_size, args.dim, bias=False, device="meta")
+
+    def forward(self, x, dtype: torch.dtype) -> torch.Tensor:
+        h = silu_and_mul(project(self.w_gate_up, x, dtype), quantize=act_format(self.w_down))
+        return project(self.w_down, h, dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = nn.Parameter(torch.empty(args.dim, device="meta"))
+        self.ffn_norm = nn.Parameter(torch.empty(args.dim, device="meta"))
+        self.eps = args.norm_eps
+
+    def forward(self, x, residual, rope, pos, batch, seq):
+        y, h = rms_norm(x, self.attention_norm, self.eps, residual, act_format(self.attention.wqkv))
+        a = self.attention(y, rope, pos, batch, seq, h.dtype)
+        y, h = rms_norm(a, self.ffn_norm, self.eps, h, act_format(self.feed_forward.w_gate_up))
+        return self.feed_forward(y, h.dtype), h
+
+
+class Transformer(nn.Module):
+    """The decoder. Built empty (meta device) from ModelArgs; qkernels.models.from_pretrained fills it."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device="meta")
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = nn.Parameter(torch.empty(args.dim, device="meta"))
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device="meta")
+        self.max_batch = self.max_seq_len = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_embeddings.weight.device
+
+    def setup_caches(self, max_batch: int, max_seq_len: int, dtype: torch.dtype | None = None) -> None:
+        """Allocate the KV caches once (reused while batch and length fit) and the rotary tables."""
+        a = self.args
+        if max_batch <= self.max_batch and max_seq_len <= self.max_seq_len:
+            return
+        max_batch, max_seq_len = max(max_batch, self.max_batch), max(max_seq_len, self.max_seq_len)
+        dtype = dtype or self.dtype
+        for layer in self.layers:
+            layer.attention.cache = None                 # release the old caches before allocating new ones
+        try:
+            for layer in self.layers:
+                layer.attention.cache = KVCache(max_batch, a.n_kv_heads, max_seq_len, a.head_dim, dtype, self.device)
+        except torch.OutOfMemoryError as e:
+            for layer in self.layers:
+                layer.attention.cache = None
+            need = 2 * a.n_layers * max_batch * a.n_kv_heads * max_seq_len * a.head_dim * dtype.itemsize
+            raise torch.OutOfMemoryError(f"the KV cache for batch {max_batch} x {max_seq_len} tokens needs "
+                                         f"{need / 2**30:.2f} GiB on {self.device}: {e}") from None
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self._rope(max_seq_len)
+
+    def _rope(self, n: int) -> tuple:
+        have = getattr(self, "_rope_tables", None)
+        if have is None or have[0].shape[0] < n or have[0].device != self.device:
+            inv = ref.rope_inv_freq(self.args.head_dim, self.args.rope_theta, self.args.rope_scaling)
+            self._rope_tables = tuple(t.to(self.device) for t in ref.rope_tables(inv.to(self.device), n))
+        return self._rope_tables
+
+    def forward(self, input_ids: torch.Tensor, pos: int | torch.Tensor | None = None,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [B, T] -> logits [B, T, vocab] (fp32 on a float32 model, else the model's dtype).
+        pos: None = a plain forward over the whole sequence (no cache); an int = prefill chunk starting at
+        that position of every sequence, written to the cache; a tensor [B] = one decode step (T == 1).
+        logits_at: [B] indices into T: only those positions' logits ([B, vocab])."""
+        B, T = input_ids.shape
+        rope = self._rope(max(T if pos is None else self.max_seq_len, 1))
+        x = self.tok_embeddings(input_ids).view(B * T, -1)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, rope, pos, B, T)
+        y, _ = rms_norm(x, self.norm, self.args.norm_eps, residual)
+        y = y.view(B, T, -1)
+        if logits_at is not None:
+            y = y[torch.arange(B, device=y.device), logits_at]
+        return self.output(y)
+
+    def generate(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, stop=None, **kwargs):
+        """The input ids followed by the new ids (greedy at temperature 0); see models.generate.generate."""
+        from .generate import generate
+        return generate(self, input_ids, max_new_tokens, temperature, top_k, top_p, stop, **kwargs)

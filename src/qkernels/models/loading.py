@@ -1,0 +1,307 @@
+"""from_pretrained: a Transformer from a Hugging Face directory, an already-loaded HF model, or a
+save_quantized checkpoint, with projections merged (q|k|v, gate|up) and, with a scheme, quantized.
+
+Loading is a loading concern, not a model concern: the decoder in llama.py only sees one merged linear
+per role. Weights go to the target device one decoder layer at a time (a float layer is merged, then
+quantized, then released), so no second copy of the model is ever held. Everything is read and checked
+into a fresh model that is returned only when complete: an error leaves nothing half-loaded.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..nn.linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
+from .config import ModelArgs
+from .llama import Transformer
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# sources: where a layer's modules / tensors come from
+
+
+class _DirSource:
+    """A Hugging Face model directory: config.json + model.safetensors (or shards with an index)."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+        if not path.is_dir():
+            raise FileNotFoundError(f"path must be a model directory, got {path} (not a directory)")
+        cfg_file = path / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{path} has no config.json (a Hugging Face model directory needs one)")
+        try:
+            self.config = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
+        index = path / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in path.glob("*.safetensors"))
+            weight_map = None
+        if not files:
+            raise FileNotFoundError(f"{path} has no *.safetensors weights (.bin / .pth checkpoints are not read: "
+                                    f"they would need unpickling)")
+        self.path = path
+        self._files = {f: safe_open(str(path / f), framework="pt", device="cpu") for f in files}
+        self._where = weight_map or {k: f for f, h in self._files.items() for k in h.keys()}
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def tensor(self, name: str) -> torch.Tensor:
+        f = self._where.get(name)
+        if f is None:
+            raise ValueError(f"{self.path}: tensor {name!r} is missing from the checkpoint")
+        return self._files[f].get_tensor(name)
+
+    def linear(self, name: str, bias: bool) -> nn.Module:
+        w = self.tensor(name + ".weight")
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=bias, device="meta")
+        lin.weight = nn.Parameter(w, requires_grad=False)
+        if bias:
+            lin.bias = nn.Parameter(self.tensor(name + ".bias"), requires_grad=False)
+        return lin
+
+
+class _ModuleSource:
+    """An already-built Hugging Face model (float, or converted by quantize_ / load_quantized)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.config = model.config.to_dict()
+        self._names = dict(model.named_parameters(remove_duplicate=False))
+        self._names.update(dict(model.named_buffers(remove_duplicate=False)))
+
+    def has(self, name: str) -> bool:
+        return name in self._names or self._module(name) is not None
+
+    def _module(self, name: str):
+        try:
+            return self.model.get_submodule(name)
+        except AttributeError:
+            return None
+
+    def tensor(self, name: str) -> torch.Tensor:
+        t = self._names.get(name)
+        if t is None:
+            raise ValueError(f"the model has no tensor {name!r}")
+        return t.detach()
+
+    def linear(self, name: str, bias: bool) -> nn.Module:
+        mod = self._module(name)
+        if mod is None:
+            raise ValueError(f"the model has no module {name!r}")
+        return mod
+
+    def mlp(self, prefix: str):
+        """A fused QuantizedMLP (quantize_ with fuse=True on a w8a8 scheme), or None."""
+        from ..nn.fused import QuantizedMLP
+        mod = self._module(prefix + "mlp")
+        return mod if isinstance(mod, QuantizedMLP) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# merging and quantizing linears
+
+
+def _float_linear(w: torch.Tensor, b: torch.Tensor | None, device, dtype) -> nn.Linear:
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+    lin.weight = nn.Parameter(w.to(device, dtype), requires_grad=False)
+    if b is not None:
+        lin.bias = nn.Parameter(b.to(device, dtype), requires_grad=False)
+    return lin
+
+
+def merge_linears(mods: list[nn.Module], device, dtype) -> nn.Module:
+    """One linear computing the outputs of `mods` side by side (they share the input). Float linears
+    concatenate their weights; QuantizedLinears of the same configuration concatenate their codes, scales
+    (and zero points) row-wise, which is exactly what quantizing the concatenated float weight gives,
+    since every scheme quantizes each output row on its own. Act-order layers merge only when their
+    permutations are equal (a different order of K per projection cannot share one input)."""
+    if all(type(m) is nn.Linear for m in mods):
+        w = torch.cat([m.weight.detach().to(device, dtype) for m in mods])
+        has_b = any(m.bias is not None for m in mods)
+        b = torch.cat([(m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)).to(device, dtype)
+                       for m in mods]) if has_b else None
+        return _float_linear(w, b, device, dtype)
+    if not all(isinstance(m, QuantizedLinear) for m in mods):
+        kinds = sorted({type(m).__name__ for m in mods})
+        raise ValueError(f"cannot merge a mix of float and quantized projections ({kinds}): quantize every "
+                         f"projection of a block with the same scheme")
+    first = mods[0]
+    facts = lambda m: (m.scheme, m.in_features, getattr(m, "group_size", None), getattr(m, "symmetric", None),  # noqa
+                       getattr(m, "int_zeros", None), m.bias is not None)
+    if any(facts(m) != facts(first) for m in mods):
+        raise ValueError(f"cannot merge quantized projections of different configurations: "
+                         f"{[facts(m) for m in mods]}")
+    if first.scheme in WEIGHT_ONLY_BITS:
+        perms = [m.perm for m in mods]
+        if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
+            return Concat([m.to(device) for m in mods])
+    N = sum(m.out_features for m in mods)
+    out = QuantizedLinear(first.in_features, N, first.bias is not None, first.scheme, "meta",
+                          _act_dtype(first, dtype), getattr(first, "group_size", None), getattr(first, "symmetric", False))
+    names = ["qweight", "scale_zero"] if first.scheme in WEIGHT_ONLY_BITS else ["weight", "weight_scale"]
+    for n in names + (["bias"] if first.bias is not None else []):
+        setattr(out, n, torch.cat([getattr(m, n).detach().to(device) for m in mods]))
+    if first.scheme in WEIGHT_ONLY_BITS:
+        out.perm = first.perm.to(device) if first.perm is not None else None
+        out.int_zeros = first.int_zeros
+    return out
+
+
+def _act_dtype(q: QuantizedLinear, dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
+
+
+class Concat(nn.Module):
+    """Outputs of several linears side by side: the fallback for projections that cannot share one GEMM."""
+
+    def __init__(self, linears):
+        super().__init__()
+        self.linears = nn.ModuleList(linears)
+        self.scheme = getattr(linears[0], "scheme", None)
+
+    def forward(self, x):
+        return torch.cat([m(x) for m in self.linears], dim=-1)
+
+
+def _quantize(lin: nn.Module, name: str, scheme: str | None, kwargs: dict, skipped: list) -> nn.Module:
+    if scheme is None or not isinstance(lin, nn.Linear) or isinstance(lin, QuantizedLinear):
+        return lin
+    from ..nn.convert import _layer_problem
+    bits = WEIGHT_ONLY_BITS.get(scheme)
+    gs = kwargs.get("group_size")
+    gs = gs if gs is not None else (128 if bits == 4 else -1)
+    why = _layer_problem(lin, scheme, gs)
+    if why:
+        skipped.append(f"{name} ({why})")
+        return lin
+    return QuantizedLinear.from_linear(lin, scheme, group_size=gs if bits else None,
+                                       symmetric=kwargs.get("symmetric"))
+
+
+# ---------------------------------------------------------------------------------------------
+# from_pretrained
+
+
+def _source(src):
+    if isinstance(src, nn.Module):
+        if not hasattr(src, "config"):
+            raise TypeError(f"a model source must be a Hugging Face model (with .config), got {type(src).__name__}")
+        return _ModuleSource(src)
+    if not isinstance(src, (str, Path)):
+        raise TypeError(f"path_or_hf_model must be a directory path or a Hugging Face model, got {type(src).__name__}")
+    path = Path(src)
+    from ..nn.convert import CONFIG_NAME, load_quantized
+    if (path / CONFIG_NAME).exists():              # a save_quantized checkpoint: rebuilt as the HF model first
+        cfg = json.loads((path / CONFIG_NAME).read_text())
+        if "model_config" not in cfg:
+            raise ValueError(f"{path / CONFIG_NAME} has no model_config (saved from a model without a "
+                             f"transformers config): load it with qkernels.load_quantized")
+        from transformers import AutoConfig
+        mc = dict(cfg["model_config"])
+        hf_cfg = AutoConfig.for_model(mc.pop("model_type"), **mc)
+        return _ModuleSource(load_quantized(hf_cfg, path))
+    return _DirSource(path)
+
+
+def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None, dtype: torch.dtype | None = None,
+                    quantize_lm_head: bool = False, progress: bool = False, **quantize_kwargs) -> Transformer:
+    """Build the decoder from a Hugging Face model directory (config.json + safetensors; transformers not
+    needed), an already-loaded Hugging Face model, or a save_quantized checkpoint directory.
+
+    scheme: None (keep the checkpoint's float weights, or its quantized layers), "w4a16", "w8a16", "w8a8"
+    or "w8a8-fp8"; quantize_kwargs (group_size, symmetric) as for quantize_. lm_head stays in float unless
+    quantize_lm_head. device: default CUDA when there is one; dtype: default the checkpoint's torch_dtype
+    (float16 / bfloat16; float32 is accepted for checking small models on the CPU)."""
+    if scheme is not None and scheme not in SCHEMES:
+        raise ValueError(f"scheme must be None or one of {SCHEMES}, got {scheme!r}")
+    unknown = set(quantize_kwargs) - {"group_size", "symmetric"}
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)} (quantize options: group_size, symmetric)")
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if scheme is not None:
+        from ..nn.convert import _scheme_error
+        err = _scheme_error(scheme, device)
+        if err:
+            raise RuntimeError(err)
+    src = _source(path_or_hf_model)
+    args = ModelArgs.from_hf(src.config)
+    if dtype is None:
+        dtype = getattr(torch, str(src.config.get("torch_dtype") or src.config.get("dtype") or "float16")
+                        .replace("torch.", ""), torch.float16)
+        dtype = dtype if dtype in _FLOAT else torch.float16
+    if dtype not in _FLOAT:
+        raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+    if scheme is not None and dtype == torch.float32:
+        raise TypeError(f"scheme {scheme!r} takes float16 / bfloat16 activations: pass dtype=torch.float16 or "
+                        f"torch.bfloat16")
+
+    model = Transformer(args)
+    skipped: list[str] = []
+    get = lambda n: src.tensor(n).to(device, dtype)  # noqa: E731
+    param = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
+    model.tok_embeddings.weight = param(get("model.embed_tokens.weight"))
+    layers = range(args.n_layers)
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            layers = tqdm(layers, desc="loading", unit="layer", leave=False)
+        except ImportError:
+            pass
+    for i in layers:
+        p = f"model.layers.{i}."
+        blk = model.layers[i]
+        att = blk.attention
+        qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias) for n in "qkv"]
+        att.wqkv = _quantize(merge_linears(qkv, device, dtype), p + "self_attn.qkv", scheme, quantize_kwargs, skipped)
+        att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias), device, dtype), p + "self_attn.o_proj",
+                           scheme, quantize_kwargs, skipped)
+        if args.qk_norm:
+            att.q_norm = param(get(p + "self_attn.q_norm.weight"))
+            att.k_norm = param(get(p + "self_attn.k_norm.weight"))
+        blk.attention_norm = param(get(p + "input_layernorm.weight"))
+        fused = src.mlp(p) if isinstance(src, _ModuleSource) else None
+        if fused is not None:
+            blk.feed_forward.w_gate_up = fused.gate_up_proj.to(device)
+            blk.feed_forward.w_down = fused.down_proj.to(device)
+            blk.ffn_norm = param(fused.norm.weight.detach().to(device, dtype))
+        else:
+            gu = [src.linear(p + f"mlp.{n}_proj", False) for n in ("gate", "up")]
+            blk.feed_forward.w_gate_up = _quantize(merge_linears(gu, device, dtype), p + "mlp.gate_up", scheme,
+                                                   quantize_kwargs, skipped)
+            blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False), device, dtype),
+                                                p + "mlp.down_proj", scheme, quantize_kwargs, skipped)
+            blk.ffn_norm = param(get(p + "post_attention_layernorm.weight"))
+    model.norm = param(get("model.norm.weight"))
+    if src.has("lm_head.weight") and not args.tie_word_embeddings:
+        head = _to(src.linear("lm_head", False), device, dtype)
+    else:
+        head = _float_linear(model.tok_embeddings.weight, None, device, dtype)
+        head.weight = model.tok_embeddings.weight                      # tied: one tensor
+    model.output = _quantize(head, "lm_head", scheme if quantize_lm_head else None, quantize_kwargs, skipped)
+    if skipped:
+        warnings.warn(f"from_pretrained({scheme!r}): {len(skipped)} linear layer(s) left in high precision: "
+                      + "; ".join(skipped), stacklevel=2)
+    leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if leftover:
+        raise RuntimeError(f"internal error: tensors not loaded: {leftover[:8]}")
+    return model.eval()
+
+
+def _to(lin: nn.Module, device, dtype) -> nn.Module:
+    """A float linear on device in dtype (a new module: the source model is left as it was); a quantized
+    one moved to device (codes and scales keep their dtypes)."""
+    if type(lin) is nn.Linear:
+        return _float_linear(lin.weight.detach(), lin.bias.detach() if lin.bias is not None else None, device, dtype)
+    return lin.to(device)
