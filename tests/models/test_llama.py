@@ -1,0 +1,172 @@
+"""The decoder runtime against Hugging Face transformers' own models on the same (tiny, random) weights."""
+import importlib
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import qkernels as qk  # noqa: E402
+from qkernels.models import ModelArgs, from_pretrained, sample  # noqa: E402
+from qkernels.models.loading import merge_linears  # noqa: E402
+
+from ..conftest import DEVICE  # noqa: E402
+
+G = importlib.import_module("qkernels.models.generate")     # the module (the package exports the function)
+TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+
+
+def hf_model(kind: str, dtype=torch.float32, **over):
+    kw = dict(TINY, **over)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**kw)
+        cls = transformers.LlamaForCausalLM
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(head_dim=32, **kw)
+        cls = transformers.Qwen3ForCausalLM
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(**kw)
+        cls = transformers.Qwen2ForCausalLM
+    torch.manual_seed(1)
+    m = cls(cfg).eval()
+    with torch.no_grad():       # non-trivial norm weights and biases
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif n.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return m.to(DEVICE, dtype)
+
+
+CASES = [("llama", {}), ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
+         ("qwen3", {"tie_word_embeddings": True}), ("qwen2", {"num_key_value_heads": 4})]
+
+
+@pytest.mark.parametrize("kind,over", CASES)
+def test_logits_match_transformers_fp32(kind, over):
+    hf = hf_model(kind, **over)
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    ids = torch.randint(0, 96, (2, 13), device=DEVICE)
+    with torch.no_grad():
+        want = hf(ids).logits
+    got = m(ids)
+    # fp32 throughout; the only differences are summation orders (tolerance: 1e-4 of the logit scale)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("kind,over", CASES[:3])
+def test_greedy_tokens_match_transformers_32_steps(kind, over):
+    hf = hf_model(kind, **over)
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    ids = torch.randint(0, 96, (2, 7), device=DEVICE)
+    want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                       pad_token_id=0, eos_token_id=None)
+    got = m.generate(ids, 32)
+    assert got.tolist() == want.tolist()
+
+
+def test_ragged_batch_equals_one_by_one_and_chunked_prefill(monkeypatch):
+    m = from_pretrained(hf_model("qwen3"), device=DEVICE, dtype=torch.float32)
+    prompts = [[5, 9, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [42]]
+    alone = [m.generate(p, 10) for p in prompts]
+    assert m.generate(prompts, 10) == alone
+    monkeypatch.setattr(G, "PREFILL_CHUNK", 4)          # prompts prefilled in chunks of 4 positions
+    assert m.generate(prompts, 10) == alone
+
+
+def test_stop_tokens_end_a_sequence():
+    m = from_pretrained(hf_model("llama"), device=DEVICE, dtype=torch.float32)
+    full = m.generate([3, 4, 5], 12)
+    stop = full[5]                                       # the third new token
+    out = m.generate([3, 4, 5], 12, stop=stop)
+    assert out == full[:full.index(stop, 3) + 1]
+
+
+def test_sampling_rules():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 0.0]], device=DEVICE)
+    assert sample(logits).tolist() == [1, 0]
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    for _ in range(20):     # top_k=1 and a tiny top_p leave only the argmax
+        assert sample(logits, 1.0, top_k=1, generator=g).tolist() == [1, 0]
+        assert sample(logits, 1.0, top_p=1e-3, generator=g).tolist() == [1, 0]
+        assert sample(logits, 0.7, top_k=2, generator=g)[0].item() in (1, 3)
+    counts = torch.bincount(torch.stack([sample(logits, 1.0, generator=g)[0] for _ in range(400)]), minlength=4)
+    p = torch.softmax(logits[0], -1)
+    assert (counts.float() / 400 - p.cpu()).abs().max() < 0.08
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a16", "w8a8"])
+def test_merged_quantized_projections_equal_separate(scheme):
+    torch.manual_seed(0)
+    dt = torch.float16
+    lins = [torch.nn.Linear(128, n, bias=True).to(DEVICE, dt) for n in (64, 32, 32)]
+    sep = [qk.QuantizedLinear.from_linear(lin, scheme, group_size=64 if scheme == "w4a16" else None) for lin in lins]
+    merged_q = merge_linears(sep, DEVICE, dt)                      # codes concatenated
+    merged_f = qk.QuantizedLinear.from_linear(merge_linears(lins, DEVICE, dt), scheme,
+                                              group_size=64 if scheme == "w4a16" else None)  # float, then quantized
+    for name, buf in merged_q.named_buffers():
+        assert torch.equal(buf, dict(merged_f.named_buffers())[name]), name
+    x = torch.randn(3, 128, device=DEVICE, dtype=dt)
+    assert torch.equal(merged_q(x), torch.cat([s(x) for s in sep], dim=-1))
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a8"])
+def test_quantized_runtime_matches_quantized_transformers(scheme):
+    dt = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
+    hf = hf_model("llama", dtype=dt)
+    m = from_pretrained(hf, scheme, device=DEVICE, dtype=dt, group_size=64)
+    qk.quantize_(hf, scheme, group_size=64 if scheme == "w4a16" else None, fuse=False, progress=False)
+    ids = torch.randint(0, 96, (1, 9), device=DEVICE)
+    with torch.no_grad():
+        want = hf(ids).logits.float()
+    got = m(ids).float()
+    # the same quantized weights; differences come from activation rounding orders (RoPE, norms in fp32)
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 2e-2, err
+
+
+def test_from_directory_and_save_quantized_checkpoint(tmp_path):
+    hf = hf_model("qwen3", tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    m = from_pretrained(tmp_path / "hf", device=DEVICE, dtype=torch.float32)
+    ids = torch.randint(0, 96, (1, 6), device=DEVICE)
+    with torch.no_grad():
+        want = hf(ids).logits
+    torch.testing.assert_close(m(ids), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    # a save_quantized checkpoint loads to the same model as quantizing at load
+    dt = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
+    hq = hf_model("qwen3", dtype=dt, tie_word_embeddings=True)
+    direct = from_pretrained(hq, "w4a16", device=DEVICE, dtype=dt, group_size=32)
+    qk.quantize_(hq, "w4a16", group_size=32, progress=False)
+    qk.save_quantized(hq, tmp_path / "q")
+    loaded = from_pretrained(tmp_path / "q", device=DEVICE, dtype=dt)
+    assert torch.equal(direct(ids), loaded(ids))
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="llama")))
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model_type must be one of"):
+        ModelArgs.from_hf(dict(TINY, model_type="gpt2"))
+    with pytest.raises(ValueError, match="scheme must be None or one of"):
+        from_pretrained(tmp_path, "w3a16")
+    m = from_pretrained(hf_model("llama"), device=DEVICE, dtype=torch.float32)
+    with pytest.raises(ValueError, match="exceeds the model's context of 256"):
+        m.generate([1] * 250, 10)
+    with pytest.raises(ValueError, match="token ids must be in"):
+        m.generate([1, 500], 3)
+    # a missing tensor: nothing is returned half-loaded
+    hf = hf_model("llama")
+    hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    from safetensors.torch import load_file, save_file
+    f = tmp_path / "hf" / "model.safetensors"
+    sd = load_file(str(f))
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, str(f), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight.*missing"):
+        from_pretrained(tmp_path / "hf", device=DEVICE)
