@@ -1,4 +1,5 @@
-"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|all]` and `qkernels eval ppl`.
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|all]`, `qkernels eval ppl` and
+`qkernels generate`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
 set here, before any kernel module is imported) at small sizes, and the output says so.
@@ -9,8 +10,8 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize", "gemm", "weight-only", "fused", "model")
-ALL = ("quantize", "gemm", "weight-only", "fused")   # "all": the kernel benchmarks; "model" runs on its own
+BENCHES = ("quantize", "gemm", "weight-only", "fused", "model", "runtime")
+ALL = ("quantize", "gemm", "weight-only", "fused")   # "all": the kernel benchmarks; the model ones run on their own
 
 
 def _ensure_backend() -> bool:
@@ -62,7 +63,7 @@ def cmd_bench(args) -> int:
         print(f"== qkernels bench {name}")
         import importlib
         kw = {}
-        if name == "model":
+        if name in ("model", "runtime"):
             kw = {"models": args.models.split(",") if args.models else None, "layers": args.layers,
                   "schemes": tuple(args.schemes.split(",")) if args.schemes else None}
             kw = {k: v for k, v in kw.items() if v}
@@ -80,6 +81,62 @@ def cmd_eval(args) -> int:
     dtype = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
     ppl.run(args.model, schemes, tokens=args.tokens, ctx=args.ctx, stride=args.stride, dtype=dtype, out=args.out)
     return 0
+
+
+def cmd_generate(args) -> int:
+    """Stream a completion of --prompt from a model directory through the decoder runtime."""
+    import time
+
+    has_gpu = _ensure_backend()
+    import torch
+
+    from qkernels.models import Stats, from_pretrained
+    from pathlib import Path
+    tok_file = Path(args.model) / "tokenizer.json"
+    if not tok_file.exists():
+        print(f"error: {args.model} has no tokenizer.json (the tokenizers package reads it)", file=sys.stderr)
+        return 2
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(tok_file))
+    dtype = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    if dtype is None and not has_gpu:
+        dtype = torch.float32 if args.scheme is None else torch.bfloat16
+    t0 = time.perf_counter()
+    model = from_pretrained(args.model, args.scheme, dtype=dtype, progress=True)
+    print(f"[loaded {args.model} ({args.scheme or 'float'}, {model.dtype}, {model.device}) in "
+          f"{time.perf_counter() - t0:.1f} s]", file=sys.stderr)
+    ids = tokenizer.encode(args.prompt).ids
+    stop = _stop_ids(Path(args.model), tokenizer)
+    shown = []
+    print(args.prompt, end="", flush=True)
+
+    def stream(new):
+        if new[0] is None:
+            return
+        before = tokenizer.decode(shown)
+        shown.append(new[0])
+        print(tokenizer.decode(shown)[len(before):], end="", flush=True)
+
+    stats = Stats()
+    model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, stop, seed=args.seed,
+                   on_tokens=stream, stats=stats)
+    print()
+    mem = f", peak memory {stats.peak_memory_bytes / 2**30:.2f} GiB" if stats.peak_memory_bytes else ""
+    print(f"[{stats.prompt_tokens} prompt tokens, {stats.new_tokens} new; TTFT {stats.ttft_s * 1e3:.0f} ms, "
+          f"decode {stats.tokens_per_s:.1f} tok/s, graph capture {stats.capture_s:.1f} s{mem}]", file=sys.stderr)
+    return 0
+
+
+def _stop_ids(path, tokenizer) -> list[int]:
+    """eos_token_id from generation_config.json / config.json (an int or a list)."""
+    import json
+    ids = []
+    for name in ("generation_config.json", "config.json"):
+        f = path / name
+        if f.exists():
+            e = json.loads(f.read_text()).get("eos_token_id")
+            ids += e if isinstance(e, list) else [e] if isinstance(e, int) else []
+    return sorted(set(ids))
 
 
 def main(argv=None) -> int:
@@ -105,6 +162,18 @@ def main(argv=None) -> int:
                    help="activation dtype (auto: float16 on a GPU, bfloat16 on the CPU)")
     e.add_argument("--out", default="benchmarks/results", help="results root; JSON at <out>/<gpu|cpu>/ppl_smollm2.json")
     e.set_defaults(fn=cmd_eval)
+    g = sub.add_parser("generate", help="stream a completion from a Hugging Face model directory (decoder runtime)")
+    g.add_argument("model", help="model directory: config.json, *.safetensors, tokenizer.json")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--scheme", default=None, choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"))
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--dtype", default="auto", choices=("auto", "float16", "bfloat16", "float32"),
+                   help="auto: the checkpoint's dtype on a GPU; float32 (bfloat16 with a scheme) on the CPU")
+    g.set_defaults(fn=cmd_generate)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The decoder runtime on a GPU in one call: its tests (attention kernels, models vs transformers), then
+# `qkernels bench runtime`. Usage: scripts/gpu_runtime.sh OUTDIR [--models llama3-8b,qwen3-1.7b]
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_runtime.sh OUTDIR [bench args...]}
+shift
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -m pytest tests/ops/test_attention.py tests/models -q -p no:cacheprovider -n 4 2>&1 \
+    | tee "$OUT/tests_runtime.log" | tail -15
+fi
+python3 -m qkernels.cli bench runtime --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_runtime.log"

@@ -1,0 +1,164 @@
+"""`qkernels bench runtime`: the decoder runtime (qkernels.models) per scheme, beside the Hugging Face
+model with a static cache and a CUDA-graph decode step, in the same run.
+
+Models: random weights from the real configs (Llama-3-8B, Qwen3-1.7B; no download). Per scheme the runtime
+is built from the same fp16 Hugging Face model with from_pretrained(hf, scheme) (lm_head in fp16).
+
+Method:
+- decode: a [batch, 128]-token prompt prefilled into the static cache, then one decode step for the whole
+  batch captured as a CUDA graph (models.generate.DecodeGraph) and replayed: median of
+  triton.testing.do_bench (L2 flushed). tokens/s = batch / step time.
+- share of the bandwidth floor: bytes one step must read (every weight but the embedding table, plus the
+  KV cache up to the context) / the step time, over the device-to-device copy bandwidth measured in the
+  same run (bench.harness.copy_bandwidth_gbps).
+- prefill: one forward of [batch, 2048] tokens (logits of the last position), CUDA events, median of 5;
+  TTFT = the batch-1 prefill time. capture_s: the decode step's warm-up + graph capture.
+- peak memory: torch.cuda.max_memory_allocated over the runtime's prefill and decode, weights included.
+- profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1).
+On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from .harness import Row, copy_bandwidth_gbps, on_gpu, write_json
+from .model import _median_ms, decode_step_ms, model_configs
+
+SCHEMES = ("fp16", "w4a16", "w8a16", "w8a8", "w8a8-fp8")
+HF_SCHEMES = ("fp16", "w4a16")            # the HF model's own decode step, timed the same way
+PROMPT, CTX = 2048, 128
+DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
+
+
+def step_bytes(model, batch: int, ctx: int) -> int:
+    """Bytes one decode step reads: all weights but the embedding table (one row per token), and the KV cache
+    up to ctx."""
+    emb = model.tok_embeddings.weight
+    seen, total = set(), 0
+    for t in list(model.parameters()) + [b for n, b in model.named_buffers() if not n.endswith((".k", ".v"))]:
+        if t.data_ptr() in seen or (t is emb and not _tied(model)):
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    a = model.args
+    cache_dt = model.layers[0].attention.cache.k.element_size()
+    return total + 2 * a.n_layers * batch * a.n_kv_heads * ctx * a.head_dim * cache_dt
+
+
+def _tied(model) -> bool:
+    return model.output.weight is model.tok_embeddings.weight if hasattr(model.output, "weight") else False
+
+
+def runtime_decode(model, batch: int, ctx: int, gpu: bool):
+    from ..models.generate import DecodeGraph
+    model.setup_caches(batch, ctx + 64)
+    ids = torch.randint(0, model.args.vocab_size, (batch, ctx), device=model.device)
+    with torch.inference_mode():
+        model(ids, 0, logits_at=torch.full((batch,), ctx - 1, device=model.device))
+    step = DecodeGraph(model, batch, use_graph=gpu)
+    tok = torch.randint(0, model.args.vocab_size, (batch,), device=model.device)
+    pos = torch.full((batch,), ctx, device=model.device)
+    if not gpu:
+        return _median_ms(lambda: step(tok, pos), model.device, 2), step
+    import triton.testing
+    step(tok, pos)
+    return triton.testing.do_bench(lambda: step(tok, pos), warmup=25, rep=200, return_mode="median"), step
+
+
+def profile_step(step, tok, pos, top: int = 12) -> list[dict]:
+    """GPU time per kernel name over 20 replays of a captured decode step, per step."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        step(tok, pos)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            step(tok, pos)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"kernel": e.key[:90], "us_per_step": t / 20, "calls_per_step": e.count / 20})
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return rows[:top]
+
+
+def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[Row]:
+    import transformers  # noqa: F401
+    from ..models import from_pretrained
+    gpu = on_gpu()
+    dev = torch.device("cuda" if gpu else "cpu")
+    cfgs = model_configs(tiny=not gpu)
+    if models:
+        cfgs = {k: v for k, v in cfgs.items() if k in models}
+    prompt, ctx = (PROMPT, CTX) if gpu else (16, 8)
+    dec_b, pre_b = (DECODE_BATCHES, PREFILL_BATCHES) if gpu else ((1, 2), (1,))
+    bw = copy_bandwidth_gbps(dev) if gpu else float("nan")
+    print(f"copy bandwidth {bw:.0f} GB/s")
+    rows: list[Row] = []
+    profiles = {}
+    for mname, cfg in cfgs.items():
+        if layers:
+            cfg.num_hidden_layers = layers
+        sizes = {"model": mname, "layers": cfg.num_hidden_layers}
+        dt = torch.float16
+        with torch.device(dev):
+            hf = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dt).eval()
+        for scheme in schemes:
+            if scheme == "w8a8-fp8" and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
+                continue
+            gc.collect()
+            if gpu:
+                torch.cuda.empty_cache()
+            t0 = time.perf_counter()
+            m = from_pretrained(hf, None if scheme == "fp16" else scheme, device=dev, dtype=dt)
+            build_s = time.perf_counter() - t0
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
+            for b in pre_b:
+                m.setup_caches(b, prompt + 64)
+                ids = torch.randint(0, cfg.vocab_size, (b, prompt), device=dev)
+                at = torch.full((b,), prompt - 1, device=dev)
+                with torch.inference_mode():
+                    ms = _median_ms(lambda: m(ids, 0, logits_at=at), dev, 5 if gpu else 1)
+                rows.append(Row("prefill", "qkernels runtime", ms * 1e3, "eager", dict(sizes, scheme=scheme, batch=b,
+                                prompt=prompt), {"tokens_per_s": b * prompt / (ms * 1e-3),
+                                                 "ttft_ms": ms if b == 1 else None}))
+            for b in dec_b:
+                ms, step = runtime_decode(m, b, ctx, gpu)
+                nbytes = step_bytes(m, b, ctx)
+                share = nbytes / (ms * 1e-3) / (bw * 1e9) if gpu else float("nan")
+                rows.append(Row("decode", "qkernels runtime", ms * 1e3, "graph" if gpu else "eager",
+                                dict(sizes, scheme=scheme, batch=b, ctx=ctx),
+                                {"tokens_per_s": b / (ms * 1e-3), "step_bytes": nbytes, "bw_share": share,
+                                 "capture_s": step.capture_s}))
+                print(f"{mname} {scheme} runtime b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s, "
+                      f"{100 * share:.0f}% of the floor, capture {step.capture_s:.1f} s", flush=True)
+                if gpu and b == 1 and scheme in ("fp16", "w4a16"):
+                    tok = torch.zeros(1, dtype=torch.long, device=dev)
+                    profiles[f"{mname} {scheme}"] = profile_step(step, tok, torch.full((1,), ctx, device=dev))
+                del step
+            peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan")
+            rows.append(Row("memory", "qkernels runtime", 0.0, sizes=dict(sizes, scheme=scheme),
+                            extra={"peak_mb": peak, "build_s": build_s}))
+            del m
+        for scheme in HF_SCHEMES if gpu else ():     # the HF model's own graph-captured decode step
+            if scheme != "fp16":
+                from ..nn.convert import quantize_
+                quantize_(hf, scheme, progress=False)
+            for b in (1,):
+                ms = decode_step_ms(hf, b, ctx, dev, graph=True)
+                rows.append(Row("decode", "HF static cache + graph", ms * 1e3, "graph",
+                                dict(sizes, scheme=scheme, batch=b, ctx=ctx), {"tokens_per_s": b / (ms * 1e-3)}))
+                print(f"{mname} {scheme} HF b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s", flush=True)
+        del hf
+    meta = {"copy_bw_gbps": bw, "profiles": profiles,
+            "method": __doc__.split("Method:")[1].strip() if gpu else
+            "Triton interpreter on the CPU, tiny model: host wall-clock, not GPU performance"}
+    path = write_json("runtime", rows, root, meta)
+    print(f"wrote {path}")
+    return rows
