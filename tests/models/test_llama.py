@@ -64,7 +64,16 @@ def test_greedy_tokens_match_transformers_32_steps(kind, over):
     want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
                        pad_token_id=0, eos_token_id=None)
     got = m.generate(ids, 32)
-    assert got.tolist() == want.tolist()
+    if DEVICE.type == "cpu":
+        assert got.tolist() == want.tolist()
+    # every new token is transformers' argmax given the same prefix, up to near-ties of the summation order
+    with torch.no_grad():
+        lg = hf(got).logits
+    for b in range(got.shape[0]):
+        for t in range(ids.shape[1], got.shape[1]):
+            row = lg[b, t - 1]
+            assert row[got[b, t]] >= row.max() - 1e-4 * row.abs().max(), (b, t)
+    assert (got[:, :ids.shape[1] + 4] == want[:, :ids.shape[1] + 4]).all()
 
 
 def test_ragged_batch_equals_one_by_one_and_chunked_prefill(monkeypatch):
@@ -94,7 +103,7 @@ def test_sampling_rules():
         assert sample(logits, 0.7, top_k=2, generator=g)[0].item() in (1, 3)
     counts = torch.bincount(torch.stack([sample(logits, 1.0, generator=g)[0] for _ in range(400)]), minlength=4)
     p = torch.softmax(logits[0], -1)
-    assert (counts.float() / 400 - p.cpu()).abs().max() < 0.08
+    assert (counts.cpu().float() / 400 - p.cpu()).abs().max() < 0.08
 
 
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a16", "w8a8"])

@@ -28,8 +28,8 @@ def test_qkv_rope_cache_matches_reference(B, T, H, HKV, D, norm, dtype):
     kr, vr = kc.clone(), vc.clone()
     q = qkv_rope_cache(qkv, pos, cos, sin, kc, vc, H, HKV, q_norm=qn, k_norm=kn, eps=1e-6)
     qr = ref.qkv_rope_cache(qkv, pos, cos, sin, kr, vr, H, HKV, q_norm=qn, k_norm=kn, eps=1e-6)
-    tol = dict(rtol=0, atol=0) if dtype == torch.float32 and not norm else \
-        dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    # fp32: the GPU may contract x1 * cos - x2 * sin into an FMA (one rounding fewer than the reference)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else {}
     torch.testing.assert_close(q, qr, **tol)
     torch.testing.assert_close(kc, kr, **tol)          # untouched slots kept their 7.0
     torch.testing.assert_close(vc, vr, rtol=0, atol=0)  # v is a copy

@@ -106,7 +106,7 @@ class Attention(nn.Module):
             positions = torch.arange(T, device=qkv.device).expand(B, T)
             start = 0
         else:
-            kc, vc = self.cache.k, self.cache.v
+            kc, vc = self.cache.k[:B], self.cache.v[:B]        # the cache may hold a larger batch
             if isinstance(pos, torch.Tensor):
                 positions, start = pos.view(B, 1), None
             else:
