@@ -85,6 +85,12 @@ def test_ragged_batch_equals_one_by_one_and_chunked_prefill(monkeypatch):
     assert m.generate(prompts, 10) == alone
 
 
+def test_graph_replay_equals_eager():
+    m = from_pretrained(hf_model("llama"), device=DEVICE, dtype=torch.float32)
+    prompts = [[5, 9, 3, 7], [1, 2]]
+    assert m.generate(prompts, 12, use_graph=True) == m.generate(prompts, 12, use_graph=False)
+
+
 def test_stop_tokens_end_a_sequence():
     m = from_pretrained(hf_model("llama"), device=DEVICE, dtype=torch.float32)
     full = m.generate([3, 4, 5], 12)

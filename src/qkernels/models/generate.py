@@ -73,6 +73,9 @@ class DecodeGraph:
         self.capture_s = 0.0
         if use_graph and dev.type == "cuda":
             t0 = time.perf_counter()
+            # warm-up steps write k / v: aim them at the cache's last slot, which a sequence only reads after
+            # its own step there has rewritten it
+            self.pos.fill_(model.max_seq_len - 1)
             s = torch.cuda.Stream(dev)
             s.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(s), torch.inference_mode():
