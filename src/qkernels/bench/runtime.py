@@ -13,7 +13,8 @@ Method:
   same run (bench.harness.copy_bandwidth_gbps).
 - prefill: one forward of [batch, 2048] tokens (logits of the last position), CUDA events, median of 5;
   TTFT = the batch-1 prefill time. capture_s: the decode step's warm-up + graph capture.
-- peak memory: torch.cuda.max_memory_allocated over the runtime's prefill and decode, weights included.
+- peak memory: torch.cuda.max_memory_allocated over the runtime's prefill and decode (weights, caches and
+  activations; the source HF model's bytes subtracted).
 - profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1).
 On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
 """
@@ -27,7 +28,8 @@ import torch
 from .harness import Row, copy_bandwidth_gbps, on_gpu, write_json
 from .model import _median_ms, decode_step_ms, model_configs
 
-SCHEMES = ("fp16", "w4a16", "w8a16", "w8a8", "w8a8-fp8")
+# "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
+SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8")
 HF_SCHEMES = ("fp16", "w4a16")            # the HF model's own decode step, timed the same way
 PROMPT, CTX = 2048, 128
 DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
@@ -107,15 +109,18 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
         sizes = {"model": mname, "layers": cfg.num_hidden_layers}
         dt = torch.float16
         with torch.device(dev):
-            hf = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dt).eval()
+            hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dt).eval()
+        hf_mb = sum(t.numel() * t.element_size() for t in hf.parameters()) / 2**20
         for scheme in schemes:
-            if scheme == "w8a8-fp8" and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
+            if scheme.startswith("w8a8-fp8") and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
                 continue
             gc.collect()
             if gpu:
                 torch.cuda.empty_cache()
             t0 = time.perf_counter()
-            m = from_pretrained(hf, None if scheme == "fp16" else scheme, device=dev, dtype=dt)
+            base = scheme.removesuffix("+head")
+            m = from_pretrained(hf, None if base == "fp16" else base, device=dev, dtype=dt,
+                                quantize_lm_head=scheme.endswith("+head"))
             build_s = time.perf_counter() - t0
             if gpu:
                 torch.cuda.reset_peak_memory_stats()
@@ -138,13 +143,17 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
                                  "capture_s": step.capture_s}))
                 print(f"{mname} {scheme} runtime b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s, "
                       f"{100 * share:.0f}% of the floor, capture {step.capture_s:.1f} s", flush=True)
-                if gpu and b == 1 and scheme in ("fp16", "w4a16"):
+                if gpu and b == 1 and scheme in ("fp16", "w4a16", "w8a8"):
                     tok = torch.zeros(1, dtype=torch.long, device=dev)
                     profiles[f"{mname} {scheme}"] = profile_step(step, tok, torch.full((1,), ctx, device=dev))
                 del step
-            peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else float("nan")
+            # the source HF model stays resident for the next scheme: it is not the runtime's memory
+            peak = torch.cuda.max_memory_allocated() / 2**20 - hf_mb if gpu else float("nan")
+            weight_mb = sum(t.numel() * t.element_size() for t in {id(t): t for t in
+                            list(m.parameters()) + [b for n, b in m.named_buffers() if not n.endswith((".k", ".v"))]
+                            }.values()) / 2**20
             rows.append(Row("memory", "qkernels runtime", 0.0, sizes=dict(sizes, scheme=scheme),
-                            extra={"peak_mb": peak, "build_s": build_s}))
+                            extra={"peak_mb": peak, "weight_mb": weight_mb, "build_s": build_s}))
             del m
         for scheme in HF_SCHEMES if gpu else ():     # the HF model's own graph-captured decode step
             if scheme != "fp16":

@@ -18,6 +18,8 @@ Where kernels cannot run (a CPU without TRITON_INTERPRET=1) every op runs its re
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -71,6 +73,18 @@ def act_format(linear: nn.Module) -> str | None:
 # the model
 
 
+class Step(NamedTuple):
+    """What every layer needs to know about the tokens in flight.
+    pos: None (no cache: positions 0..seq-1), an int (prefill chunk at positions pos..pos+seq-1 of every
+    sequence) or a tensor [batch] (decode: seq == 1, sequence b at position pos[b]); lengths: pos + 1 for
+    decode (computed once per step), else None; rope: the (cos, sin) tables."""
+    batch: int
+    seq: int
+    pos: int | torch.Tensor | None
+    lengths: torch.Tensor | None
+    rope: tuple
+
+
 class KVCache(nn.Module):
     """Static key / value buffers [batch, n_kv_heads, max_seq_len, head_dim], written in place."""
 
@@ -93,13 +107,11 @@ class Attention(nn.Module):
         self.k_norm = nn.Parameter(torch.empty(args.head_dim, device="meta")) if args.qk_norm else None
         self.cache: KVCache | None = None
 
-    def forward(self, x, rope: tuple, pos, batch: int, seq: int, dtype: torch.dtype) -> torch.Tensor:
-        """x: the normed input (tensor [B*T, dim] or codes); pos: None (no cache: positions 0..T-1), an int
-        (prefill at positions pos..pos+T-1 of every sequence) or a tensor [B] (decode: T == 1, sequence b at
-        position pos[b])."""
-        B, T = batch, seq
+    def forward(self, x, step: Step, dtype: torch.dtype) -> torch.Tensor:
+        """x: the normed input (tensor [B*T, dim] or codes) -> the attention block's output [B*T, dim]."""
+        B, T, pos = step.batch, step.seq, step.pos
         qkv = project(self.wqkv, x, dtype).view(B, T, -1)
-        cos, sin = rope
+        cos, sin = step.rope
         if self.cache is None or pos is None:
             kc = qkv.new_empty(B, self.n_kv_heads, T, self.head_dim)
             vc = torch.empty_like(kc)
@@ -115,9 +127,8 @@ class Attention(nn.Module):
         q = rope_op(qkv, positions, cos, sin, kc, vc, self.n_heads, self.n_kv_heads, q_norm=self.q_norm,
                     k_norm=self.k_norm, eps=self.eps)                      # [B, T, H, D]
         if start is None:                                                   # decode
-            lengths = positions.view(B) + 1
             att = _decode_attention if runs_kernels(q) else ref.decode_attention
-            o = att(q.view(B, self.n_heads, self.head_dim), kc, vc, lengths, self.head_dim ** -0.5)
+            o = att(q.view(B, self.n_heads, self.head_dim), kc, vc, step.lengths, self.head_dim ** -0.5)
         else:                                                               # prompt: SDPA over the cache prefix
             k, v = kc[:, :, :start + T], vc[:, :, :start + T]
             qt = q.transpose(1, 2)
@@ -161,9 +172,9 @@ class Block(nn.Module):
         self.ffn_norm = nn.Parameter(torch.empty(args.dim, device="meta"))
         self.eps = args.norm_eps
 
-    def forward(self, x, residual, rope, pos, batch, seq):
+    def forward(self, x, residual, step: Step):
         y, h = rms_norm(x, self.attention_norm, self.eps, residual, act_format(self.attention.wqkv))
-        a = self.attention(y, rope, pos, batch, seq, h.dtype)
+        a = self.attention(y, step, h.dtype)
         y, h = rms_norm(a, self.ffn_norm, self.eps, h, act_format(self.feed_forward.w_gate_up))
         return self.feed_forward(y, h.dtype), h
 
@@ -224,10 +235,11 @@ class Transformer(nn.Module):
         logits_at: [B] indices into T: only those positions' logits ([B, vocab])."""
         B, T = input_ids.shape
         rope = self._rope(max(T if pos is None else self.max_seq_len, 1))
+        step = Step(B, T, pos, pos + 1 if isinstance(pos, torch.Tensor) else None, rope)
         x = self.tok_embeddings(input_ids).view(B * T, -1)
         residual = None
         for layer in self.layers:
-            x, residual = layer(x, residual, rope, pos, B, T)
+            x, residual = layer(x, residual, step)
         y, _ = rms_norm(x, self.norm, self.args.norm_eps, residual)
         y = y.view(B, T, -1)
         if logits_at is not None:
