@@ -1,4 +1,4 @@
-"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|all]`, `qkernels eval ppl` and
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|all|report]`, `qkernels eval ppl` and
 `qkernels generate`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
@@ -53,6 +53,10 @@ def cmd_env(_args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.name == "report":
+        from qkernels.bench import report
+        report.run(args.out)
+        return 0
     has_gpu = _ensure_backend()
     from qkernels._runtime import is_interpreter
     if not has_gpu or is_interpreter():
@@ -144,7 +148,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("env", help="versions, GPU, Triton backend, interpreter or not").set_defaults(fn=cmd_env)
     b = sub.add_parser("bench", help="run benchmarks against the peers and write results JSON + PNG")
-    b.add_argument("name", nargs="?", default="quantize", choices=BENCHES + ("all",))
+    b.add_argument("name", nargs="?", default="quantize", choices=BENCHES + ("all", "report"),
+                   help="a benchmark, 'all' (the kernel ones) or 'report' (regenerate RESULTS.md from --out's JSON)")
     b.add_argument("--out", default="benchmarks/results", help="results root (default: benchmarks/results)")
     b.add_argument("--models", default="", help="model bench: comma-separated (llama3-8b, qwen3-1.7b; default both)")
     b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")

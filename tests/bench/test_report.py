@@ -1,0 +1,33 @@
+"""RESULTS.md is generated from the results JSON: tables and target lines come from the rows."""
+import json
+
+from qkernels.bench import report
+
+
+def _write(root, gpu, name, rows, **meta):
+    d = root / gpu
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{name}.json").write_text(json.dumps(dict(gpu="GPU X", torch="2.x", triton="3.y", date="2026-01-02T00:00",
+                                                    rows=rows, **meta)))
+
+
+def test_report_tables_and_targets_from_rows(tmp_path):
+    root = tmp_path / "results"
+    dec = lambda s, b, tps, share: dict(op="decode", provider="qkernels runtime", model="llama3-8b", scheme=s,  # noqa
+                                        batch=b, ctx=128, tokens_per_s=tps, bw_share=share, capture_s=1.0)
+    rows = [dec("fp16", 1, 100.0, 0.8), dec("w4a16", 1, 240.0, 0.55), dec("fp16", 32, 1000.0, 0.7),
+            dec("w4a16", 32, 1200.0, 0.4)]
+    _write(root, "h100", "runtime", rows, profiles={"llama3-8b fp16": [dict(kernel="k", us_per_step=5.0,
+                                                                             calls_per_step=2.0)]})
+    _write(root, "h100", "weight_only", [dict(op="weight_only_linear", provider="a", mode="graph", shape="4x4", M=1,
+                                              median_us=3.0),
+                                         dict(op="weight_only_linear", provider="a", mode="eager", shape="4x4", M=1,
+                                              median_us=9.0)])
+    text = report.build(root)
+    assert "| w4a16 | 240 (2.40x, 55%) | 1200 (1.20x, 40%) |" in text
+    assert "- W4A16 ≥ 2.3x the fp16 runtime: 2.40x — met" in text
+    assert "- batch 32: W4A16 ≥ 1.3x fp16: 1.20x — **not met**" in text
+    assert "GPU X" in text and "torch 2.x, Triton 3.y, 2026-01-02" in text
+    assert "| weight_only_linear | 4x4 | 1 | 3 |" in text          # graph rows shown, eager kept in the JSON
+    out = report.run(root)
+    assert out.read_text() == text
