@@ -92,7 +92,7 @@ def lookup(table: dict, M: int, N: int, K: int) -> dict:
 # shape overrides, as the tuning scripts (scripts/tune_gemm.py, scripts/tune_weight_only.py) write them
 
 OVERRIDE_GAIN = 0.95   # a shape gets its own config when another is this much faster there than the bucket's
-# (one-call graph timings vary 2-3% run to run, benchmarks/NOTES.md: 5% is past the noise)
+# (one-call graph timings vary 2-3% run to run, docs/design.md: 5% is past the noise)
 
 
 def set_shape_overrides(tab: dict, kind: str, bucket, shapes: list, results: list, chosen: dict) -> None:

@@ -23,8 +23,7 @@ QUANTIZE_FORMATS = {"int8": (torch.int8, 127), "fp8_e4m3": (torch.float8_e4m3fn,
 # loop over loop_block chunks. Short rows are batched rows_tile elements per program.
 # elems_per_warp sets num_warps (elems_per_warp_quant for the kernels that also quantize: they hold a
 # row across two reductions). silu_block: widest column tile of the elementwise SwiGLU, narrowed to
-# the widest that pads the row by at most 1/16. Values from an H100 sweep (scripts/tune_fused.py,
-# benchmarks/logs/tune_fused_h100.log).
+# the widest that pads the row by at most 1/16. Values from an H100 sweep (scripts/tune_fused.py).
 # Quantizing kernels on rows wider than 8192 use quant_long_warps (fewer values per thread).
 TILES = {"max_block": 16384, "loop_block": 4096, "rows_tile": 4096, "elems_per_warp": 512,
          "elems_per_warp_quant": 1024, "max_warps": 16, "quant_long_warps": 32, "silu_block": 4096}
