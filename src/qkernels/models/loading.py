@@ -149,7 +149,7 @@ def merge_linears(mods: list[nn.Module], device, dtype) -> nn.Module:
             return Concat([m.to(device) for m in mods])
     N = sum(m.out_features for m in mods)
     out = QuantizedLinear(first.in_features, N, first.bias is not None, first.scheme, "meta",
-                          _act_dtype(first, dtype), getattr(first, "group_size", None), getattr(first, "symmetric", False))
+                          dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16, getattr(first, "group_size", None), getattr(first, "symmetric", False))
     names = ["qweight", "scale_zero"] if first.scheme in WEIGHT_ONLY_BITS else ["weight", "weight_scale"]
     for n in names + (["bias"] if first.bias is not None else []):
         setattr(out, n, torch.cat([getattr(m, n).detach().to(device) for m in mods]))
@@ -157,10 +157,6 @@ def merge_linears(mods: list[nn.Module], device, dtype) -> nn.Module:
         out.perm = first.perm.to(device) if first.perm is not None else None
         out.int_zeros = first.int_zeros
     return out
-
-
-def _act_dtype(q: QuantizedLinear, dtype) -> torch.dtype:
-    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
 
 
 class Concat(nn.Module):
