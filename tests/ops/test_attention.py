@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from qkernels import reference as ref
+from qkernels.ops import attention as A
 from qkernels.ops.attention import decode_attention, qkv_rope_cache
 
 from ..conftest import DEVICE as DEV
@@ -54,6 +55,22 @@ def test_decode_attention_matches_reference(B, H, HKV, D, S, dtype):
         kc2[b, :, int(lengths[b]):] = float("nan")
         vc2[b, :, int(lengths[b]):] = float("nan")
     torch.testing.assert_close(decode_attention(q, kc2, vc2, lengths), out, rtol=0, atol=0)
+
+
+def test_opcheck():
+    """Schema, fake impl, mutation declaration (the caches) and autograd registration agree with the kernel."""
+    B, T, H, HKV, D, S = 2, 3, 4, 2, 32, 16
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(B, T, (H + 2 * HKV) * D, generator=g).to(DEV, torch.float16)
+    pos = torch.stack([torch.randperm(S, generator=g)[:T] for _ in range(B)]).to(DEV)
+    cos, sin = (t.to(DEV) for t in _tables(D, S))
+    kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
+    vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
+    for norm in (None, (torch.rand(D, generator=g) + 0.5).to(DEV, torch.float16)):
+        torch.library.opcheck(A._qkv_rope_cache_op, (qkv, pos, cos, sin, kc, vc, norm, norm, H, HKV, 1e-6))
+    q = torch.randn(B, H, D, generator=g).to(DEV, torch.float16)
+    lengths = torch.tensor([S, 5], dtype=torch.int32, device=DEV)
+    torch.library.opcheck(A._decode_attention_op, (q, kc, vc, lengths, D ** -0.5))
 
 
 def test_bad_inputs_are_named():

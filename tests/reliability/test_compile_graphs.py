@@ -13,7 +13,8 @@ TESTS = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _registered_ops() -> set[str]:
-    import qkernels.ops.fused  # noqa: F401  (registration happens at import)
+    import qkernels.ops.attention  # noqa: F401  (registration happens at import)
+    import qkernels.ops.fused  # noqa: F401
     import qkernels.ops.gemm  # noqa: F401
     import qkernels.ops.quant  # noqa: F401
     import qkernels.ops.weight_only  # noqa: F401
@@ -30,7 +31,7 @@ def test_every_custom_op_is_opchecked():
     src = "\n".join(p.read_text() for p in TESTS.rglob("test_*.py"))
     attrs = set(re.findall(r"opcheck\(\w+\.(_\w+_op)\b", src))     # e.g. opcheck(F._norm_op, ...)
     checked = set()
-    for mod in (pkg.fused, pkg.gemm, pkg.quant, pkg.weight_only):
+    for mod in (pkg.attention, pkg.fused, pkg.gemm, pkg.quant, pkg.weight_only):
         for a in attrs:
             if hasattr(mod, a):
                 checked.add(getattr(mod, a)._name)
