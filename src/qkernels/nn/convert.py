@@ -24,6 +24,7 @@ WEIGHTS_NAME = "model.safetensors"
 _BUFFER_PREFIX = "__buffer__."   # non-persistent buffers (e.g. rotary inv_freq) saved under this prefix
 FORMAT_VERSION = 1
 _FUSED_SCHEMES = ("w8a8", "w8a8-fp8")
+METHODS = ("rtn", "gptq", "awq")
 
 
 def _scheme_error(scheme: str, device: torch.device) -> str | None:
@@ -71,7 +72,7 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, symmetric: bool | None = None,
               filter_fn: Callable[[nn.Module, str], bool] | None = None, skip=("lm_head",),
               device=None, dtype: torch.dtype | None = None, calibration=None, smooth_alpha: float = 0.5,
-              fuse: bool = True, progress: bool = True) -> nn.Module:
+              method: str = "rtn", act_order: bool = False, fuse: bool = True, progress: bool = True) -> nn.Module:
     """Quantize `model` in place: every nn.Linear named `name` for which `filter_fn(module, name)` is
     true (default: all) and whose name does not end in one of `skip` becomes a QuantizedLinear.
 
@@ -82,9 +83,14 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     whole model is cast. Layers the scheme cannot take (e.g. in_features not
     divisible by group_size) stay in high precision and are listed in one warning.
     device: convert onto this device layer by layer (the rest of the model follows at the end).
-    calibration (w8a8 schemes): token ids [batch, seq] or an iterable of them; when given, the model
-    is first smoothed SmoothQuant-style (qkernels.nn.smooth.smooth_, strength smooth_alpha), which
-    moves activation outliers into the weights.
+    calibration: token ids [batch, seq] or an iterable of them. With the w8a8 schemes the model is first
+    smoothed SmoothQuant-style (qkernels.nn.smooth.smooth_, strength smooth_alpha), which moves activation
+    outliers into the weights; with the weight-only schemes it feeds `method`.
+    method (weight-only schemes): "rtn" (round to nearest, min-max grid; no calibration), "gptq"
+    (qkernels.nn.gptq: error-compensating rounding, decoder layer by decoder layer on the calibration
+    inputs; act_order=True quantizes the most active input channels first) or "awq" (qkernels.nn.awq:
+    activation-aware per-channel scales folded into the preceding norm / linear and a clipping search,
+    then round to nearest). Both need `calibration`; with `device` each decoder layer is calibrated there.
     fuse (default): Llama / Qwen-style RMSNorm modules become qkernels.nn.RMSNorm (one kernel), and
     with the w8a8 schemes each decoder layer's post-attention RMSNorm + SwiGLU MLP becomes a
     qkernels.nn.QuantizedMLP: the norm and SwiGLU kernels quantize the activations they produce,
@@ -107,11 +113,22 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
         raise ValueError(f"scheme {scheme!r} quantizes weights per output channel; group_size must be None or -1, "
                          f"got {group_size!r}")
 
-    if calibration is not None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method != "rtn":
+        if bits is None:
+            raise ValueError(f"method {method!r} applies to the weight-only schemes (w4a16, w8a16), got scheme "
+                             f"{scheme!r}")
+        if calibration is None:
+            raise ValueError(f"method {method!r} needs calibration: token ids [batch, seq] or an iterable of them")
+    elif calibration is not None:
         if not scheme.startswith("w8a8"):
-            raise ValueError(f"calibration (SmoothQuant smoothing) applies to the w8a8 schemes, got scheme {scheme!r}")
+            raise ValueError(f"calibration feeds SmoothQuant (w8a8 schemes) or method='gptq' / 'awq' (weight-only "
+                             f"schemes); got scheme {scheme!r} with method 'rtn'")
         from .smooth import smooth_
         smooth_(model, calibration, smooth_alpha)
+    if act_order and method != "gptq":
+        raise ValueError(f"act_order applies to method='gptq', got method {method!r}")
 
     mlp_layers = []
     if fuse and scheme in _FUSED_SCHEMES:
@@ -148,6 +165,20 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
                 raise TypeError(f"the quantized schemes take float16 / bfloat16 activations, but layer {name!r} has "
                                 f"weight dtype {str(wdt).replace('torch.', '')}: pass dtype=torch.float16 or "
                                 f"torch.bfloat16 (the whole model is then cast to it), or cast the model first")
+    packed = {}
+    if targets and method != "rtn":
+        chosen = set(targets)
+        sym = symmetric if symmetric is not None else bits == 8
+        sdt = dtype or model.get_submodule(targets[0]).weight.dtype
+        sdt = sdt if sdt in (torch.float16, torch.bfloat16) else torch.float16
+        if method == "gptq":
+            from .gptq import gptq_
+            packed = gptq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, act_order=act_order,
+                           device=device, scale_dtype=sdt, progress=progress)
+        else:
+            from .awq import awq_
+            awq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, device=device,
+                 scale_dtype=sdt, progress=progress)
     if mlp_layers:
         err = _scheme_error(scheme, device or model.get_submodule(mlp_layers[0]).mlp.gate_proj.weight.device)
         if err:
@@ -179,7 +210,10 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
         src.weight = nn.Parameter(w.detach().to(dev, dt), requires_grad=False)
         if lin.bias is not None:
             src.bias = nn.Parameter(lin.bias.detach().to(dev, dt), requires_grad=False)
-        q = QuantizedLinear.from_linear(src, scheme, group_size=gs if bits else None, symmetric=symmetric)
+        if name in packed:
+            q = QuantizedLinear.from_packed(packed.pop(name).to(dev), src.bias)
+        else:
+            q = QuantizedLinear.from_linear(src, scheme, group_size=gs if bits else None, symmetric=symmetric)
         _set_module(model, name, q)
         del src, lin, w                      # the float weight goes now, not at the end
     if device is not None or dtype is not None:
