@@ -146,11 +146,11 @@ def _fold(producer: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> Non
 
 @torch.no_grad()
 def awq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, symmetric: bool = False, *,
-         wanted: Callable[[str, nn.Linear], bool] = lambda name, mod: True, device=None,
+         wanted: Callable[[str, nn.Linear], bool] = lambda name, mod: True, clip: bool = True, device=None,
          scale_dtype: torch.dtype | None = None, progress: bool = False) -> int:
     """AWQ-transform the float model in place (module docstring): scales folded wherever a producer and all
-    the linears it feeds are wanted(qualified name, module), then the clipping search on every wanted linear
-    of the decoder layers. Walks the layers with nn.calibrate.walk_layers. Returns the number of linears
+    the linears it feeds are wanted(qualified name, module), then (clip) the clipping search on every wanted
+    linear of the decoder layers. Walks the layers with nn.calibrate.walk_layers. Returns the number of linears
     scaled."""
     from .calibrate import batches_of, decoder_layers, walk_layers
     calibration = batches_of(calibration)
@@ -190,7 +190,7 @@ def awq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, sy
                 inputs[n] = inputs[n] / s.to(inputs[n].dtype)
             done[0] += len(group)
         for n, m in lins.items():
-            if n.endswith(("q_proj", "k_proj")) or n not in inputs:
+            if not clip or n.endswith(("q_proj", "k_proj")) or n not in inputs:
                 continue
             bound = search_clip(inputs[n], m.weight, bits, group_size, symmetric, sdt)
             G = _check_group(group_size, m.in_features, bits)

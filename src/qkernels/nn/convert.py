@@ -121,6 +121,8 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
                              f"{scheme!r}")
         if calibration is None:
             raise ValueError(f"method {method!r} needs calibration: token ids [batch, seq] or an iterable of them")
+        from .calibrate import batches_of
+        calibration = batches_of(calibration)       # checked before anything changes
     elif calibration is not None:
         if not scheme.startswith("w8a8"):
             raise ValueError(f"calibration feeds SmoothQuant (w8a8 schemes) or method='gptq' / 'awq' (weight-only "
