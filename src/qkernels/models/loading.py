@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..nn.checkpoints import SafetensorsDir
 from ..nn.linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
 from .config import ModelArgs
 from .llama import Transformer
@@ -26,44 +27,12 @@ _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 # sources: where a layer's modules / tensors come from
 
 
-class _DirSource:
-    """A Hugging Face model directory: config.json + model.safetensors (or shards with an index)."""
+class _DirSource(SafetensorsDir):
+    """A Hugging Face model directory (float, or with GPTQ / AWQ quantized layers)."""
 
-    def __init__(self, path: Path):
-        from safetensors import safe_open
-        if not path.is_dir():
-            raise FileNotFoundError(f"path must be a model directory, got {path} (not a directory)")
-        cfg_file = path / "config.json"
-        if not cfg_file.exists():
-            raise FileNotFoundError(f"{path} has no config.json (a Hugging Face model directory needs one)")
-        try:
-            self.config = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
-        index = path / "model.safetensors.index.json"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
-        else:
-            files = sorted(p.name for p in path.glob("*.safetensors"))
-            weight_map = None
-        if not files:
-            raise FileNotFoundError(f"{path} has no *.safetensors weights (.bin / .pth checkpoints are not read: "
-                                    f"they would need unpickling)")
-        self.path = path
-        self._files = {f: safe_open(str(path / f), framework="pt", device="cpu") for f in files}
-        self._where = weight_map or {k: f for f, h in self._files.items() for k in h.keys()}
-
-    def has(self, name: str) -> bool:
-        return name in self._where
-
-    def tensor(self, name: str) -> torch.Tensor:
-        f = self._where.get(name)
-        if f is None:
-            raise ValueError(f"{self.path}: tensor {name!r} is missing from the checkpoint")
-        return self._files[f].get_tensor(name)
-
-    def linear(self, name: str, bias: bool) -> nn.Module:
+    def linear(self, name: str, bias: bool, dtype: torch.dtype) -> nn.Module:
+        if self.is_quantized(name):
+            return self.quantized_linear(name, dtype=dtype if dtype in (torch.float16, torch.bfloat16) else None)
         w = self.tensor(name + ".weight")
         lin = nn.Linear(w.shape[1], w.shape[0], bias=bias, device="meta")
         lin.weight = nn.Parameter(w, requires_grad=False)
@@ -96,7 +65,7 @@ class _ModuleSource:
             raise ValueError(f"the model has no tensor {name!r}")
         return t.detach()
 
-    def linear(self, name: str, bias: bool) -> nn.Module:
+    def linear(self, name: str, bias: bool, dtype: torch.dtype) -> nn.Module:
         mod = self._module(name)
         if mod is None:
             raise ValueError(f"the model has no module {name!r}")
@@ -239,9 +208,10 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
         dtype = dtype if dtype in _FLOAT else torch.float16
     if dtype not in _FLOAT:
         raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
-    if scheme is not None and dtype == torch.float32:
-        raise TypeError(f"scheme {scheme!r} takes float16 / bfloat16 activations: pass dtype=torch.float16 or "
-                        f"torch.bfloat16")
+    quant = getattr(src, "quant", None)
+    if (scheme is not None or quant is not None) and dtype == torch.float32:
+        what = f"scheme {scheme!r}" if scheme is not None else f"the checkpoint's {quant.method.upper()} layers"
+        raise TypeError(f"{what} take(s) float16 / bfloat16 activations: pass dtype=torch.float16 or torch.bfloat16")
 
     model = Transformer(args)
     skipped: list[str] = []
@@ -259,9 +229,9 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
         p = f"model.layers.{i}."
         blk = model.layers[i]
         att = blk.attention
-        qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias) for n in "qkv"]
+        qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias, dtype) for n in "qkv"]
         att.wqkv = _quantize(merge_linears(qkv, device, dtype), p + "self_attn.qkv", scheme, quantize_kwargs, skipped)
-        att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias), device, dtype), p + "self_attn.o_proj",
+        att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias, dtype), device, dtype), p + "self_attn.o_proj",
                            scheme, quantize_kwargs, skipped)
         if args.qk_norm:
             att.q_norm = param(get(p + "self_attn.q_norm.weight"))
@@ -273,15 +243,15 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
             blk.feed_forward.w_down = fused.down_proj.to(device)
             blk.ffn_norm = param(fused.norm.weight.detach().to(device, dtype))
         else:
-            gu = [src.linear(p + f"mlp.{n}_proj", False) for n in ("gate", "up")]
+            gu = [src.linear(p + f"mlp.{n}_proj", False, dtype) for n in ("gate", "up")]
             blk.feed_forward.w_gate_up = _quantize(merge_linears(gu, device, dtype), p + "mlp.gate_up", scheme,
                                                    quantize_kwargs, skipped)
-            blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False), device, dtype),
+            blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False, dtype), device, dtype),
                                                 p + "mlp.down_proj", scheme, quantize_kwargs, skipped)
             blk.ffn_norm = param(get(p + "post_attention_layernorm.weight"))
     model.norm = param(get("model.norm.weight"))
     if src.has("lm_head.weight") and not args.tie_word_embeddings:
-        head = _to(src.linear("lm_head", False), device, dtype)
+        head = _to(src.linear("lm_head", False, dtype), device, dtype)
     else:
         head = _float_linear(model.tok_embeddings.weight, None, device, dtype)
         head.weight = model.tok_embeddings.weight                      # tied: one tensor

@@ -1,0 +1,321 @@
+"""Hugging Face checkpoint directories: reading the safetensors of one (sharded or not), the GPTQ and AWQ
+quantized layers people ship, `load_pretrained` (such a directory into a transformers model whose
+quantized linears are QuantizedLinear modules) and `save_gptq` (the other way).
+
+Formats read, named by config.json's `quantization_config`:
+  quant_method "gptq" (AutoGPTQ, GPTQModel, optimum): bits 4 / 8, group_size (-1: per channel), sym,
+      desc_act; per linear `qweight` int32 [K * bits / 32, N] (codes packed along K, the first in the low
+      bits), `qzeros` int32 [K / G, N * bits / 32] (packed along N), `scales` [K / G, N], `g_idx` int32 [K]
+      (the group of each input channel; act-order). checkpoint_format "gptq" (the default) stores each zero
+      point minus one, "gptq_v2" as is.
+  quant_method "awq" (AutoAWQ, version "gemm"): 4-bit, zero points; `qweight` int32 [K, N / 8] and `qzeros`
+      int32 [K / G, N / 8] packed along N in AWQ's interleaved nibble order, `scales` [K / G, N].
+Each becomes a PackedWeight (PackedWeight.from_gptq / from_awq) without a float copy of the weight.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..packed_weight import PackedWeight
+from .linear import WEIGHT_ONLY_BITS, QuantizedLinear
+
+
+class SafetensorsDir:
+    """A Hugging Face model directory: config.json (parsed into .config) and model.safetensors, or shards
+    named by model.safetensors.index.json. Tensors are read one at a time, on request."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"path must be a model directory, got {path} (not a directory)")
+        cfg_file = path / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{path} has no config.json (a Hugging Face model directory needs one)")
+        try:
+            self.config = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
+        index = path / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+            absent = [f for f in files if not (path / f).exists()]
+            if absent:
+                raise FileNotFoundError(f"{index} names shard(s) missing from {path}: {absent}")
+        else:
+            files = sorted(p.name for p in path.glob("*.safetensors"))
+            weight_map = None
+        if not files:
+            raise FileNotFoundError(f"{path} has no *.safetensors weights (.bin / .pth checkpoints are not read: "
+                                    f"they would need unpickling)")
+        self.path = path
+        self._files = {f: safe_open(str(path / f), framework="pt", device="cpu") for f in files}
+        self._where = weight_map or {k: f for f, h in self._files.items() for k in h.keys()}
+        self.quant = quant_spec(self.config, str(cfg_file))
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def keys(self):
+        return self._where.keys()
+
+    def tensor(self, name: str) -> torch.Tensor:
+        f = self._where.get(name)
+        if f is None:
+            raise ValueError(f"{self.path}: tensor {name!r} is missing from the checkpoint")
+        return self._files[f].get_tensor(name)
+
+    def is_quantized(self, name: str) -> bool:
+        """Whether linear `name` is stored as GPTQ / AWQ codes."""
+        return self.quant is not None and self.has(name + ".qweight")
+
+    def quantized_linear(self, name: str, shape: tuple[int, int] | None = None, device=None,
+                         dtype: torch.dtype | None = None) -> QuantizedLinear:
+        """Linear `name` from its GPTQ / AWQ tensors; shape (N, K), when given, is checked. dtype: the scales'
+        dtype (default: the checkpoint's, float32 scales as float16)."""
+        q = self.quant
+        t = lambda s: self.tensor(f"{name}.{s}")  # noqa: E731
+        try:
+            if q.method == "gptq":
+                g_idx = t("g_idx") if self.has(name + ".g_idx") else None
+                pw = PackedWeight.from_gptq(t("qweight"), t("qzeros"), t("scales"), g_idx, bits=q.bits,
+                                            group_size=None if q.group_size == -1 else q.group_size,
+                                            checkpoint_format=q.checkpoint_format)
+            else:
+                pw = PackedWeight.from_awq(t("qweight"), t("qzeros"), t("scales"),
+                                           group_size=None if q.group_size == -1 else q.group_size)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{self.path}: the {q.method.upper()} tensors of {name!r} do not fit the format: {e}") \
+                from None
+        if q.group_size != -1 and pw.group_len != q.group_size:
+            raise ValueError(f"{self.path}: {name!r} has groups of {pw.group_len} input channels, quantization_config "
+                             f"says group_size={q.group_size}")
+        if shape is not None and tuple(pw.shape) != tuple(shape):
+            raise ValueError(f"{self.path}: {name!r} holds a [{pw.shape[0]}, {pw.shape[1]}] (out, in) weight, the model "
+                             f"config expects [{shape[0]}, {shape[1]}]")
+        bias = self.tensor(name + ".bias") if self.has(name + ".bias") else None
+        sdt = dtype or (pw.scales.dtype if pw.scales.dtype in (torch.float16, torch.bfloat16) else torch.float16)
+        if pw.scale_zero.dtype != sdt:
+            pw = PackedWeight(pw.qweight, pw.scale_zero.to(sdt), pw.bits, pw.group_size, pw.shape, pw.perm,
+                              pw.symmetric, pw.int_zeros)
+        if device is not None:
+            pw = pw.to(device)
+        return QuantizedLinear.from_packed(pw, bias.to(pw.device, sdt) if bias is not None else None)
+
+
+@dataclass(frozen=True)
+class CheckpointQuant:
+    """A checkpoint's quantization_config, checked."""
+    method: str              # "gptq" | "awq"
+    bits: int
+    group_size: int          # -1: per output channel
+    symmetric: bool
+    act_order: bool
+    checkpoint_format: str   # "gptq" | "gptq_v2" | "awq"
+
+
+def quant_spec(config: dict, where: str = "config.json") -> CheckpointQuant | None:
+    """The checked quantization_config of a config.json dict; None when there is none."""
+    qc = config.get("quantization_config")
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise ValueError(f"{where}: quantization_config must be an object, got {type(qc).__name__}")
+    method = str(qc.get("quant_method", "")).lower()
+    bits, gs = qc.get("bits", 4), qc.get("group_size", qc.get("q_group_size", 128))
+    if method == "gptq":
+        fmt = str(qc.get("checkpoint_format", "gptq")).lower()
+        if fmt not in ("gptq", "gptq_v2"):
+            raise ValueError(f"{where}: GPTQ checkpoint_format must be 'gptq' or 'gptq_v2', got {fmt!r} (other "
+                             f"layouts, e.g. Marlin-repacked, are not read)")
+        if bits not in (4, 8):
+            raise ValueError(f"{where}: GPTQ bits must be 4 or 8, got {bits!r}")
+        spec = CheckpointQuant("gptq", bits, gs, bool(qc.get("sym", True)), bool(qc.get("desc_act", False)), fmt)
+    elif method == "awq":
+        version = str(qc.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ValueError(f"{where}: AWQ version must be 'gemm' (AutoAWQ's default layout), got {version!r}")
+        if bits != 4:
+            raise ValueError(f"{where}: AWQ bits must be 4, got {bits!r}")
+        if not qc.get("zero_point", True):
+            raise ValueError(f"{where}: AWQ without zero points (zero_point=false) is not read")
+        spec = CheckpointQuant("awq", 4, gs, False, False, "awq")
+    else:
+        raise ValueError(f"{where}: quantization_config.quant_method must be 'gptq' or 'awq', got "
+                         f"{qc.get('quant_method')!r}")
+    if not isinstance(gs, int) or not (gs == -1 or (gs >= 32 and gs & (gs - 1) == 0)):
+        raise ValueError(f"{where}: group_size must be -1 or a power of two >= 32, got {gs!r}")
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------
+# load_pretrained
+
+
+def _fresh_buffers(model: nn.Module, device) -> None:
+    """Non-persistent buffers left on the meta device (rotary inv_freq: computed at construction, never saved)
+    are recomputed by rebuilding their module on `device` from the model config."""
+    for name, mod in list(model.named_modules()):
+        if any(b is not None and b.is_meta for b in mod._buffers.values()) and not list(mod.parameters()):
+            try:
+                with torch.device(device):
+                    new = type(mod)(config=model.config)
+            except TypeError:
+                continue
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, new)
+
+
+def load_pretrained(path, *, device="cpu", dtype: torch.dtype | None = None) -> nn.Module:
+    """A transformers causal LM from a Hugging Face directory: float layers as they are stored, GPTQ / AWQ
+    quantized layers (module docstring) as QuantizedLinear, straight from their codes (no float copy). The
+    model is built on the meta device and every tensor is read onto `device` once; it is returned only
+    when complete (a missing or misshapen tensor raises, naming it). dtype: the activation dtype (default the
+    checkpoint's torch_dtype, float16 when absent); quantized layers' scales are converted to it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    src = SafetensorsDir(path)
+    device = torch.device(device)
+    if dtype is None:
+        name = str(src.config.get("torch_dtype") or src.config.get("dtype") or "float16").replace("torch.", "")
+        dtype = getattr(torch, name, torch.float16)
+        dtype = dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+    if src.quant is not None and dtype == torch.float32:
+        raise TypeError(f"{src.path} holds {src.quant.method.upper()} layers, which take float16 / bfloat16 "
+                        f"activations: pass dtype=torch.float16 or torch.bfloat16")
+    cfg = AutoConfig.from_pretrained(str(src.path))
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config      # ours to apply, not transformers'
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, nn.Linear) and src.is_quantized(name):
+            q = src.quantized_linear(name, (mod.out_features, mod.in_features), device, dtype)
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, q)
+    _fresh_buffers(model, device)
+    state, missing = {}, []
+    persistent = model.state_dict(keep_vars=True)
+    for name, t in persistent.items():
+        if t is None or not t.is_meta:
+            continue
+        if src.has(name):
+            v = src.tensor(name)
+            if tuple(v.shape) != tuple(t.shape):
+                raise ValueError(f"{src.path}: tensor {name!r} has shape {tuple(v.shape)}, the model config "
+                                 f"expects {tuple(t.shape)}")
+            state[name] = v.to(device, dtype if v.is_floating_point() else v.dtype)
+        else:
+            missing.append(name)
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    missing = [n for n in missing if not (tied and n == "lm_head.weight")]
+    if missing:
+        raise ValueError(f"{src.path}: tensor(s) missing from the checkpoint: {missing[:8]}"
+                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied:
+        model.tie_weights()
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"internal error: tensors not loaded: {left[:8]}")
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# save_gptq
+
+
+def _pack_words(fields: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint [R, C] (C a multiple of 32 / bits) -> int32 [R, C * bits / 32]: field j of word w from column
+    w * p + j, in bits j * bits (the inverse of packed_weight._unpack_words)."""
+    p = 32 // bits
+    R, C = fields.shape
+    f = fields.to(torch.int64).reshape(R, C // p, p)
+    shifts = torch.arange(0, 32, bits, dtype=torch.int64, device=fields.device)
+    v = (f << shifts).sum(-1)
+    v = torch.where(v >= 2 ** 31, v - 2 ** 32, v)
+    return v.to(torch.int32)
+
+
+def gptq_tensors(q: QuantizedLinear, checkpoint_format: str = "gptq") -> dict[str, torch.Tensor]:
+    """The GPTQ tensors (qweight, qzeros, scales, g_idx, bias) of a weight-only QuantizedLinear."""
+    pw = q.packed_weight()
+    N, K = pw.shape
+    p = 32 // pw.bits
+    if N % p:
+        raise ValueError(f"the GPTQ format packs {p} output channels per zero-point word: out_features={N} is not a "
+                         f"multiple of {p}")
+    if not pw.int_zeros:
+        raise ValueError("the GPTQ format stores integer zero points; this layer has fractional ones")
+    u, _, _, g_idx = pw.unpack()
+    u = u.to(torch.int16) + (2 ** (pw.bits - 1) if pw.symmetric else 0)     # unsigned codes, input order
+    z = pw.scale_zero[..., 1].float().round().to(torch.int64)                 # [N, ng]
+    if checkpoint_format == "gptq":
+        z = z - 1
+        if bool((z < 0).any()):
+            raise ValueError("a zero point of 0 cannot be stored in checkpoint_format 'gptq' (zeros minus one): "
+                             "use 'gptq_v2'")
+    return {"qweight": _pack_words(u, pw.bits).t().contiguous(),                # packed along K: [K / p, N]
+            "qzeros": _pack_words(z.t().contiguous(), pw.bits),
+            "scales": pw.scales.t().contiguous().to(torch.float16),
+            "g_idx": g_idx.to(torch.int32).contiguous(),
+            **({"bias": q.bias.detach().to(torch.float16)} if q.bias is not None else {})}
+
+
+def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> Path:
+    """Write a transformers model whose quantized linears are weight-only QuantizedLinear modules as a GPTQ
+    directory (config.json with quantization_config, model.safetensors) that GPTQ loaders read. Every
+    quantized layer must share bits, group size, symmetry and act-order (one quantization_config holds
+    them). checkpoint_format: "gptq" (zeros minus one: every zero point >= 1, true of symmetric weights) or
+    "gptq_v2"; default "gptq" when it can hold the zeros. Files are written under temporary names and
+    renamed when complete: an interrupted save leaves no checkpoint that looks whole."""
+    from safetensors.torch import save_file
+    qs = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    if not qs:
+        raise ValueError("model has no QuantizedLinear layers: nothing to write in the GPTQ format")
+    bad = [n for n, m in qs.items() if m.scheme not in WEIGHT_ONLY_BITS]
+    if bad:
+        raise ValueError(f"the GPTQ format holds weight-only layers (w4a16 / w8a16); {bad[:4]} are {qs[bad[0]].scheme}")
+    facts = {n: (m.bits, m.group_size, m.symmetric, m.perm is not None) for n, m in qs.items()}
+    first = next(iter(facts.values()))
+    odd = [n for n, f in facts.items() if f != first]
+    if odd:
+        raise ValueError(f"one GPTQ quantization_config holds one (bits, group_size, sym, desc_act); layers differ: "
+                         f"{odd[0]} has {facts[odd[0]]}, {next(iter(facts))} has {first}")
+    if checkpoint_format is None:
+        zmin = min(float(m.scale_zero[..., 1].min()) for m in qs.values())
+        checkpoint_format = "gptq" if zmin >= 1 else "gptq_v2"
+    if checkpoint_format not in ("gptq", "gptq_v2"):
+        raise ValueError(f"checkpoint_format must be 'gptq' or 'gptq_v2', got {checkpoint_format!r}")
+    tensors = {}
+    for n, m in qs.items():
+        for k, v in gptq_tensors(m, checkpoint_format).items():
+            tensors[f"{n}.{k}"] = v.cpu()
+    skip = tuple(f"{n}." for n in qs)
+    seen = {}
+    for name, t in model.state_dict().items():
+        if name.startswith(skip) or t is None:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:       # tied weights (lm_head = embed_tokens): stored once, as transformers does
+            continue
+        seen[key] = name
+        tensors[name] = t.detach().contiguous().cpu()
+    bits, gs, sym, act = first
+    cfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": gs, "sym": sym,
+                                  "desc_act": act, "checkpoint_format": checkpoint_format}
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp_w, tmp_c = out / "model.safetensors.partial", out / "config.json.partial"
+    save_file(tensors, str(tmp_w), metadata={"format": "pt"})
+    tmp_c.write_text(json.dumps(cfg, indent=1, default=str))
+    os.replace(tmp_w, out / "model.safetensors")
+    os.replace(tmp_c, out / "config.json")
+    return out

@@ -1,0 +1,198 @@
+"""GPTQ / AWQ directories: synthetic checkpoints written by an independent packer load to the weights it
+meant; save_gptq writes what an independent reader unpacks; the runtime and load_pretrained agree."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from qkernels.nn import QuantizedLinear
+from qkernels.nn.checkpoints import load_pretrained, save_gptq
+
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+           "mlp.up_proj", "mlp.down_proj")
+
+
+# ---- an independent writer / reader of the formats (numpy, plain loops over the word fields) ----------
+
+def pack_fields(vals: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
+    """Integers [R, C] -> int32 words, p = 32 / bits fields per word along `axis`; field i of a word holds
+    element order[i] of its run of p (default i), in bits [i * bits, (i + 1) * bits)."""
+    p = 32 // bits
+    order = order or tuple(range(p))
+    v = np.asarray(vals, dtype=np.uint64)
+    if axis == 0:
+        v = v.T
+    R, C = v.shape
+    words = np.zeros((R, C // p), dtype=np.uint64)
+    for i, src in enumerate(order):
+        words |= (v[:, src::p] & ((1 << bits) - 1)) << np.uint64(i * bits)
+    words = words.astype(np.uint32).view(np.int32)
+    return words.T.copy() if axis == 0 else words
+
+
+def unpack_fields(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    p = 32 // bits
+    w = np.asarray(words).view(np.uint32).astype(np.uint64)
+    if axis == 0:
+        w = w.T
+    out = np.stack([(w >> np.uint64(i * bits)) & ((1 << bits) - 1) for i in range(p)], axis=-1)
+    out = out.reshape(w.shape[0], -1).astype(np.int64)
+    return out.T if axis == 0 else out
+
+
+def tiny_config(**over):
+    return transformers.LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                    torch_dtype="float16", **over)
+
+
+def write_checkpoint(tmp, method, bits=4, group=32, act_order=False, sym=False, fmt="gptq", shards=False, seed=0):
+    """A float tiny Llama whose linears are replaced by random codes in `method`'s format. Returns the
+    directory and {linear: dequantized weight [N, K] float32} as this writer means it."""
+    rng = np.random.default_rng(seed)
+    cfg = tiny_config()
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float16)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    meant = {}
+    for i in range(cfg.num_hidden_layers):
+        for lin in LINEARS:
+            name = f"model.layers.{i}.{lin}"
+            N, K = sd.pop(name + ".weight").shape
+            ng = K // group
+            q = rng.integers(0, 2 ** bits, size=(K, N))
+            scales = (rng.random((ng, N)) * 0.02 + 0.001).astype(np.float16)
+            z = np.full((ng, N), 2 ** (bits - 1)) if sym else rng.integers(0, 2 ** bits, size=(ng, N))
+            if method == "gptq" and fmt == "gptq":
+                z = np.maximum(z, 1)            # a v1 checkpoint stores z - 1: it cannot hold a zero point of 0
+            g_idx = np.arange(K) // group
+            if act_order:
+                g_idx = rng.permutation(g_idx)
+            w = (q - z[g_idx]) * scales[g_idx].astype(np.float32)             # [K, N]
+            meant[name] = torch.from_numpy(w.T.astype(np.float32))
+            if method == "gptq":
+                zs = z - 1 if fmt == "gptq" else z
+                sd[name + ".qweight"] = torch.from_numpy(pack_fields(q, bits, axis=0))
+                sd[name + ".qzeros"] = torch.from_numpy(pack_fields(zs, bits, axis=1))
+                sd[name + ".g_idx"] = torch.from_numpy(g_idx.astype(np.int32))
+            else:
+                sd[name + ".qweight"] = torch.from_numpy(pack_fields(q, 4, axis=1, order=AWQ_ORDER))
+                sd[name + ".qzeros"] = torch.from_numpy(pack_fields(z, 4, axis=1, order=AWQ_ORDER))
+            sd[name + ".scales"] = torch.from_numpy(scales)
+    d = tmp / f"{method}-{bits}-{group}-{act_order}-{sym}-{fmt}"
+    d.mkdir()
+    c = cfg.to_dict()
+    if method == "gptq":
+        c["quantization_config"] = dict(quant_method="gptq", bits=bits, group_size=group, desc_act=act_order,
+                                        sym=sym, checkpoint_format=fmt)
+    else:
+        c["quantization_config"] = dict(quant_method="awq", bits=4, group_size=group, zero_point=True,
+                                        version="gemm")
+    (d / "config.json").write_text(json.dumps(c))
+    if shards:
+        keys = sorted(sd)
+        half = {k: sd[k] for k in keys[: len(keys) // 2]}
+        rest = {k: sd[k] for k in keys[len(keys) // 2:]}
+        save_file(half, str(d / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+        save_file(rest, str(d / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+        wm = {k: "model-00001-of-00002.safetensors" for k in half} | {k: "model-00002-of-00002.safetensors"
+                                                                     for k in rest}
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    else:
+        save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d, meant
+
+
+CASES = [dict(method="gptq"), dict(method="gptq", fmt="gptq_v2", act_order=True),
+         dict(method="gptq", sym=True, group=64, shards=True), dict(method="gptq", bits=8, group=32, sym=True),
+         dict(method="awq"), dict(method="awq", group=64, shards=True)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_checkpoint_loads_to_the_writers_weights(tmp_path, case):
+    d, meant = write_checkpoint(tmp_path, **case)
+    model = load_pretrained(d, dtype=torch.float16)
+    for name, w in meant.items():
+        q = model.get_submodule(name)
+        assert isinstance(q, QuantizedLinear) and q.bits == case.get("bits", 4)
+        assert torch.equal(q.packed_weight().dequantize(torch.float32), w), name
+    assert not isinstance(model.lm_head, QuantizedLinear)
+    # the runtime reads the same directory into merged projections and computes the same logits
+    from qkernels.models import from_pretrained
+    rt = from_pretrained(d, device="cpu", dtype=torch.float16)
+    ids = torch.randint(0, 96, (1, 7))
+    with torch.no_grad():
+        want = model(ids).logits.float()
+    got = rt(ids).float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_save_gptq_is_read_back_by_an_independent_reader_and_by_load_pretrained(tmp_path):
+    from qkernels.nn.convert import quantize_
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(tiny_config()).to(torch.float16).eval()
+    quantize_(model, "w4a16", group_size=32, progress=False, fuse=False)
+    out = save_gptq(model, tmp_path / "gptq")
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == "gptq" and cfg["bits"] == 4 and cfg["group_size"] == 32 and not cfg["sym"]
+    sd = load_file(str(out / "model.safetensors"))
+    for i in range(2):
+        for lin in LINEARS:
+            name = f"model.layers.{i}.{lin}"
+            q = model.get_submodule(name)
+            codes = unpack_fields(sd[name + ".qweight"].numpy(), 4, axis=0)           # [K, N]
+            zeros = unpack_fields(sd[name + ".qzeros"].numpy(), 4, axis=1)            # [ng, N]
+            zeros = zeros + (1 if cfg["checkpoint_format"] == "gptq" else 0)
+            g = sd[name + ".g_idx"].numpy()
+            s = sd[name + ".scales"].numpy().astype(np.float32)
+            w = (codes - zeros[g]) * s[g]
+            assert np.array_equal(w.T, q.packed_weight().dequantize(torch.float32).numpy()), name
+    back = load_pretrained(out, dtype=torch.float16)
+    for name, q in model.named_modules():
+        if isinstance(q, QuantizedLinear):
+            b = back.get_submodule(name)
+            assert torch.equal(b.qweight, q.qweight) and torch.equal(b.scale_zero, q.scale_zero), name
+    ids = torch.randint(0, 96, (1, 9))
+    with torch.no_grad():       # model.to(float16) also rounded its rotary inv_freq; the loaded one keeps fp32
+        torch.testing.assert_close(back(ids).logits, model(ids).logits, rtol=2e-3, atol=2e-3)
+    assert not list(out.glob("*.partial"))
+
+
+def test_bad_checkpoints_are_named(tmp_path):
+    d, _ = write_checkpoint(tmp_path, "gptq")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["quant_method"] = "bitnet"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="quant_method must be 'gptq' or 'awq', got 'bitnet'"):
+        load_pretrained(d)
+    cfg["quantization_config"].update(quant_method="awq", version="gemv")
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="AWQ version must be 'gemm'"):
+        load_pretrained(d)
+    d2, _ = write_checkpoint(tmp_path, "gptq", sym=True)
+    sd = load_file(str(d2 / "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.qzeros"]
+    save_file(sd, str(d2 / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.qzeros.*missing"):
+        load_pretrained(d2)
+    d3, _ = write_checkpoint(tmp_path, "awq")
+    sd = load_file(str(d3 / "model.safetensors"))
+    sd["model.layers.0.mlp.down_proj.scales"] = sd["model.layers.0.mlp.down_proj.scales"][:, :64].contiguous()
+    save_file(sd, str(d3 / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="down_proj"):
+        load_pretrained(d3)
+    with pytest.raises(TypeError, match="float16 / bfloat16"):
+        load_pretrained(d2, dtype=torch.float32)
+    # save_gptq refuses what one quantization_config cannot describe
+    model = transformers.LlamaForCausalLM(tiny_config()).to(torch.float16)
+    with pytest.raises(ValueError, match="no QuantizedLinear"):
+        save_gptq(model, tmp_path / "x")
+    from qkernels.nn.convert import quantize_
+    quantize_(model, "w8a8", progress=False, fuse=False)
+    with pytest.raises(ValueError, match="weight-only layers"):
+        save_gptq(model, tmp_path / "x")
