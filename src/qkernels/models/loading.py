@@ -118,7 +118,8 @@ def merge_linears(mods: list[nn.Module], device, dtype) -> nn.Module:
             return Concat([m.to(device) for m in mods])
     N = sum(m.out_features for m in mods)
     out = QuantizedLinear(first.in_features, N, first.bias is not None, first.scheme, "meta",
-                          dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16, getattr(first, "group_size", None), getattr(first, "symmetric", False))
+                          dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16,
+                          getattr(first, "group_size", None), getattr(first, "symmetric", False))
     names = ["qweight", "scale_zero"] if first.scheme in WEIGHT_ONLY_BITS else ["weight", "weight_scale"]
     for n in names + (["bias"] if first.bias is not None else []):
         setattr(out, n, torch.cat([getattr(m, n).detach().to(device) for m in mods]))
@@ -231,8 +232,8 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
         att = blk.attention
         qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias, dtype) for n in "qkv"]
         att.wqkv = _quantize(merge_linears(qkv, device, dtype), p + "self_attn.qkv", scheme, quantize_kwargs, skipped)
-        att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias, dtype), device, dtype), p + "self_attn.o_proj",
-                           scheme, quantize_kwargs, skipped)
+        att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias, dtype), device, dtype),
+                           p + "self_attn.o_proj", scheme, quantize_kwargs, skipped)
         if args.qk_norm:
             att.q_norm = param(get(p + "self_attn.q_norm.weight"))
             att.k_norm = param(get(p + "self_attn.k_norm.weight"))

@@ -98,8 +98,8 @@ class SafetensorsDir:
             raise ValueError(f"{self.path}: {name!r} has groups of {pw.group_len} input channels, quantization_config "
                              f"says group_size={q.group_size}")
         if shape is not None and tuple(pw.shape) != tuple(shape):
-            raise ValueError(f"{self.path}: {name!r} holds a [{pw.shape[0]}, {pw.shape[1]}] (out, in) weight, the model "
-                             f"config expects [{shape[0]}, {shape[1]}]")
+            raise ValueError(f"{self.path}: {name!r} holds a [{pw.shape[0]}, {pw.shape[1]}] (out, in) weight, the "
+                             f"model config expects [{shape[0]}, {shape[1]}]")
         bias = self.tensor(name + ".bias") if self.has(name + ".bias") else None
         sdt = dtype or (pw.scales.dtype if pw.scales.dtype in (torch.float16, torch.bfloat16) else torch.float16)
         if pw.scale_zero.dtype != sdt:
