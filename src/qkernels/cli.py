@@ -1,4 +1,4 @@
-"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|all|report]`, `qkernels eval ppl` and
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|quantizers|all|report]`, `qkernels eval ppl` and
 `qkernels generate`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize", "gemm", "weight-only", "fused", "model", "runtime")
+BENCHES = ("quantize", "gemm", "weight-only", "fused", "model", "runtime", "quantizers")
 ALL = ("quantize", "gemm", "weight-only", "fused")   # "all": the kernel benchmarks; the model ones run on their own
 
 
@@ -67,7 +67,7 @@ def cmd_bench(args) -> int:
         print(f"== qkernels bench {name}")
         import importlib
         kw = {}
-        if name in ("model", "runtime"):
+        if name in ("model", "runtime", "quantizers"):
             kw = {"models": args.models.split(",") if args.models else None, "layers": args.layers,
                   "schemes": tuple(args.schemes.split(",")) if args.schemes else None}
             kw = {k: v for k, v in kw.items() if v}

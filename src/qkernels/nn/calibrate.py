@@ -63,28 +63,18 @@ def _move(obj, device):
     return obj
 
 
-def _outside_to(model: nn.Module, layers: nn.ModuleList, device: torch.device) -> None:
-    """Move every module of the model but the decoder layers to device (the list is emptied meanwhile)."""
-    saved = dict(layers._modules)
-    layers._modules.clear()
-    try:
-        model.to(device)
-    finally:
-        layers._modules.update(saved)
-
-
 @torch.no_grad()
 def walk_layers(model: nn.Module, calibration, visit: Callable[[str, nn.Module, Callable[[], list]], None],
                 device=None) -> None:
     """Walk the decoder layers (module docstring). device: where each layer runs while visited (default: where
-    the model is); a layer moved there goes back to its own device after its visit, and the modules outside
-    the decoder layers (embeddings, rotary tables) run on `device` for the capture."""
+    the model is); a layer moved there goes back to its own device after its visit. The capture (embeddings,
+    rotary tables) runs where the model is; its outputs then move to `device`, so on a GPU only one decoder
+    layer and the calibration activations are ever held."""
     prefix, layers = decoder_layers(model)
     batches = batches_of(calibration)
     home = next(model.parameters()).device
     device = torch.device(device) if device is not None else home
     layer_homes = [next(layer.parameters()).device for layer in layers]
-    _outside_to(model, layers, device)
     inputs, kwargs = [], []
 
     def capture(mod, args, kw):
@@ -97,18 +87,17 @@ def walk_layers(model: nn.Module, calibration, visit: Callable[[str, nn.Module, 
     try:
         for ids in batches:
             try:
-                model(ids.to(device), use_cache=False)
+                model(ids.to(home), use_cache=False)
             except _Captured:
                 pass
     finally:
         hook.remove()
-        _outside_to(model, layers, home)
     if len(inputs) != len(batches):
         raise RuntimeError(f"the first decoder layer of {prefix!r} was not reached by every calibration batch")
     kwargs = [_move(k, device) for k in kwargs]
+    inputs = [h.to(device) for h in inputs]
     for i, layer in enumerate(layers):
         layer.to(device)
-        inputs = [h.to(device) for h in inputs]
 
         def run(layer=layer):
             outs = []

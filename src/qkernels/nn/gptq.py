@@ -238,6 +238,7 @@ def gptq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, s
     device), which quantize_ turns into QuantizedLinear modules."""
     from .calibrate import walk_layers
     out: dict[str, PackedWeight] = {}
+    home = next(model.parameters()).device       # results wait there, not on the calibration device
     bar = None
     if progress:
         try:
@@ -264,7 +265,7 @@ def gptq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, s
             rows = 0
             for n, m in zip(stage, mods):
                 m.weight.copy_(dq[rows:rows + m.out_features])
-                out[f"{prefix}.{n}"] = _rows(pw, rows, m.out_features)
+                out[f"{prefix}.{n}"] = _rows(pw, rows, m.out_features).to(home)
                 rows += m.out_features
             del hess
         if bar is not None:
