@@ -58,6 +58,6 @@ def test_bad_arguments():
     m = _llama()
     with pytest.raises(ValueError, match="alpha must be in"):
         smooth_(m, torch.zeros(1, 4, dtype=torch.long), alpha=1.5)
-    with pytest.raises(ValueError, match="calibration .* w8a8 schemes"):
+    with pytest.raises(ValueError, match="calibration feeds SmoothQuant \\(w8a8 schemes\\)"):
         quantize_(m.half(), "w4a16", calibration=torch.zeros(1, 4, dtype=torch.long))
     assert smooth_(torch.nn.Linear(4, 4), torch.zeros(1, 4)) == 0   # nothing to smooth
