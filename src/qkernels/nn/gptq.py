@@ -103,10 +103,12 @@ def _round(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, bits: int):
 @torch.no_grad()
 def gptq_weight(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: int = 128, symmetric: bool = False,
                 *, act_order: bool = False, static_groups: bool = False, search_grid: bool = True, damp: float = 0.01,
-                block_size: int = 128, scale_dtype: torch.dtype | None = None) -> tuple[PackedWeight, torch.Tensor]:
+                block_size: int = 128, scale_dtype: torch.dtype | None = None,
+                consume_h: bool = False) -> tuple[PackedWeight, torch.Tensor]:
     """GPTQ of one weight [N, K] given its input Hessian H [K, K] (Hessian.H). Returns (the PackedWeight,
     the dequantized weight [N, K] in weight's dtype and input order: what the quantized layer computes).
-    scale_dtype: float16 / bfloat16, default the weight's (float16 for fp32 weights)."""
+    scale_dtype: float16 / bfloat16, default the weight's (float16 for fp32 weights). consume_h: H may be
+    overwritten (saves a copy of a K x K matrix)."""
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits!r}")
     if weight.dim() != 2 or not weight.dtype.is_floating_point:
@@ -121,61 +123,81 @@ def gptq_weight(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size
     G = _check_group(group_size, K, bits)
     sdt = scale_dtype or (weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float16)
     W = weight.detach().float().clone()
-    H = H.detach().float().clone().to(W.device)
+    H = H.detach().to(W.device, torch.float32)
+    if not consume_h:
+        H = H.clone()
     dead = H.diagonal() == 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
     ng = num_groups(group_size, K)
-    S = torch.empty(N, ng, dtype=torch.float32, device=W.device)
-    Z = None if symmetric else torch.empty(N, ng, dtype=torch.float32, device=W.device)
-    if static_groups or group_size == -1:       # every group's grid from the original weights, input order
+    # per group g (rows of these [ng, N] tables): scale, 1 / scale (correctly rounded, as reference.quantize),
+    # and the clamp bounds of the signed code q = u - zero
+    S = torch.empty(ng, N, dtype=torch.float32, device=W.device)
+    Z = None if symmetric else torch.empty(ng, N, dtype=torch.float32, device=W.device)
+    INV, LO, HI = torch.empty_like(S), torch.empty_like(S), torch.empty_like(S)
+
+    def set_group(g, cols):
+        s, z = _grid(cols, bits, symmetric, sdt, search_grid)
+        S[g], INV[g] = s, ref._div(torch.ones_like(s), s)
+        if Z is None:
+            LO[g], HI[g] = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+        else:
+            Z[g], LO[g], HI[g] = z, -z, (2 ** bits - 1) - z
+
+    dynamic = not (static_groups or group_size == -1)
+    if not dynamic:       # every group's grid from the original weights, input order
         for g in range(ng):
-            s, z = _grid(W[:, g * G:(g + 1) * G], bits, symmetric, sdt, search_grid)
-            S[:, g] = s
-            if Z is not None:
-                Z[:, g] = z
+            set_group(g, W[:, g * G:(g + 1) * G])
     perm = torch.argsort(H.diagonal(), descending=True, stable=True) if act_order else None
     if perm is not None:
-        W, H = W[:, perm], H[perm][:, perm]
+        W = W[:, perm]
+        H = H.index_select(0, perm)
+        H = H.index_select(1, perm)
     U = _inverse_factor(H, damp)
-    codes = torch.empty(N, K, dtype=torch.float32, device=W.device)
-    dq = torch.empty(N, K, dtype=torch.float32, device=W.device)
-    dynamic = not (static_groups or group_size == -1)
+    del H
+    rdiag = 1.0 / U.diagonal()
+    Q = torch.empty(N, K, dtype=torch.float32, device=W.device)         # signed codes q = u - zero
     col_group = (perm if perm is not None and not dynamic else torch.arange(K, device=W.device)) // G
-    col_group = col_group.tolist()
+    groups = col_group.tolist()
     B = block_size
     for i1 in range(0, K, B):
         i2 = min(i1 + B, K)
         W1 = W[:, i1:i2].clone()
-        E = torch.zeros_like(W1)
         U1 = U[i1:i2, i1:i2]
         for i in range(i2 - i1):
             j = i1 + i
             if dynamic and j % G == 0:
                 # the group's grid from its columns as they stand now (inside this block: W1 holds the updates)
-                cols = W1[:, i:i + G] if G <= B else W[:, j:j + G]
-                s, z = _grid(cols, bits, symmetric, sdt, search_grid)
-                S[:, j // G] = s
-                if Z is not None:
-                    Z[:, j // G] = z
-            g = col_group[j]
-            u, d = _round(W1[:, i], S[:, g], Z[:, g] if Z is not None else None, bits)
-            codes[:, j], dq[:, j] = u, d
-            e = (W1[:, i] - d) / U1[i, i]
-            W1[:, i:] -= e[:, None] * U1[i, i:][None, :]
-            E[:, i] = e
-        W[:, i2:] -= E @ U[i1:i2, i2:]
+                set_group(j // G, W1[:, i:i + G] if G <= B else W[:, j:j + G])
+            g = groups[j]
+            w = W1[:, i]
+            q = torch.clamp(w * INV[g], LO[g], HI[g]).round_()
+            Q[:, j] = q
+            e = torch.addcmul(w, q, S[g], value=-1.0).mul_(rdiag[j])            # (w - q s) / U[j, j]
+            W1[:, i + 1:].addr_(e, U1[i, i + 1:], alpha=-1.0)                   # compensate the columns after j
+        # W1[:, i] kept each column's value when it was quantized: the block's errors in one product
+        E = (W1 - Q[:, i1:i2] * S[col_group[i1:i2]].t()).mul_(rdiag[i1:i2])
+        W[:, i2:].addmm_(E, U[i1:i2, i2:], alpha=-1.0)
+    del W, U
+    # codes and the dequantized weight, block by block (no second full fp32 copy)
+    codes = torch.empty(N, K, dtype=torch.uint8, device=Q.device)
+    dq = torch.empty(N, K, dtype=weight.dtype, device=Q.device)
+    for i1 in range(0, K, B):
+        cg = col_group[i1:i1 + B]
+        q = Q[:, i1:i1 + B]
+        dq[:, i1:i1 + B] = q * S[cg].t()
+        codes[:, i1:i1 + B] = (q + (Z[cg].t() if Z is not None else 2 ** (bits - 1))).to(torch.uint8)
+    del Q
     if perm is not None:
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(K, device=perm.device)
         dq = dq[:, inv]
         if not dynamic:        # groups in input order: store the codes in input order, no permutation
             codes, perm = codes[:, inv], None
-    u = codes.to(torch.uint8)
-    qweight = ref.pack_weight_codes(u, bits).contiguous()
-    zeros = None if Z is None else Z.to(sdt)
-    pw = PackedWeight.from_parts(qweight, S.to(sdt), zeros, bits, group_size, (N, K), perm)
-    return pw, dq.to(weight.dtype)
+    qweight = ref.pack_weight_codes(codes, bits).contiguous()
+    zeros = None if Z is None else Z.t().to(sdt)
+    pw = PackedWeight.from_parts(qweight, S.t().to(sdt), zeros, bits, group_size, (N, K), perm)
+    return pw, dq
 
 
 def _rows(pw: PackedWeight, start: int, n: int) -> PackedWeight:
@@ -187,16 +209,17 @@ def _rows(pw: PackedWeight, start: int, n: int) -> PackedWeight:
 
 
 def _inverse_factor(H: torch.Tensor, damp: float) -> torch.Tensor:
-    """Upper Cholesky factor of (H + damping)^-1; the damping grows tenfold (up to 1.0) while H is not
-    numerically positive definite."""
-    K = H.shape[0]
-    mean = H.diagonal().mean()
+    """Upper Cholesky factor of (H + damping)^-1 (H's diagonal is changed); the damping grows tenfold (up to
+    1.0 x mean(diag H)) while H is not numerically positive definite."""
+    diag = H.diagonal().clone()
+    mean = diag.mean()
     d = damp
     while True:
-        Hd = H + torch.eye(K, device=H.device) * (d * mean)
-        L, info = torch.linalg.cholesky_ex(Hd)
+        H.diagonal().copy_(diag + d * mean)
+        L, info = torch.linalg.cholesky_ex(H)
         if int(info) == 0:
             Hinv = torch.cholesky_inverse(L)
+            del L
             U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
             if int(info) == 0:
                 return U
@@ -259,15 +282,17 @@ def gptq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, s
                 hook.remove()
             # the stage's linears share H (and so act-order's permutation): one GPTQ over their stacked rows
             w = torch.cat([m.weight for m in mods]) if len(mods) > 1 else mods[0].weight
-            pw, dq = gptq_weight(w, hess.H, bits, group_size, symmetric, act_order=act_order,
+            H = hess.H
+            del hess
+            pw, dq = gptq_weight(w, H, bits, group_size, symmetric, act_order=act_order,
                                  static_groups=static_groups, search_grid=search_grid, damp=damp,
-                                 block_size=block_size, scale_dtype=scale_dtype)
+                                 block_size=block_size, scale_dtype=scale_dtype, consume_h=True)
+            del H
             rows = 0
             for n, m in zip(stage, mods):
                 m.weight.copy_(dq[rows:rows + m.out_features])
                 out[f"{prefix}.{n}"] = _rows(pw, rows, m.out_features).to(home)
                 rows += m.out_features
-            del hess
         if bar is not None:
             bar.update()
 
