@@ -79,7 +79,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from qkernels.eval import ppl
-    schemes = tuple(s for s in args.schemes.split(",") if s)
+    schemes = tuple(s for s in args.schemes.split(",") if s) or ppl.DEFAULT_SCHEMES
     for s in schemes:
         ppl.parse_scheme(s)            # fail before loading anything
     dtype = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
@@ -158,8 +158,9 @@ def main(argv=None) -> int:
     e = sub.add_parser("eval", help="accuracy of quantized models")
     e.add_argument("what", choices=("ppl",))
     e.add_argument("--model", default="smollm2", choices=("smollm2",))
-    e.add_argument("--schemes", default="w8a8,w8a8-sq,w8a8-fp8,w8a8-fp8-sq,w4a16-g128,w4a16-g64,w4a16-g32,w4a16-g128-sym,w8a16",
-                   help="comma-separated: w8a8[-sq] (-sq: SmoothQuant calibration), w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym], w8a16[...]")
+    e.add_argument("--schemes", default="",
+                   help="comma-separated (default: eval.ppl.DEFAULT_SCHEMES): w8a8[-sq] (-sq: SmoothQuant calibration), "
+                        "w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym][-gptq|-gptq-act|-awq|-awq+gptq[-act]], w8a16[...]")
     e.add_argument("--tokens", type=int, default=4096)
     e.add_argument("--ctx", type=int, default=1024)
     e.add_argument("--stride", type=int, default=512)

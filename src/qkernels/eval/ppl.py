@@ -124,7 +124,7 @@ def _check_targets(rows) -> None:
         lim = TARGETS.get(r.scheme)
         if lim is not None:
             ok = r.delta_pct <= lim
-            print(f"target {r.scheme}: <= +{lim:.0f}%: {'met' if ok else 'MISSED'} ({r.delta_pct:+.2f}%)"
+            print(f"target {r.scheme}: <= +{lim:g}%: {'met' if ok else 'MISSED'} ({r.delta_pct:+.2f}%)"
                   + ("" if r.quantized_layers == r.linear_layers - 1 else
                      f"; note: {r.linear_layers - 1 - r.quantized_layers} layer(s) beside lm_head stayed in "
                      f"high precision (shape not divisible by the group size)"))
@@ -145,6 +145,7 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
         stride: int = 512, dtype: torch.dtype | None = None, out: str | None = None) -> list[Row]:
     from ..nn import QuantizedLinear
     from ..nn.convert import quantize_
+    from ..nn.fused import QuantizedMLP
     if model_name != "smollm2":
         raise ValueError(f"model must be 'smollm2', got {model_name!r}")
     on_gpu = torch.cuda.is_available()
@@ -186,7 +187,9 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
             elif "method" in kw:
                 kw["calibration"] = calib_wo
             quantize_(m, scheme, progress=False, **kw)
-        nq = sum(isinstance(x, QuantizedLinear) for x in m.modules())
+        # linears now quantized: a fused QuantizedMLP holds gate and up as one QuantizedLinear
+        nq = sum(isinstance(x, QuantizedLinear) for x in m.modules()) + sum(
+            isinstance(x, QuantizedMLP) for x in m.modules())
         record(spec, m, dtype, nq, t0)
         del m
     _check_targets(rows)
