@@ -1,5 +1,5 @@
-"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|quantizers|all|report]`, `qkernels eval ppl` and
-`qkernels generate`.
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|quantizers|all|report]`,
+`qkernels eval ppl`, `qkernels quantize` and `qkernels generate`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
 set here, before any kernel module is imported) at small sizes, and the output says so.
@@ -87,6 +87,62 @@ def cmd_eval(args) -> int:
     return 0
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def cmd_quantize(args) -> int:
+    """Quantize a Hugging Face model directory (optionally calibrated: GPTQ / AWQ) and write it out."""
+    import shutil
+    import time
+    from pathlib import Path
+
+    has_gpu = _ensure_backend()
+    import torch
+
+    src, out = Path(args.model), Path(args.out_dir)
+    if not (src / "config.json").exists():
+        print(f"error: MODEL_DIR {src} has no config.json (a Hugging Face model directory)", file=sys.stderr)
+        return 2
+    if out.resolve() == src.resolve():
+        print("error: OUT_DIR must differ from MODEL_DIR", file=sys.stderr)
+        return 2
+    calib = None
+    if args.method != "rtn":
+        if not args.calib_text:
+            print(f"error: --method {args.method} needs --calib-text FILE (plain text to calibrate on)",
+                  file=sys.stderr)
+            return 2
+        if not (src / "tokenizer.json").exists():
+            print(f"error: {src} has no tokenizer.json to tokenize --calib-text with", file=sys.stderr)
+            return 2
+        from tokenizers import Tokenizer
+        ids = Tokenizer.from_file(str(src / "tokenizer.json")).encode(Path(args.calib_text).read_text()).ids
+        n = min(args.calib_tokens, len(ids)) // args.calib_len
+        if n == 0:
+            print(f"error: --calib-text gives {len(ids)} tokens, fewer than one sequence of --calib-len "
+                  f"{args.calib_len}", file=sys.stderr)
+            return 2
+        calib = [torch.tensor(ids[i * args.calib_len:(i + 1) * args.calib_len]).reshape(1, -1) for i in range(n)]
+        print(f"[calibration: {n} sequences of {args.calib_len} tokens from {args.calib_text}]", file=sys.stderr)
+    from transformers import AutoModelForCausalLM
+
+    import qkernels as qk
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype).eval()
+    device = "cuda" if has_gpu else None
+    qk.quantize_(model, args.scheme, group_size=args.group_size, symmetric=args.symmetric, method=args.method,
+                 calibration=calib, act_order=args.act_order, device=device, fuse=args.format == "qkernels")
+    print(f"[quantized ({args.scheme}, {args.method}) in {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
+    qk.save_quantized(model, out, format=args.format)
+    for f in TOKENIZER_FILES:
+        if (src / f).exists():
+            shutil.copy2(src / f, out / f)
+    print(f"[wrote {out} ({args.format})]", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args) -> int:
     """Stream a completion of --prompt from a model directory through the decoder runtime."""
     import time
@@ -168,6 +224,22 @@ def main(argv=None) -> int:
                    help="activation dtype (auto: float16 on a GPU, bfloat16 on the CPU)")
     e.add_argument("--out", default="benchmarks/results", help="results root; JSON at <out>/<gpu|cpu>/ppl_smollm2.json")
     e.set_defaults(fn=cmd_eval)
+    q = sub.add_parser("quantize", help="quantize a Hugging Face model directory and write it out")
+    q.add_argument("model", metavar="MODEL_DIR")
+    q.add_argument("out_dir", metavar="OUT_DIR")
+    q.add_argument("--scheme", default="w4a16", choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"))
+    q.add_argument("--method", default="rtn", choices=("rtn", "gptq", "awq", "awq+gptq"),
+                   help="weight-only schemes: rtn (no calibration), gptq, awq or awq+gptq (need --calib-text)")
+    q.add_argument("--group-size", type=int, default=None, help="weight-only schemes (default 128 for w4a16)")
+    q.add_argument("--symmetric", action="store_true", default=None)
+    q.add_argument("--act-order", action="store_true", help="gptq: quantize the most active input channels first")
+    q.add_argument("--calib-text", default=None, help="plain-text file to calibrate on (tokenized with tokenizer.json)")
+    q.add_argument("--calib-tokens", type=int, default=128 * 2048, help="calibration tokens (at most)")
+    q.add_argument("--calib-len", type=int, default=2048, help="tokens per calibration sequence")
+    q.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="activation dtype")
+    q.add_argument("--format", default="qkernels", choices=("qkernels", "gptq"),
+                   help="qkernels: save_quantized; gptq: a GPTQ directory (weight-only schemes)")
+    q.set_defaults(fn=cmd_quantize)
     g = sub.add_parser("generate", help="stream a completion from a Hugging Face model directory (decoder runtime)")
     g.add_argument("model", help="model directory: config.json, *.safetensors, tokenizer.json")
     g.add_argument("--prompt", required=True)
