@@ -15,7 +15,7 @@ position embeddings).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 from torch import nn

@@ -282,8 +282,7 @@ def gptq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, s
                 hook.remove()
             # the stage's linears share H (and so act-order's permutation): one GPTQ over their stacked rows
             w = torch.cat([m.weight for m in mods]) if len(mods) > 1 else mods[0].weight
-            H = hess.H
-            del hess
+            H, hess.H = hess.H, None            # gptq_weight consumes it: no second K x K copy
             pw, dq = gptq_weight(w, H, bits, group_size, symmetric, act_order=act_order,
                                  static_groups=static_groups, search_grid=search_grid, damp=damp,
                                  block_size=block_size, scale_dtype=scale_dtype, consume_h=True)
