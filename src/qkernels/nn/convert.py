@@ -90,7 +90,7 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     (qkernels.nn.gptq: error-compensating rounding, decoder layer by decoder layer on the calibration
     inputs; act_order=True quantizes the most active input channels first) or "awq" (qkernels.nn.awq:
     activation-aware per-channel scales folded into the preceding norm / linear and a clipping search,
-    then round to nearest) or "awq+gptq" (AWQ's scales and clipping, then GPTQ's rounding). All need
+    then round to nearest) or "awq+gptq" (AWQ's scales, then GPTQ's rounding and range search). All need
     `calibration`; with `device` each decoder layer is calibrated there.
     fuse (default): Llama / Qwen-style RMSNorm modules become qkernels.nn.RMSNorm (one kernel), and
     with the w8a8 schemes each decoder layer's post-attention RMSNorm + SwiGLU MLP becomes a
@@ -176,8 +176,9 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
         sdt = sdt if sdt in (torch.float16, torch.bfloat16) else torch.float16
         if "awq" in method:
             from .awq import awq_
-            awq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, device=device,
-                 scale_dtype=sdt, progress=progress)
+            # before GPTQ, whose per-group range search replaces AWQ's clipping (both would shrink the ranges)
+            awq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, clip=method == "awq",
+                 device=device, scale_dtype=sdt, progress=progress)
         if "gptq" in method:
             from .gptq import gptq_
             packed = gptq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, act_order=act_order,
