@@ -46,3 +46,15 @@ def test_sliding_windows_score_every_token_once():
     # windows with full context reproduce the single-window value when ctx covers everything
     assert perplexity(m, ids, ctx=64, stride=8)[0] == pytest.approx(perplexity(m, ids, ctx=64, stride=64)[0],
                                                                     rel=1e-4)
+
+
+@torch.no_grad()
+def test_runtime_perplexity_equals_the_hf_models():
+    """The eval's runtime column: the decoder runtime built from the model scores the same text alike (fp32)."""
+    from qkernels.eval.ppl import _RuntimeLM
+    from qkernels.models import from_pretrained
+    m = _model()
+    ids = torch.randint(0, 64, (1, 60))
+    want, n = perplexity(m, ids, ctx=32, stride=16)
+    got, n2 = perplexity(_RuntimeLM(from_pretrained(m, device="cpu", dtype=torch.float32)), ids, ctx=32, stride=16)
+    assert n == n2 and math.isclose(got, want, rel_tol=1e-4)

@@ -189,9 +189,12 @@ def build(results: Path) -> str:
         if name == "runtime":
             out += _runtime(d)
         elif name.startswith("ppl"):
-            out += _table(["scheme", "perplexity", "Δ %", "quantized layers"],
+            rt = any(r.get("ppl_runtime") is not None for r in d["rows"])
+            out += _table(["scheme", "perplexity", "Δ %", "quantized layers"]
+                          + (["runtime perplexity", "runtime vs HF path %"] if rt else []),
                           [[r.get("scheme"), r.get("ppl"), r.get("delta_pct"),
-                            f"{r.get('quantized_layers')} / {r.get('linear_layers')}"] for r in d["rows"]]) + [""]
+                            f"{r.get('quantized_layers')} / {r.get('linear_layers')}"]
+                           + ([r.get("ppl_runtime"), r.get("runtime_delta_pct")] if rt else []) for r in d["rows"]]) + [""]
             out += _ppl_targets(d["rows"])
         elif name == "quantizers":
             out += _table(["quantize_", "model", "layers", "calibration", "seconds", "peak GPU MB", "one layer MB",

@@ -120,6 +120,12 @@ TARGETS = {"w8a8": 2.0, "w8a8-sq": 1.0, "w8a8-fp8": 2.0, "w8a8-fp8-sq": 2.0, "w4
 
 
 def _check_targets(rows) -> None:
+    rt = [r for r in rows if r.runtime_delta_pct is not None]
+    if rt:
+        worst = max(rt, key=lambda r: abs(r.runtime_delta_pct))
+        ok = abs(worst.runtime_delta_pct) <= RUNTIME_TOLERANCE_PCT
+        print(f"target runtime within {RUNTIME_TOLERANCE_PCT}% of the HF path: {'met' if ok else 'MISSED'} "
+              f"(largest difference {worst.runtime_delta_pct:+.3f}%, {worst.scheme})")
     for r in rows:
         lim = TARGETS.get(r.scheme)
         if lim is not None:
@@ -139,10 +145,29 @@ class Row:
     quantized_layers: int
     linear_layers: int
     seconds: float
+    ppl_runtime: float | None = None        # the same weights through the decoder runtime (qkernels.models)
+    runtime_delta_pct: float | None = None  # its difference from ppl, percent
+
+
+class _RuntimeLM:
+    """The decoder runtime called as perplexity() calls an HF model: model(ids).logits."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, ids):
+        return type("Out", (), {"logits": self.model(ids)})
+
+
+RUNTIME_TOLERANCE_PCT = 0.5     # issue target: the runtime's perplexity within 0.5% of the HF path's
 
 
 def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096, ctx: int = 1024,
-        stride: int = 512, dtype: torch.dtype | None = None, out: str | None = None) -> list[Row]:
+        stride: int = 512, dtype: torch.dtype | None = None, out: str | None = None,
+        runtime: bool = True) -> list[Row]:
+    """runtime: also score each model through the decoder runtime built from it (models.from_pretrained of the
+    quantized HF model: the same weights, the runtime's merged projections, kernels and attention)."""
+    from ..models import from_pretrained
     from ..nn import QuantizedLinear
     from ..nn.convert import quantize_
     from ..nn.fused import QuantizedMLP
@@ -168,9 +193,15 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
         ref = rows[1].ppl if len(rows) > 1 else ppl
         r = Row(name, str(dt).replace("torch.", ""), ppl, 100 * (ppl / ref - 1) if len(rows) > 1 else 0.0, nq,
                 n_lin, time.perf_counter() - t0)
+        if runtime:
+            rt = _RuntimeLM(from_pretrained(model, device=device, dtype=dt))
+            r.ppl_runtime = perplexity(rt, ids, ctx, stride)[0]
+            r.runtime_delta_pct = 100 * (r.ppl_runtime / ppl - 1)
+            del rt
         rows.append(r)
+        rt_note = f"  runtime {r.ppl_runtime:8.3f} ({r.runtime_delta_pct:+.3f}%)" if runtime else ""
         print(f"{r.scheme:<16} {r.dtype:<9} ppl {r.ppl:8.3f}  {r.delta_pct:+6.2f}%  "
-              f"quantized {r.quantized_layers}/{r.linear_layers}  ({r.seconds:.0f} s)", flush=True)
+              f"quantized {r.quantized_layers}/{r.linear_layers}{rt_note}  ({r.seconds:.0f} s)", flush=True)
 
     record("fp32", base, torch.float32, 0, time.perf_counter())
     t0 = time.perf_counter()
