@@ -215,8 +215,9 @@ def main(argv=None) -> int:
     e.add_argument("what", choices=("ppl",))
     e.add_argument("--model", default="smollm2", choices=("smollm2",))
     e.add_argument("--schemes", default="",
-                   help="comma-separated (default: eval.ppl.DEFAULT_SCHEMES): w8a8[-sq] (-sq: SmoothQuant calibration), "
-                        "w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym][-gptq|-gptq-act|-awq|-awq+gptq[-act]], w8a16[...]")
+                   help="comma-separated (default: eval.ppl.DEFAULT_SCHEMES): w8a8[-sq] (-sq: SmoothQuant "
+                        "calibration), w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym][-gptq|-gptq-act|-awq|-awq+gptq[-act]], "
+                        "w8a16[...]")
     e.add_argument("--tokens", type=int, default=4096)
     e.add_argument("--ctx", type=int, default=1024)
     e.add_argument("--stride", type=int, default=512)

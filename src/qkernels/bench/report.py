@@ -194,7 +194,8 @@ def build(results: Path) -> str:
                           + (["runtime perplexity", "runtime vs HF path %"] if rt else []),
                           [[r.get("scheme"), r.get("ppl"), r.get("delta_pct"),
                             f"{r.get('quantized_layers')} / {r.get('linear_layers')}"]
-                           + ([r.get("ppl_runtime"), r.get("runtime_delta_pct")] if rt else []) for r in d["rows"]]) + [""]
+                           + ([r.get("ppl_runtime"), r.get("runtime_delta_pct")] if rt else [])
+                           for r in d["rows"]]) + [""]
             out += _ppl_targets(d["rows"])
         elif name == "quantizers":
             out += _table(["quantize_", "model", "layers", "calibration", "seconds", "peak GPU MB", "one layer MB",
