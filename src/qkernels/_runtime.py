@@ -239,3 +239,10 @@ def call_op(op, impl, *args):
     if torch.compiler.is_compiling():
         return op(*args)
     return impl(*args)
+
+
+def cache_dir():
+    """qkernels' cache directory (autotune results, fetched evaluation data): $QKERNELS_CACHE_DIR, default
+    ~/.cache/qkernels. Not created here."""
+    from pathlib import Path
+    return Path(os.environ.get("QKERNELS_CACHE_DIR") or Path.home() / ".cache" / "qkernels")

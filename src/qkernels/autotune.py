@@ -32,8 +32,8 @@ def enabled() -> bool:
 
 
 def cache_path(slug: str) -> Path:
-    root = os.environ.get("QKERNELS_CACHE_DIR") or Path.home() / ".cache" / "qkernels"
-    return Path(root) / f"autotune-{slug}.json"
+    from ._runtime import cache_dir
+    return cache_dir() / f"autotune-{slug}.json"
 
 
 def _cache(slug: str) -> dict:

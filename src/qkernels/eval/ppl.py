@@ -15,7 +15,6 @@ import copy
 import importlib.util
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -38,7 +37,9 @@ CALIBRATION_WO = (8192, 8192)  # GPTQ / AWQ calibration tokens: [8192, 16384), 1
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("QKERNELS_CACHE", Path.home() / ".cache" / "qkernels"))
+    """The qkernels cache directory ($QKERNELS_CACHE_DIR, _runtime.cache_dir), created."""
+    from .._runtime import cache_dir as root
+    d = root()
     d.mkdir(parents=True, exist_ok=True)
     return d
 
