@@ -29,6 +29,7 @@ from torch import nn
 
 from ..packed_weight import _check_group
 from .gptq import _grid
+from .smooth import fold_scales
 
 GRID = 20            # points of the scale-exponent grid and of the clipping grid
 MAX_SHRINK = 0.5     # clipping: r in [1 - MAX_SHRINK, 1]
@@ -130,20 +131,6 @@ def _groups(layer: nn.Module):
     return out
 
 
-def _fold(producer: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> None:
-    """producer's output channel j / s_j, each linear's input column j * s_j: the float function is kept."""
-    if isinstance(producer, nn.Linear):
-        producer.weight.div_(s.reshape(-1, 1).to(producer.weight.dtype))
-        if producer.bias is not None:
-            producer.bias.div_(s.to(producer.bias.dtype))
-    else:
-        producer.weight.div_(s.to(producer.weight.dtype))
-        if getattr(producer, "bias", None) is not None:
-            producer.bias.div_(s.to(producer.bias.dtype))
-    for lin in linears:
-        lin.weight.mul_(s.to(lin.weight.dtype))
-
-
 @torch.no_grad()
 def awq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, symmetric: bool = False, *,
          wanted: Callable[[str, nn.Linear], bool] = lambda name, mod: True, clip: bool = True, device=None,
@@ -152,17 +139,10 @@ def awq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, sy
     the linears it feeds are wanted(qualified name, module), then (clip) the clipping search on every wanted
     linear of the decoder layers. Walks the layers with nn.calibrate.walk_layers. Returns the number of linears
     scaled."""
-    from .calibrate import batches_of, decoder_layers, walk_layers
+    from .calibrate import batches_of, walk_layers
     calibration = batches_of(calibration)
     per_batch = max(16, -(-SEARCH_TOKENS // len(calibration)))     # rows kept per batch and linear
     done = [0]
-    bar = None
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(decoder_layers(model)[1]), desc="awq", unit="layer", leave=False)
-        except ImportError:
-            pass
 
     def visit(prefix: str, layer: nn.Module, run):
         sdt = scale_dtype or next(layer.parameters()).dtype
@@ -185,7 +165,7 @@ def awq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, sy
                 continue
             group = [lins[n] for n in names]
             s = search_scale(inputs[names[0]], group, bits, group_size, symmetric, sdt)
-            _fold(producer, group, s)
+            fold_scales(producer, group, s)
             for n in names:
                 inputs[n] = inputs[n] / s.to(inputs[n].dtype)
             done[0] += len(group)
@@ -196,12 +176,6 @@ def awq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, sy
             G = _check_group(group_size, m.in_features, bits)
             w = m.weight.float().reshape(m.out_features, -1, G)
             m.weight.copy_(torch.maximum(torch.minimum(w, bound[..., None]), -bound[..., None]).reshape(m.weight.shape))
-        if bar is not None:
-            bar.update()
 
-    try:
-        walk_layers(model, calibration, visit, device)
-    finally:
-        if bar is not None:
-            bar.close()
+    walk_layers(model, calibration, visit, device, progress="awq" if progress else None)
     return done[0]

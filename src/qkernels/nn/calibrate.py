@@ -65,11 +65,12 @@ def _move(obj, device):
 
 @torch.no_grad()
 def walk_layers(model: nn.Module, calibration, visit: Callable[[str, nn.Module, Callable[[], list]], None],
-                device=None) -> None:
+                device=None, progress: str | None = None) -> None:
     """Walk the decoder layers (module docstring). device: where each layer runs while visited (default: where
     the model is); a layer moved there goes back to its own device after its visit. The capture (embeddings,
     rotary tables) runs where the model is; its outputs then move to `device`, so on a GPU only one decoder
-    layer and the calibration activations are ever held."""
+    layer and the calibration activations are ever held. progress: a tqdm bar over the layers with this label
+    (when tqdm is installed)."""
     prefix, layers = decoder_layers(model)
     batches = batches_of(calibration)
     home = next(model.parameters()).device
@@ -96,7 +97,14 @@ def walk_layers(model: nn.Module, calibration, visit: Callable[[str, nn.Module, 
         raise RuntimeError(f"the first decoder layer of {prefix!r} was not reached by every calibration batch")
     kwargs = [_move(k, device) for k in kwargs]
     inputs = [h.to(device) for h in inputs]
-    for i, layer in enumerate(layers):
+    it = enumerate(layers)
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            it = tqdm(it, total=len(layers), desc=progress, unit="layer", leave=False)
+        except ImportError:
+            pass
+    for i, layer in it:
         layer.to(device)
 
         def run(layer=layer):

@@ -262,14 +262,6 @@ def gptq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, s
     from .calibrate import walk_layers
     out: dict[str, PackedWeight] = {}
     home = next(model.parameters()).device       # results wait there, not on the calibration device
-    bar = None
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-            from .calibrate import decoder_layers
-            bar = tqdm(total=len(decoder_layers(model)[1]), desc="gptq", unit="layer", leave=False)
-        except ImportError:
-            pass
 
     def visit(prefix: str, layer: nn.Module, run):
         for stage in _stages(layer, wanted, prefix):
@@ -292,12 +284,6 @@ def gptq_(model: nn.Module, calibration, bits: int = 4, group_size: int = 128, s
                 m.weight.copy_(dq[rows:rows + m.out_features])
                 out[f"{prefix}.{n}"] = _rows(pw, rows, m.out_features).to(home)
                 rows += m.out_features
-        if bar is not None:
-            bar.update()
 
-    try:
-        walk_layers(model, calibration, visit, device)
-    finally:
-        if bar is not None:
-            bar.close()
+    walk_layers(model, calibration, visit, device, progress="gptq" if progress else None)
     return out

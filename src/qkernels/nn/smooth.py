@@ -39,6 +39,22 @@ def _groups(model: nn.Module):
                 yield gu[1], [down], f"{name}.mlp.down_proj"
 
 
+def fold_scales(producer: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> None:
+    """Divide the producer's output channel j by s_j (a norm's weight, or a linear's row and bias) and multiply
+    each consumer linear's input column j by s_j: the float model computes the same function. Shared by
+    SmoothQuant (here) and AWQ (nn.awq)."""
+    if isinstance(producer, nn.Linear):
+        producer.weight.div_(s.reshape(-1, 1).to(producer.weight.dtype))
+        if producer.bias is not None:
+            producer.bias.div_(s.to(producer.bias.dtype))
+    else:
+        producer.weight.div_(s.to(producer.weight.dtype))
+        if getattr(producer, "bias", None) is not None:
+            producer.bias.div_(s.to(producer.bias.dtype))
+    for lin in linears:
+        lin.weight.mul_(s.to(lin.weight.dtype))
+
+
 @torch.no_grad()
 def smooth_(model: nn.Module, calibration: Iterable[torch.Tensor] | torch.Tensor, alpha: float = 0.5) -> int:
     """Smooth `model` in place (float model, before quantize_). calibration: a token-id tensor
@@ -73,15 +89,6 @@ def smooth_(model: nn.Module, calibration: Iterable[torch.Tensor] | torch.Tensor
         a = amax[key].clamp_min(1e-5)
         w = torch.stack([lin.weight.abs().float().amax(0) for lin in lins]).amax(0).clamp_min(1e-5)
         s = (a.pow(alpha) / w.pow(1 - alpha)).clamp(1e-5, 1e5)
-        if isinstance(producer, nn.Linear):
-            producer.weight.div_(s.reshape(-1, 1).to(producer.weight.dtype))
-            if producer.bias is not None:
-                producer.bias.div_(s.to(producer.bias.dtype))
-        else:
-            producer.weight.div_(s.to(producer.weight.dtype))
-            if getattr(producer, "bias", None) is not None:
-                producer.bias.div_(s.to(producer.bias.dtype))
-        for lin in lins:
-            lin.weight.mul_(s.to(lin.weight.dtype))
+        fold_scales(producer, lins, s)
         done += len(lins)
     return done
