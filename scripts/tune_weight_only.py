@@ -28,10 +28,9 @@ def gemv(bn, bk, w, s, min_programs=0):
     return c if not min_programs else dict(c, SPLIT_K=4, MIN_PROGRAMS=min_programs)
 
 
-def mm(bm, bn, bk, w, s, g=8, split=1, xa=False):
+def mm(bm, bn, bk, w, s, g=8, split=1):
     c = dict(path="mm", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=g, num_warps=w, num_stages=s)
-    c = c if split == 1 else dict(c, SPLIT_K=split)
-    return dict(c, X_IS_A=True) if xa else c
+    return c if split == 1 else dict(c, SPLIT_K=split)
 
 
 def tc(bn, bm, w, split=1, min_programs=0, stages=1):
@@ -86,18 +85,11 @@ def candidates(m: int) -> list[dict]:
         c += [mm(bm, bn, bk, w, s, split=sp) for bm, bn, bk, w, s in
               [(64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4),
                (128, 128, 64, 8, 4), (64, 128, 64, 8, 4)] for sp in (2, 3, 4, 8)]
-        # x as the MMA's A operand, the dequantized weight tile as B (through shared memory)
-        c += [mm(bm, bn, bk, w, s, split=sp, xa=True) for bm, bn, bk, w, s in
-              [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4)]
-              for sp in (1, 2, 4)]
     else:
         c += [mm(bm, bn, bk, w, s) for bm, bn, bk, w, s in
               [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 3),
                (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (256, 128, 64, 8, 4),
                (128, 256, 64, 8, 4), (256, 256, 64, 8, 3)]]
-        c += [mm(bm, bn, bk, w, s, xa=True) for bm, bn, bk, w, s in
-              [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
-               (128, 128, 128, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 4)]]
         c += [dq(32, 128, 4), dq(16, 256, 4)]
     # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows (8-256, the wgmma's n), BLOCK_N
     # weight rows (16 x warps x a power of two); split-K where the grid is small

@@ -172,6 +172,35 @@ def fast_launch(enabled: bool):
         _FAST_LAUNCH[0] = old
 
 
+_PDL = [os.environ.get("QKERNELS_PDL", "1") not in ("", "0")]
+_NO_PDL: dict = {}
+_WITH_PDL = {"PDL": True, "launch_pdl": True}
+
+
+def pdl_options(device: torch.device) -> dict:
+    """Launch keywords for programmatic dependent launch: {"PDL": True, "launch_pdl": True} on NVIDIA GPUs of
+    sm_90+ (Hopper), {} elsewhere or when switched off (QKERNELS_PDL=0, `pdl(False)`). A kernel launched so may
+    start while the previous kernel in the stream still runs; its PDL constexpr makes it fetch only weights
+    until griddepcontrol.wait (kernels/_common._pdl_wait), and lets the next kernel start early in turn. A
+    decode step is a chain of short kernels: each one's launch, ramp-up and weight fetch overlap the tail of
+    the one before."""
+    if not _PDL[0] or device.type != "cuda" or is_interpreter() or torch.version.hip is not None:
+        return _NO_PDL
+    return _WITH_PDL if capability(device) >= (9, 0) else _NO_PDL
+
+
+@contextlib.contextmanager
+def pdl(enabled: bool):
+    """Scoped switch of programmatic dependent launch (QKERNELS_PDL): benchmarks compare both with it. CUDA
+    graphs keep what was captured."""
+    old = _PDL[0]
+    _PDL[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _PDL[0] = old
+
+
 def _arg_facts(args: tuple) -> tuple:
     """Everything Triton specializes runtime arguments on, or more: for a tensor its dtype and 16-byte
     alignment; for an int == 1, divisibility by 16 and its type class (i32 / i64 / u64); for anything

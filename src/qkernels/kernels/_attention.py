@@ -5,7 +5,7 @@ Launchers and numerics: ops/attention.py; pure-torch twins: reference.qkv_rope_c
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast
+from ._common import INTERPRET, _cast, _pdl_enter
 
 
 @triton.jit
@@ -23,9 +23,11 @@ def _qkv_rope_cache_kernel(
     T, stride_qkv_row, stride_cos, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, eps,
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
     Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program per (token, head of q | k | v). q heads: rotate, write q_out [rows, H, D]; k heads:
     rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos]."""
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)          # token index b * T + t
     head = tl.program_id(1)
     b = row // T
@@ -68,11 +70,13 @@ def _decode_attention_split_kernel(
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, chunk, n_splits, scale,
     N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Flash-decoding, first pass. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
     share kv_head (GQA: each key / value tile is read once for all of them) over keys
     [split * chunk, min((split + 1) * chunk, length)), and writes their softmax-normalized partial output
     o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range)."""
+    _pdl_enter(PDL)
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = bh // N_KV
@@ -128,8 +132,10 @@ def _decode_attention_split_kernel(
 def _decode_attention_combine_kernel(
     o_part_ptr, lse_ptr, out_ptr, n_splits,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Second pass: out[b, h] = sum_i w_i o_part[b, h, i] with w_i = 2^(lse_i - max) / sum 2^(lse_j - max)."""
+    _pdl_enter(PDL)
     bh = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_SPLITS)
     d = tl.arange(0, BLOCK_D)

@@ -13,6 +13,7 @@ arithmetic. Both paths return the fp8 bit pattern as uint8.
 """
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._runtime import is_interpreter
 
@@ -31,6 +32,31 @@ def _cast(x, ty: tl.constexpr):
             r = tl.where(x != x, b, r)
             return r.to(tl.float32, bitcast=True).to(tl.bfloat16)
     return x.to(ty)
+
+
+@triton.jit
+def _pdl_launch(PDL: tl.constexpr):
+    """Programmatic dependent launch (Hopper+; launch option launch_pdl, _runtime.pdl_options): let the next
+    kernel in the stream start its programs now. They run up to their own _pdl_wait, which returns only once
+    this kernel has completed and its writes are visible, so only reads of data no earlier kernel writes
+    (weights) may come before it."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    """Wait for the previous kernel in the stream (launched with launch_pdl, this kernel may have started before it
+    finished): every load of an activation and every store comes after this."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """_pdl_launch then _pdl_wait: the prologue of a kernel with nothing to fetch before its inputs are ready."""
+    _pdl_launch(PDL)
+    _pdl_wait(PDL)
 
 
 @triton.jit

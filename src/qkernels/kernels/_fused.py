@@ -14,7 +14,7 @@ row per program, reading the row again for each pass (statistics, then output) f
 import triton
 import triton.language as tl
 
-from ._common import _cast, _finite_or_zero
+from ._common import _cast, _finite_or_zero, _pdl_enter
 from ._quant import _quantize_values, _scale_and_zero_point
 
 
@@ -107,9 +107,11 @@ def _norm_kernel(
     RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     QUANT: tl.constexpr, QMAX: tl.constexpr, IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """RMSNorm (RMS) or LayerNorm of h = x (+ residual) per row; writes y (or its codes and per-row
     scales) and, with HAS_RES, the updated residual h."""
+    _pdl_enter(PDL)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
@@ -197,9 +199,11 @@ def _silu_and_mul_kernel(
     x_ptr, y_ptr, s_ptr, M, I, stride_xm, stride_ym,
     QUANT: tl.constexpr, QMAX: tl.constexpr, IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """y[m, j] = silu(x[m, j]) * x[m, I + j]. Without QUANT the grid is 2-D (row blocks x column
     blocks); with QUANT a program owns whole rows (one block, or a two-pass loop)."""
+    _pdl_enter(PDL)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M

@@ -22,13 +22,14 @@ conversions; both give the same bits, as u - z is exact and (u - z) * s rounds o
                       weight tile is the MMA's A operand (BLOCK_N rows), x.T the B operand, so a
                       small M (>= 1, padded to BLOCK_M >= 16) wastes no weight bandwidth.
                       SPLIT_K > 1 splits K over program columns (small grids: few weight row-blocks
-                      and a long K), partial sums reduced in a fixed order by _wo_splitk_reduce.
+                      and a long K); the last program of a tile adds the partials in a fixed order
+                      (_splitk_fixup, as in the GEMV).
   _wo_dequant_kernel: writes the dequantized weight, for a cuBLAS GEMM at large M.
 """
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast, _grouped_pid
+from ._common import INTERPRET, _cast, _grouped_pid, _pdl_enter, _pdl_launch, _pdl_wait
 
 CHUNK: tl.constexpr = tl.constexpr(64)
 HALF: tl.constexpr = tl.constexpr(32)
@@ -214,13 +215,12 @@ def _tile(w_ptr, offs_n, k0, K, stride_wn, s_lo, z_lo, s_hi, z_hi,
 
 
 @triton.jit
-def _load_t(w_ptr, x_row, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, NC: tl.constexpr):
-    """Raw operands of the GEMV step at k0, chunk first: code bytes [NC, BLOCK_N, 32] (two tiles for 8-bit
-    codes, k and k + 32; one for 4-bit, whose bytes hold both) and x [NC, 32] twice; MASKED: zeros past K."""
+def _codes_bytes_t(w_ptr, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, NC: tl.constexpr):
+    """Code bytes of the GEMV step at k0, chunk first: [NC, BLOCK_N, 32] (two tiles for 8-bit codes, k and
+    k + 32; one for 4-bit, whose bytes hold both); MASKED: zeros past K."""
     c = tl.arange(0, NC)
     j = tl.arange(0, HALF)
     kc = k0 + c * CHUNK
-    kx = kc[:, None] + j[None, :]
     if BITS == 4:
         p = w_ptr + row[None, :, None] + k0 // 2 + (c * HALF)[:, None, None] + j[None, None, :]
         if MASKED:
@@ -229,6 +229,7 @@ def _load_t(w_ptr, x_row, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, 
             b_lo = tl.load(p)
         b_hi = b_lo
     else:
+        kx = kc[:, None] + j[None, :]
         p = w_ptr + row[None, :, None] + kx[:, None, :]
         if MASKED:
             b_lo = tl.load(p, mask=kx[:, None, :] < K, other=0)
@@ -236,13 +237,20 @@ def _load_t(w_ptr, x_row, row, k0, K, BITS: tl.constexpr, MASKED: tl.constexpr, 
         else:
             b_lo = tl.load(p)
             b_hi = tl.load(p + HALF)
+    return b_lo, b_hi
+
+
+@triton.jit
+def _x_t(x_row, k0, K, MASKED: tl.constexpr, NC: tl.constexpr):
+    """x of the GEMV step at k0 as two [NC, 32] tiles: k = k0 + 64 c + j and that + 32; MASKED: zeros past K."""
+    kx = k0 + tl.arange(0, NC)[:, None] * CHUNK + tl.arange(0, HALF)[None, :]
     if MASKED:
         x_lo = tl.load(x_row + kx, mask=kx < K, other=0.0)
         x_hi = tl.load(x_row + kx + HALF, mask=kx + HALF < K, other=0.0)
     else:
         x_lo = tl.load(x_row + kx)
         x_hi = tl.load(x_row + kx + HALF)
-    return b_lo, b_hi, x_lo, x_hi
+    return x_lo, x_hi
 
 
 @triton.jit
@@ -314,20 +322,41 @@ def _k_slice(K, pid_k, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+def _gemv_step(b_lo, b_hi, x_lo, x_hi, sz_lo, sz_hi, st: tl.constexpr, BITS: tl.constexpr, dt: tl.constexpr,
+               INT_Z: tl.constexpr):
+    """[NC, BLOCK_N] partial sums of one GEMV step from its code bytes, x and (scale, zero) words."""
+    u_lo, u_hi = _codes_t(b_lo, b_hi, BITS, dt, INT_Z)
+    return _run_dot(u_lo, sz_lo, x_lo, st, BITS, dt, INT_Z) + _run_dot(u_hi, sz_hi, x_hi, st, BITS, dt, INT_Z)
+
+
+@triton.jit
+def _next_k(k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Where the step after k0 starts. EVEN_K: the step after the last wraps to the first, so a load a step
+    ahead stays in bounds without masks (its values go unused)."""
+    if EVEN_K:
+        k1 = tl.multiple_of((k0 + BLOCK_K) % K, BLOCK_K)
+    else:
+        k1 = tl.multiple_of(k0 + BLOCK_K, BLOCK_K)
+    return k1
+
+
+@triton.jit
+def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                     stride_xm, stride_wn, stride_sn, stride_om,
                     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                    INT_Z: tl.constexpr = False):
+                    INT_Z: tl.constexpr = False, PDL: tl.constexpr = False):
     """One x row per program column. INT_Z: the zero points are integers (PackedWeight.int_zeros), so the magic
     number of the code conversion folds into them (_codes_t). SPLIT_K > 1: program z covers BLOCK_K-aligned
-    slice z of K and writes fp32 partial sums to out_ptr [SPLIT_K, M, N] (no bias), added in order by
-    _wo_splitk_reduce. The scale is factored out of each run of 32 k sharing one group:
-    sum_k (u_k - z) s x_k = s sum_k (u_k - z) x_k, so the integer differences u - z (exact) enter an fp32
-    FMA chain and the scale is applied once per run and row, not once per weight. Tiles are chunk first
+    slice z of K (none empty); the tile's partial sums are added in slice order by its last program
+    (_splitk_fixup: workspace ws_ptr, counters cnt_ptr). The scale is factored out of each run of 32 k sharing
+    one group: sum_k (u_k - z) s x_k = s sum_k (u_k - z) x_k, so the integer differences u - z (exact) enter an
+    fp32 FMA chain and the scale is applied once per run and row, not once per weight. Tiles are chunk first
     ([NC, BLOCK_N, 32]): a thread holds several rows at the same k and converts x once for all of them.
-    The (scale, zero) words are loaded a step ahead (Triton does not pipeline loops without a dot); the
-    code bytes are not: carried across iterations as u8 tensors they cost a byte shuffle each."""
+    The first step is peeled: its code bytes and (scale, zero) words are fetched before _pdl_wait (with PDL,
+    while the kernel before still runs), and the loop takes the rest. The (scale, zero) words are loaded a step
+    ahead (Triton does not pipeline loops without a dot); the code bytes are not: carried across iterations as
+    u8 tensors they cost a byte shuffle each."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -338,30 +367,53 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     row = offs_n.to(tl.int64) * stride_wn
     s_row = offs_n.to(tl.int64) * stride_sn
     x_row = x_ptr + m * stride_xm
-    acc = tl.zeros((NC, BLOCK_N), dtype=tl.float32)
     k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
+    _pdl_launch(PDL)
     sz_lo, sz_hi = _sz_step(sz_ptr, s_row, k_lo, K, GROUP, NC, True)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    b_lo, b_hi = _codes_bytes_t(w_ptr, row, k_lo, K, BITS, not EVEN_K, NC)
+    _pdl_wait(PDL)
+    x_lo, x_hi = _x_t(x_row, k_lo, K, not EVEN_K, NC)
+    nsz_lo, nsz_hi = _sz_step(sz_ptr, s_row, _next_k(k_lo, K, BLOCK_K, EVEN_K), K, GROUP, NC, True)
+    acc = _gemv_step(b_lo, b_hi, x_lo, x_hi, sz_lo, sz_hi, st, BITS, dt, INT_Z)
+    sz_lo, sz_hi = nsz_lo, nsz_hi
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         k0 = tl.multiple_of(k0, BLOCK_K)
-        if EVEN_K:      # the step after the last wraps to the first: in bounds, no masks (its values go unused)
-            k1 = tl.multiple_of((k0 + BLOCK_K) % K, BLOCK_K)
-        else:
-            k1 = tl.multiple_of(k0 + BLOCK_K, BLOCK_K)
-        b_lo, b_hi, x_lo, x_hi = _load_t(w_ptr, x_row, row, k0, K, BITS, not EVEN_K, NC)
+        b_lo, b_hi = _codes_bytes_t(w_ptr, row, k0, K, BITS, not EVEN_K, NC)
+        x_lo, x_hi = _x_t(x_row, k0, K, not EVEN_K, NC)
         # the next step's (scale, zero) words, a step ahead: small, and their latency would otherwise be
         # exposed every step
-        nsz_lo, nsz_hi = _sz_step(sz_ptr, s_row, k1, K, GROUP, NC, True)
-        u_lo, u_hi = _codes_t(b_lo, b_hi, BITS, dt, INT_Z)
-        acc += _run_dot(u_lo, sz_lo, x_lo, st, BITS, dt, INT_Z) + _run_dot(u_hi, sz_hi, x_hi, st, BITS, dt, INT_Z)
+        nsz_lo, nsz_hi = _sz_step(sz_ptr, s_row, _next_k(k0, K, BLOCK_K, EVEN_K), K, GROUP, NC, True)
+        acc += _gemv_step(b_lo, b_hi, x_lo, x_hi, sz_lo, sz_hi, st, BITS, dt, INT_Z)
         sz_lo, sz_hi = nsz_lo, nsz_hi
     out = tl.sum(acc, axis=0)
-    if SPLIT_K == 1:
+    o_mask = rows < N
+    last = True
+    if SPLIT_K > 1:
+        out, last = _splitk_fixup(out, ws_ptr, cnt_ptr, m * tl.num_programs(0) + pid_n, m * N + rows, o_mask,
+                                  M * N, tl.program_id(2), SPLIT_K)
+    if last:
         if HAS_BIAS:
             out += tl.load(bias_ptr + offs_n).to(tl.float32)
-        tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=rows < N)
-    else:
-        ws = out_ptr + (tl.program_id(2).to(tl.int64) * M + m) * N
-        tl.store(ws + rows, out, mask=rows < N)
+        tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
+def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, pid_k, SPLIT_K: tl.constexpr):
+    """Split-K inside the kernel (no second launch): every program stores its fp32 partial tile to ws_ptr
+    [SPLIT_K, M, N] at offs (m * N + n) of its slice pid_k; the last of a tile's SPLIT_K programs to finish
+    (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice order
+    (deterministic: the bits do not depend on which program finished last) and resets the counter for the next
+    launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
+    tl.store(ws_ptr + pid_k.to(tl.int64) * MN + offs, acc, mask=mask)
+    tl.debug_barrier()      # the whole tile is stored before the counter says so
+    done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = done == SPLIT_K - 1
+    if last:
+        acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        for sk in tl.static_range(1, SPLIT_K):
+            acc += tl.load(ws_ptr + sk * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+    return acc, last
 
 
 @triton.jit
@@ -372,16 +424,15 @@ def _dot(a, b, acc):
 
 
 @triton.jit
-def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om,
                   BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_N: tl.constexpr, SPLIT_K: tl.constexpr, X_IS_A: tl.constexpr = False):
-    """SPLIT_K > 1: program column pid_k covers K_STEP-aligned slice pid_k of K and writes its fp32
-    partial sums to out_ptr [SPLIT_K, M, N] (no bias); _wo_splitk_reduce adds them in a fixed order.
-    X_IS_A: out = x @ W.T with the x tile as the MMA's A operand and the dequantized weight tile as B (which
-    the MMA reads from shared memory), for large M; else out.T = W @ x.T with the weight tile as A in
-    registers (small M: the weight rows fill the MMA's M side)."""
+                  GROUP_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False):
+    """out.T = W @ x.T with the weight tile as the MMA's A operand in registers (the weight rows fill the MMA's
+    M side, so a small M wastes no weight bandwidth). SPLIT_K > 1: program column pid_k covers K_STEP-aligned
+    slice pid_k of K; the tile's last program adds the slices' partials in order (_splitk_fixup)."""
+    _pdl_enter(PDL)
     pid = tl.program_id(0)
     # GROUP_N weight row-blocks share their x tiles in L2
     pid_n, pid_m = _grouped_pid(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)
@@ -396,10 +447,7 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     kr = tl.max_contiguous(tl.multiple_of(kr, HALF), HALF)
     dt: tl.constexpr = x_ptr.dtype.element_ty
     xt_base = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm     # x.T tiles: [NC * 32, BLOCK_M]
-    if X_IS_A:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     s_row = offs_n.to(tl.int64) * stride_sn
     k_lo, k_hi = _k_slice(K, tl.program_id(1), BLOCK_K, SPLIT_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -417,47 +465,19 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         else:
             x_lo = tl.load(p_lo, mask=(k0 + kr < K)[:, None], other=0.0)
             x_hi = tl.load(p_lo + HALF, mask=(k0 + kr < K - HALF)[:, None], other=0.0)
-        if X_IS_A:
-            acc = _dot(tl.trans(x_lo), tl.trans(w_lo), acc)
-            acc = _dot(tl.trans(x_hi), tl.trans(w_hi), acc)
-        else:
-            acc = _dot(w_lo, x_lo, acc)
-            acc = _dot(w_hi, x_hi, acc)
-    if X_IS_A:
-        _wo_mm_store(acc, bias_ptr, out_ptr, rows_m[:, None], rows_n[None, :], offs_n[None, :], M, N, stride_om,
-                     HAS_BIAS, SPLIT_K)
-    else:
-        _wo_mm_store(acc, bias_ptr, out_ptr, rows_m[None, :], rows_n[:, None], offs_n[:, None], M, N, stride_om,
-                     HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _wo_mm_store(acc, bias_ptr, out_ptr, rm, rn, on, M, N, stride_om, HAS_BIAS: tl.constexpr,
-                 SPLIT_K: tl.constexpr):
-    """Epilogue of _wo_mm_kernel for either tile orientation: rm / rn / on broadcast to acc's shape."""
+        acc = _dot(w_lo, x_lo, acc)
+        acc = _dot(w_hi, x_hi, acc)
+    rm = rows_m[None, :]
+    rn = rows_n[:, None]
     o_mask = (rn < N) & (rm < M)
-    if SPLIT_K == 1:
+    last = True
+    if SPLIT_K > 1:
+        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, rm.to(tl.int64) * N + rn, o_mask, M * N,
+                                  tl.program_id(1), SPLIT_K)
+    if last:
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + on).to(tl.float32)
+            acc += tl.load(bias_ptr + offs_n[:, None]).to(tl.float32)
         tl.store(out_ptr + rm.to(tl.int64) * stride_om + rn, _cast(acc, out_ptr.dtype.element_ty), mask=o_mask)
-    else:
-        ws = out_ptr + tl.program_id(1).to(tl.int64) * M * N
-        tl.store(ws + rm.to(tl.int64) * N + rn, acc, mask=o_mask)
-
-
-@triton.jit
-def _wo_splitk_reduce(ws_ptr, bias_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """out[m, n] = sum over s in order of ws[s, m, n] (+ bias[n]): deterministic split-K."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < MN
-    acc = tl.load(ws_ptr + i, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * MN + i, mask=mask, other=0.0)
-    n = i % N
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + (i // N) * stride_om + n, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import math
 import torch
 
 from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, is_interpreter,
-                        launch, next_pow2, num_sms)
+                        launch, next_pow2, num_sms, pdl_options)
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -45,7 +45,8 @@ def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
            qkv2, positions, cos, sin, q_norm if q_norm is not None else qkv2, k_norm if k_norm is not None else qkv2,
            q_out, k_cache, v_cache, T, qkv2.stride(0), cos.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
            float(eps), N_HEADS=n_heads, N_KV=n_kv_heads, HALF=half, BLOCK_H=max(16, next_pow2(half)),
-           Q_NORM=q_norm is not None, K_NORM=k_norm is not None, num_warps=1 if half <= 64 else 2)
+           Q_NORM=q_norm is not None, K_NORM=k_norm is not None, num_warps=1 if half <= 64 else 2,
+           **pdl_options(qkv.device))
     return q_out
 
 
@@ -141,9 +142,10 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     launch(ka._decode_attention_split_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse,
            *k_cache.stride()[:3], *v_cache.stride()[:3], chunk, n_splits, float(scale),
            N_KV=n_kv, GROUP=group, BLOCK_G=max(16, next_pow2(group)), D=D, BLOCK_D=block_d, BLOCK_S=block_s,
-           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+           **pdl_options(q.device))
     launch(ka._decode_attention_combine_kernel, (B * H,), o_part, lse, out, n_splits,
-           D=D, BLOCK_D=block_d, BLOCK_SPLITS=max(2, next_pow2(n_splits)), num_warps=1)
+           D=D, BLOCK_D=block_d, BLOCK_SPLITS=max(2, next_pow2(n_splits)), num_warps=1, **pdl_options(q.device))
     return out
 
 

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .._runtime import (FLOAT_DTYPES, alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        launch, next_pow2, scoped_update)
+                        launch, next_pow2, pdl_options, scoped_update)
 from .quant import _fp8_emulate
 
 QUANTIZE_FORMATS = {"int8": (torch.int8, 127), "fp8_e4m3": (torch.float8_e4m3fn, 448)}
@@ -109,7 +109,7 @@ def _norm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
         rout.stride(0) if residual is not None else 0,
         RMS=rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps,
-        **(_quant_meta(quantize, x.device) if quantize else _NO_QUANT))
+        **(_quant_meta(quantize, x.device) if quantize else _NO_QUANT), **pdl_options(x.device))
     return y, scale, rout
 
 
@@ -146,7 +146,7 @@ def _silu_and_mul_impl(x: torch.Tensor, quantize: str) -> tuple[torch.Tensor, to
         grid = (cdiv(M, bm), cdiv(I, bn))
         meta = _NO_QUANT
     launch(kf._silu_and_mul_kernel, grid, x, y_arg, scale if quantize else x, M, I, x.stride(0), y.stride(0),
-           BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps, **meta)
+           BLOCK_M=bm, BLOCK_N=bn, ONE_BLOCK=one, num_warps=warps, **meta, **pdl_options(x.device))
     return y, scale
 
 

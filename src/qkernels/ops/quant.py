@@ -13,7 +13,7 @@ import torch
 
 from .. import reference as ref
 from .._runtime import (FLOAT_DTYPES, alloc, call_op, capability, cdiv, check_kernel_device, check_same_device,
-                        check_tensor, is_interpreter, launch, next_pow2, num_sms, scoped_update)
+                        check_tensor, is_interpreter, launch, next_pow2, num_sms, pdl_options, scoped_update)
 from ..formats import GRANULARITIES, get_format
 
 
@@ -191,7 +191,7 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
         launch(kq._quantize_segments_kernel, grid,
             x2, q_arg, scale, zp_arg, nseg, seg, G, x2.stride(0), x2.stride(1), data.stride(0),
             STATIC=static, BLOCK_R=block_r, BLOCK_S=block_s, ONE_CHUNK=seg <= block_s,
-            num_warps=warps, **meta)
+            num_warps=warps, **meta, **pdl_options(x2.device))
     elif granularity == "column":
         block_k = 64 if K >= 64 else max(2, next_pow2(K))
         block_m = 64 if M >= 64 else next_pow2(M)

@@ -8,8 +8,10 @@ overlapped with the next tile's dequantization, x tiles of 8-256 rows; 4-bit wei
 64 or per channel) and "dequant" (dequantize to x's dtype, then cuBLAS). A "tc" or "wg" config carries a
 "fallback" config for the cases its kernel does not run (other GPUs, group sizes, K).
 SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv", "tc" and "wg", K is split
-up to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs (tc and wg add the partials up
-inside the kernel).
+up to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs; every kernel adds the partials up
+itself (the last program of an output tile, in slice order).
+On Hopper the gemv and mm kernels are launched with programmatic dependent launch (_runtime.pdl_options): the
+GEMV fetches its first weight step while the kernel before it finishes.
 Kernels: kernels/_weight_only.py, _weight_only_tc.py, _weight_only_wg.py. Reference: reference.weight_only_linear.
 """
 from __future__ import annotations
@@ -22,13 +24,12 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (_triton_runtime, alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, launch, next_pow2)
+                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options)
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
-# forced paths for tests: "*-splitk": K split 3 ways; "mm-xa": the mm kernel with x as the MMA's A operand
-PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "mm-xa", "mm-xa-splitk", "tc", "tc-splitk", "wg",
-         "wg-splitk")
+# forced paths for tests: "*-splitk": K split 3 ways
+PATHS = ("gemv", "mm", "dequant", "mm-splitk", "gemv-splitk", "tc", "tc-splitk", "wg", "wg-splitk")
 # "tc" (kernels/_weight_only_tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
 # or per channel, CUDA GPUs of sm_80+. Elsewhere a "tc" config runs its "fallback" config.
 TC_K = 128
@@ -149,7 +150,10 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
         kernel, grid = _kw()._wo_gemv_kernel, (cdiv(N, p["BLOCK_N"]), M)
     else:
         kernel, grid = _kw()._wo_mm_kernel, (cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"]),)
-    split = max(1, min(split, cdiv(K, p["BLOCK_K"])))
+    steps = cdiv(K, p["BLOCK_K"])
+    split = max(1, min(split, steps))
+    if split > 1:
+        split = cdiv(steps, cdiv(steps, split))     # equal slices of whole steps, none empty
     if split == 1:
         grid = grid + (1,)
     else:
@@ -169,40 +173,31 @@ def _keep_plan(key, cfg, plan):
 
 
 def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
-    """out [M, N] written by one kernel (two with the mm / gemv split-K). x2 rows are contiguous;
-    scale_zero is [N, G, 2] contiguous, read as one 32-bit word per group (stride in words: G)."""
+    """out [M, N] written by one kernel. x2 rows are contiguous; scale_zero is [N, G, 2] contiguous, read as one
+    32-bit word per group (stride in words: G). With split-K the kernels add the partials up themselves: an fp32
+    workspace [split, M, N] and one counter per output tile (_counters)."""
     M, K = x2.shape
     N = qweight.shape[0]
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None, int_zeros)
     bias_arg = bias if bias is not None else scale_zero
-    if cfg["path"] in _GLUON:    # split-K partials are added up inside the kernel (per-tile counters)
-        if split > 1:
-            ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-            cnt = _counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else grid[0])
-        else:      # unused by the kernel: no workspace, no counter lookup on the per-call path
-            ws = cnt = out
-        if cfg["path"] == "tc":
-            launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
-                   scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs)
-            return out
-        # wg: x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key
-        # sees a descriptor only by its class: its dtype follows out's, its blocks the constexprs
+    if split > 1:
+        ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
+        cnt = _counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else
+                        grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
+    else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
+        ws = cnt = out
+    if cfg["path"] == "tc":
+        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
+               scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs)
+    elif cfg["path"] == "wg":
+        # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
+        # descriptor only by its class: its dtype follows out's, its blocks the constexprs
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
                ws, cnt, **constexprs)
-        return out
-    if split == 1:
-        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
-               scale_zero.shape[1], out.stride(0), **constexprs)
-        return out
-    # split-K: fp32 partials [split, M, N], then one reduce kernel adds them in order (+ bias)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-    launch(kernel, grid, x2, qweight, scale_zero, bias_arg, ws, M, N, K, x2.stride(0), qweight.stride(0),
-           scale_zero.shape[1], out.stride(0), **constexprs)
-    block = 1024
-    launch(_kw()._wo_splitk_reduce, (cdiv(M * N, block),),
-           ws, bias if bias is not None else ws, out, M * N, N, out.stride(0), SPLIT_K=split,
-           HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+    else:
+        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
+               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs, **pdl_options(x2.device))
     return out
 
 
@@ -223,19 +218,27 @@ def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
             desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
 
 
-# (device index, stream) -> int32 counters, zero between launches (the tc / wg kernels' last program of a tile
+# (device index, stream) -> int32 counters, zero between launches (the split-K kernels' last program of a tile
 # resets its counter); one buffer per stream, so concurrent launches on two streams do not share counters
 _COUNTERS: dict = {}
+_RETIRED: list = []
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    key = (device.index, _triton_runtime()[1](device.index))    # the raw stream Triton's launch reads too
+    """The counters of the current stream (at least n). Kernels on one stream run one after another (with
+    programmatic dependent launch, a kernel touches its counters only after the one before has completed),
+    so they share the buffer. Made inside a CUDA-graph capture, the buffer comes from the graph's pool and
+    its zeroing is recorded once in that graph; it is kept for the capture stream, so the graph's other
+    launches (and later graphs captured on that stream) reuse it without a memset per launch: graphs captured
+    on one stream must not be replayed concurrently on two."""
+    cuda = device.type == "cuda"
+    # the raw stream Triton's launch reads too (the interpreter runs programs one after another: one buffer)
+    key = (device.index, _triton_runtime()[1](device.index)) if cuda else (device.type, None)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        if torch.cuda.is_current_stream_capturing():
-            return buf        # from the graph's pool, zeroed in every replay: not kept for eager calls
-        _COUNTERS[key] = buf
+        if buf is not None:     # captured graphs may still point at it: never freed
+            _RETIRED.append(buf)
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
     return buf
 
 
@@ -302,8 +305,6 @@ def _path_config(cfg: dict, path: str, bits: int, N: int, K: int, device) -> dic
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "mm-splitk":
         return dict(_path_config(cfg, "mm", bits, N, K, device), SPLIT_K=3)
-    if path.startswith("mm-xa"):
-        return dict(_path_config(cfg, path[:2] + path[5:], bits, N, K, device), X_IS_A=True)
     if path == "tc":
         return cfg if cfg is not None and cfg["path"] == "tc" else dict(TC_DEFAULT, fallback=_path_config(
             cfg, "gemv", bits, N, K, device))
