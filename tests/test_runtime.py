@@ -146,3 +146,45 @@ def test_direct_launch_matches_triton_on_gpu():
         data, scale, _ = ref.quantize(x, "int8", "row")
         assert torch.equal(qt.data, data) and torch.equal(qt.scale, scale), (offset, k)
     assert any(v[0] is not None for v in R._LAUNCHES.values())
+
+
+def test_pdl_options_gating():
+    """Programmatic dependent launch only where it exists (NVIDIA sm_90+, compiled kernels), and off inside
+    `pdl(False)`."""
+    assert R.pdl_options(torch.device("cpu")) == {}
+    with R.pdl(True):
+        assert R.pdl_options(torch.device("cpu")) == {}
+    if DEVICE.type == "cuda" and not R.is_interpreter():
+        hopper = torch.cuda.get_device_capability(DEVICE) >= (9, 0) and torch.version.hip is None
+        with R.pdl(True):
+            assert R.pdl_options(DEVICE) == ({"PDL": True, "launch_pdl": True} if hopper else {})
+        with R.pdl(False):
+            assert R.pdl_options(DEVICE) == {}
+
+
+@pytest.mark.gpu
+def test_pdl_chain_same_bits():
+    """PDL changes when programs start, not what they compute: a chain norm -> GEMV -> GEMV (split-K) -> norm,
+    each kernel reading the one before's output while its own programs start early, gives the bits it gives with
+    PDL off, eager and replayed in a CUDA graph."""
+    import qkernels as qk
+    from qkernels.ops import weight_only as WO
+
+    from .helpers import assert_bit_exact, graph_replay
+    torch.manual_seed(0)
+    x = torch.randn(1, 4096, device=DEVICE, dtype=torch.float16)
+    w1 = qk.PackedWeight.from_float(torch.randn(14336, 4096, device=DEVICE), 4, 128)
+    w2 = qk.PackedWeight.from_float(torch.randn(4096, 14336, device=DEVICE), 4, 128)
+    g = torch.rand(4096, device=DEVICE, dtype=torch.float16)
+
+    def chain():
+        h = qk.rms_norm(x, g)
+        y = WO._weight_only(h, w1, None, 4, "w1")
+        z = WO._weight_only(y, w2, None, 4, "w2")
+        return qk.rms_norm(z, g)
+
+    with R.pdl(False):
+        want = chain()
+    with R.pdl(True):
+        assert_bit_exact(chain(), want, "eager")
+        assert_bit_exact(graph_replay(chain), want, "graph")

@@ -10,7 +10,7 @@ product is two int8 dots and needs no interleaving.
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast, _fp8_bits_to_f32, _grouped_pid, _pdl_enter
+from ._common import INTERPRET, _cast, _fp8_bits_to_f32, _grouped_pid
 
 
 @triton.jit
@@ -33,9 +33,7 @@ def _scaled_mm_kernel(
     HAS_SCALES: tl.constexpr, SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr, ACC_INT: tl.constexpr, INT4: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    _pdl_enter(PDL)
     pid = tl.program_id(0)
     # GROUP_M row-blocks share their B tiles in L2
     pid_m, pid_n = _grouped_pid(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)

@@ -11,7 +11,7 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options)
+                        device_name, gpu_slug, is_interpreter, launch, next_pow2)
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
 
@@ -67,7 +67,7 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
            a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
            HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
            SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
-           ACC_INT=kind != "fp8", INT4=kind == "int4", **cfg, **pdl_options(c.device))
+           ACC_INT=kind != "fp8", INT4=kind == "int4", **cfg)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ overlapped with the next tile's dequantization, x tiles of 8-256 rows; 4-bit wei
 SPLIT_K > 1 in a config splits K over programs when the grid is small; for "gemv", "tc" and "wg", K is split
 up to SPLIT_K ways only while the grid has fewer than MIN_PROGRAMS programs; every kernel adds the partials up
 itself (the last program of an output tile, in slice order).
-On Hopper the gemv and mm kernels are launched with programmatic dependent launch (_runtime.pdl_options): the
-GEMV fetches its first weight step while the kernel before it finishes.
+On Hopper the GEMV is launched with programmatic dependent launch (_runtime.pdl_options): it fetches its first
+weight step while the kernel before it finishes. The tensor-core kernels are not (docs/design.md: early-launched
+programs of a one-wave GEMM crowd onto the SMs the kernel before leaves free).
 Kernels: kernels/_weight_only.py, _weight_only_tc.py, _weight_only_wg.py. Reference: reference.weight_only_linear.
 """
 from __future__ import annotations
@@ -195,9 +196,12 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
                ws, cnt, **constexprs)
-    else:
+    elif cfg["path"] == "gemv":
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
                qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs, **pdl_options(x2.device))
+    else:
+        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
+               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs)
     return out
 
 
