@@ -15,7 +15,9 @@ Method:
   TTFT = the batch-1 prefill time. capture_s: the decode step's warm-up + graph capture.
 - peak memory: torch.cuda.max_memory_allocated over the runtime's prefill and decode (weights, caches and
   activations; the source HF model's bytes subtracted).
-- profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1).
+- profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1). On Hopper the
+  decode kernels start early (programmatic dependent launch): a kernel's span then includes the time its
+  programs wait for the kernel before, so spans overlap and add up to more than the step.
 On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
 """
 from __future__ import annotations
