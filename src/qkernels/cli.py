@@ -1,4 +1,4 @@
-"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|fused|model|runtime|quantizers|all|report]`,
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|decode-gemv|fused|model|runtime|quantizers|all|report]`,
 `qkernels eval ppl`, `qkernels quantize` and `qkernels generate`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
@@ -10,8 +10,8 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize", "gemm", "weight-only", "fused", "model", "runtime", "quantizers")
-ALL = ("quantize", "gemm", "weight-only", "fused")   # "all": the kernel benchmarks; the model ones run on their own
+BENCHES = ("quantize", "gemm", "weight-only", "decode-gemv", "fused", "model", "runtime", "quantizers")
+ALL = ("quantize", "gemm", "weight-only", "decode-gemv", "fused")   # "all": the kernel benchmarks; the model ones run on their own
 
 
 def _ensure_backend() -> bool:
@@ -67,10 +67,10 @@ def cmd_bench(args) -> int:
         print(f"== qkernels bench {name}")
         import importlib
         kw = {}
-        if name in ("model", "runtime", "quantizers"):
+        if name in ("model", "runtime", "quantizers", "decode-gemv"):
             kw = {"models": args.models.split(",") if args.models else None, "layers": args.layers,
                   "schemes": tuple(args.schemes.split(",")) if args.schemes else None}
-            kw = {k: v for k, v in kw.items() if v}
+            kw = {k: v for k, v in kw.items() if v and (name != "decode-gemv" or k == "models")}
         importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out, **kw)
     return 0
 

@@ -31,3 +31,19 @@ def test_report_tables_and_targets_from_rows(tmp_path):
     assert "| weight_only_linear | 4x4 | 1 | 3 |" in text          # graph rows shown, eager kept in the JSON
     out = report.run(root)
     assert out.read_text() == text
+
+
+def test_decode_gemv_table_and_targets(tmp_path):
+    root = tmp_path / "results"
+    row = lambda p, shape, M, us, share, k=1.0: dict(  # noqa: E731
+        op="decode_linear", provider=p, mode="graph-chain", model="llama3-8b", layer="x", shape=shape, M=M,
+        N=int(shape.split("x")[0]), K=int(shape.split("x")[1]), median_us=us, weight_gbps=1000.0 * share,
+        speedup_vs_fp16=2.0, share_of_fp16_bw=share, kernels_per_call=k)
+    rows = [row("fp16 F.linear", "6144x4096", 1, 20.0, 1.0), row("qkernels w4a16", "6144x4096", 1, 8.0, 0.92),
+            row("fp16 F.linear", "4096x4096", 1, 15.0, 1.0), row("qkernels w4a16", "4096x4096", 1, 6.0, 0.7, 2.0)]
+    _write(root, "h100", "decode_gemv", rows)
+    text = report.build(root)
+    assert "| llama3-8b | x | 6144x4096 | 1 | 20 µs, 1000 GB/s | 2.00x (92%) / 1 |" in text
+    assert "- qkernels w4a16, M = 1, 6144x4096 and larger: ≥ 90% of fp16's bytes/s: 92% at worst — met" in text
+    assert "- qkernels w4a16, M = 1, 4096x4096: ≥ 75% of fp16's bytes/s: 70% at worst — **not met**" in text
+    assert "- qkernels w4a16, one kernel per call at M = 1: 2 at most — **not met**" in text

@@ -17,6 +17,10 @@ DESCRIPTIONS = {
                "with a static cache and a graph-captured decode step beside it. Random weights of the real shapes.",
     "weight_only": "W4A16 / W8A16 linears against fp16 cuBLAS and torch's int4 kernel (tinygemm), median µs of "
                    "one call in a CUDA graph (the JSON also holds eager and eight-weight-copy graph timings).",
+    "decode_gemv": "Quantized linears at decode sizes on the layer shapes of the served models (separate and merged "
+                   "projections, lm_head), each provider in one CUDA graph over weight copies spanning >= 256 MB (as a "
+                   "decode step walks its layers). Cells: speed-up over fp16 `F.linear` (share of fp16's weight "
+                   "bytes/s, %) / kernels launched per call.",
     "gemm": "int8 / fp8 GEMMs and W8A8 linears against fp16 cuBLAS, `_int_mm`, `_scaled_mm` and torch.compile, "
             "median µs of CUDA-graph replays.",
     "quantize": "Quantize kernels against torch.compile of the reference expression, median µs of CUDA-graph "
@@ -33,7 +37,8 @@ DESCRIPTIONS = {
                   "a random-weight fp16 model of the named shapes: wall time and peak GPU memory, beside one fp16 "
                   "decoder layer's bytes and the calibration activations (a layer's inputs and outputs, fp16).",
 }
-ORDER = ["runtime", "weight_only", "gemm", "quantize", "fused", "model", "model_fusion", "ppl_smollm2", "quantizers"]
+ORDER = ["runtime", "decode_gemv", "weight_only", "gemm", "quantize", "fused", "model", "model_fusion", "ppl_smollm2",
+         "quantizers"]
 SIZE_KEYS = ("model", "scheme", "shape", "N", "K", "M", "numel", "batch", "prompt", "ctx", "rows", "cols", "hidden")
 
 
@@ -152,6 +157,43 @@ def _runtime_targets(dec, fp16, rows) -> list[str]:
     return lines
 
 
+def _decode_gemv(rows: list[dict]) -> list[str]:
+    provs = list(dict.fromkeys(r["provider"] for r in rows if not r["provider"].startswith("fp16")))
+    cells = {(r["model"], r["shape"], r["M"], r["provider"]): r for r in rows}
+    keys = list(dict.fromkeys((r["model"], r["layer"], r["shape"], r["M"]) for r in rows))
+    fp16 = {(r["model"], r["shape"], r["M"]): r for r in rows if r["provider"].startswith("fp16")}
+    body = []
+    for model, layer, shape, M in keys:
+        f = fp16.get((model, shape, M))
+        line = [model, layer, shape, M, f"{_fmt(f['median_us'])} µs, {_fmt(f['weight_gbps'])} GB/s" if f else ""]
+        for p in provs:
+            r = cells.get((model, shape, M, p))
+            line.append(f"{r['speedup_vs_fp16']:.2f}x ({100 * r['share_of_fp16_bw']:.0f}%) / "
+                        f"{_fmt(r['kernels_per_call'])}" if r else "")
+        body.append(line)
+    out = _table(["model", "layer", "N x K", "M", "fp16 F.linear"] + provs, body) + [""]
+    # the decode-GEMV targets: M = 1 shapes of 6144 x 4096 and larger >= 90% of fp16's bytes/s, 4096 x 4096
+    # >= 75%, M = 16 on the same shapes >= 75%; one kernel per call at M = 1
+    big = lambda r: r["N"] * r["K"] >= 6144 * 4096 and r["K"] >= 4096   # noqa: E731
+    for p in provs:
+        if not p.startswith("qkernels"):
+            continue
+        mine = [r for r in rows if r["provider"] == p and r["model"] == "llama3-8b"]
+        for label, sel, want in (("M = 1, 6144x4096 and larger", lambda r: r["M"] == 1 and big(r), 0.90),
+                                 ("M = 1, 4096x4096", lambda r: r["M"] == 1 and r["shape"] == "4096x4096", 0.75),
+                                 ("M = 16, 6144x4096 and larger", lambda r: r["M"] == 16 and big(r), 0.75)):
+            got = [r["share_of_fp16_bw"] for r in mine if sel(r)]
+            if got:
+                ok = min(got) >= want
+                out.append(f"- {p}, {label}: ≥ {100 * want:.0f}% of fp16's bytes/s: {100 * min(got):.0f}% at "
+                           f"worst — {'met' if ok else '**not met**'}")
+        ones = [r["kernels_per_call"] for r in mine if r["M"] == 1]
+        if ones:
+            out.append(f"- {p}, one kernel per call at M = 1: {_fmt(max(ones))} at most — "
+                       f"{'met' if max(ones) <= 1 else '**not met**'}")
+    return out + [""]
+
+
 def _ppl_targets(rows) -> list[str]:
     """Issue targets on perplexity (eval.ppl.TARGETS), best row per target group."""
     from ..eval.ppl import TARGETS
@@ -188,6 +230,8 @@ def build(results: Path) -> str:
                 + DESCRIPTIONS.get(name, ""), ""]
         if name == "runtime":
             out += _runtime(d)
+        elif name == "decode_gemv":
+            out += _decode_gemv(d["rows"])
         elif name.startswith("ppl"):
             rt = any(r.get("ppl_runtime") is not None for r in d["rows"])
             out += _table(["scheme", "perplexity", "Δ %", "quantized layers"]

@@ -1,0 +1,149 @@
+"""`qkernels bench decode-gemv`: quantized linears at decode sizes (M = 1 and 16) on the layer shapes of the
+models the runtime serves, separate and merged (q|k|v, gate|up) plus the lm_head, against fp16 `F.linear` and
+PyTorch's int4 kernel (tinygemm, what torchao's int4 weight-only runs), in one run.
+
+Method: each provider inside one CUDA graph that calls it on enough copies of its weight to span >= 256 MB, as a
+decode graph walks its layers (no copy is in L2 when its call runs); time per call = the replay's median
+(triton.testing.do_bench) / calls. Weight bytes/s = the provider's weight bytes / time; `share_of_fp16_bw` = that
+over fp16 `F.linear`'s bytes/s on the same shape and M (the bandwidth fp16 reaches, the ceiling a weight-only
+kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay).
+Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them (w4a16: group 128,
+asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations quantized inside
+the call). Peers not installed on the machine (gemlite, bitsandbytes) are listed in the JSON as missing.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .harness import Row, on_gpu, write_json
+from .weight_only import _try_tinygemm
+
+SHAPES = {   # (N, K, layer)
+    "llama3-8b": [(1024, 4096, "k, v"), (4096, 4096, "q, o"), (6144, 4096, "q|k|v"), (14336, 4096, "gate, up"),
+                  (28672, 4096, "gate|up"), (4096, 14336, "down"), (128256, 4096, "lm_head")],
+    "qwen3-1.7b": [(1024, 2048, "k, v"), (2048, 2048, "q, o"), (4096, 2048, "q|k|v"), (6144, 2048, "gate, up"),
+                   (12288, 2048, "gate|up"), (2048, 6144, "down"), (151936, 2048, "lm_head")],
+}
+MS = (1, 16)
+SCHEMES = ("w4a16", "w8a16", "w8a8", "w8a8-fp8")
+SPAN = 256 << 20
+TINY = {"llama3-8b": [(64, 128, "tiny")]}
+
+
+def _nbytes(m) -> int:
+    """Bytes of a layer's parameters and buffers (the codes, scales and zero points of a quantized one)."""
+    return sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in
+                                                        list(m.parameters()) + list(m.buffers())}.values())
+
+
+def _chain_us(calls: list, gpu: bool) -> float:
+    """Time per call of `calls` run back to back, captured in one CUDA graph (GPU) or eager (CPU)."""
+    import time
+    for c in calls:
+        c()
+    if not gpu:
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        return (time.perf_counter() - t0) * 1e6 / len(calls)
+    import triton.testing
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(g.replay, warmup=20, rep=80, return_mode="median") * 1e3 / len(calls)
+
+
+def _kernels_per_call(fn) -> float:
+    """GPU kernels (and memsets / copies) one eager call launches."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            fn()
+        torch.cuda.synchronize()
+    n = sum(e.count for e in prof.key_averages() if (getattr(e, "device_time_total", 0) or 0) > 0)
+    return n / 4
+
+
+def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
+    from ..nn.linear import QuantizedLinear
+    gpu = on_gpu()
+    dev = torch.device("cuda" if gpu else "cpu")
+    shapes = SHAPES if gpu else TINY
+    if models:
+        shapes = {k: v for k, v in shapes.items() if k in models}
+    missing = []
+    for peer in ("gemlite", "bitsandbytes"):
+        try:
+            __import__(peer)
+            missing.append(f"{peer}: installed but not wired in this benchmark")
+        except ImportError:
+            missing.append(f"{peer}: not installed")
+    rows: list[Row] = []
+    for model, layer_shapes in shapes.items():
+        for N, K, layer in layer_shapes:
+            torch.manual_seed(0)
+            lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16)
+            torch.nn.init.normal_(lin.weight, std=K ** -0.5)
+            providers = {"fp16 F.linear": (lin, N * K * 2)}
+            for scheme in SCHEMES:
+                if scheme == "w8a8-fp8" and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
+                    continue
+                q = QuantizedLinear.from_linear(lin, scheme)
+                providers[f"qkernels {scheme}"] = (q, _nbytes(q))
+            tiny = _try_tinygemm(lin.weight.detach()) if gpu and K % 128 == 0 else None
+            if tiny is not None:
+                providers["tinygemm int4 g128 (bf16)"] = (tiny, tiny[2])
+            for M in MS:
+                x = torch.randn(M, K, device=dev, dtype=torch.float16)
+                xb = x.bfloat16()
+                fp16_gbps = None
+                for prov, (w, nbytes) in providers.items():
+                    n_copies = max(2, math.ceil(SPAN / nbytes)) if gpu else 2
+                    if prov.startswith("tinygemm"):
+                        ws = [w] + [(w[0].clone(), w[1].clone(), w[2]) for _ in range(n_copies - 1)]
+                        calls = [lambda w=w: torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1]) for w in ws]
+                    elif prov.startswith("fp16"):
+                        ws = [w.weight] + [w.weight.detach().clone() for _ in range(n_copies - 1)]
+                        calls = [lambda w=w: F.linear(x, w) for w in ws]
+                    else:
+                        ws = [w] + [copy.deepcopy(w) for _ in range(n_copies - 1)]
+                        calls = [lambda w=w: w(x) for w in ws]
+                    with torch.inference_mode():
+                        us = _chain_us(calls, gpu)
+                        kernels = _kernels_per_call(calls[0]) if gpu else float("nan")
+                    gbps = nbytes / (us * 1e-6) / 1e9
+                    if prov.startswith("fp16"):
+                        fp16_us, fp16_gbps = us, gbps
+                    extra = {"weight_bytes": nbytes, "weight_gbps": gbps, "copies": n_copies,
+                             "kernels_per_call": kernels, "speedup_vs_fp16": fp16_us / us,
+                             "share_of_fp16_bw": gbps / fp16_gbps}
+                    rows.append(Row("decode_linear", prov, us, "graph-chain" if gpu else "eager",
+                                    {"model": model, "layer": layer, "shape": f"{N}x{K}", "M": M, "N": N, "K": K},
+                                    extra))
+                    print(f"{model} {layer:8s} {N}x{K} M={M:2d} {prov:26s} {us:8.1f} us {gbps:6.0f} GB/s "
+                          f"{fp16_us / us:5.2f}x fp16, {100 * gbps / fp16_gbps:3.0f}% of fp16 B/s, "
+                          f"{kernels:.0f} kernels", flush=True)
+                    del ws, calls
+                    if gpu:
+                        torch.cuda.empty_cache()
+    meta = {"peers_missing": missing, "span_bytes": SPAN,
+            "method": __doc__.split("Method:")[1].strip() if gpu else
+            "Triton interpreter on the CPU, tiny shape: host wall-clock, not GPU performance"}
+    path = write_json("decode_gemv", rows, out_root, meta)
+    print(f"wrote {path}")
+    return rows
