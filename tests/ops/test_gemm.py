@@ -92,6 +92,24 @@ def test_int8_epilogue(scales, out_dtype, act):
     assert rel_err(got, want) < tol
 
 
+@pytest.mark.parametrize("act", [None, "silu"])
+@pytest.mark.parametrize("K", [72, 64, 1000])
+def test_int8_gemv_gives_the_mma_bits(K, act):
+    """M = 1 runs the int8 GEMV (dp4a; split-K in the interpreter's table), M = 2 the tensor-core kernel: the
+    same int32 sums and the same epilogue, so row 0 has the same bits either way."""
+    N = 300
+    a, w = _i8(2, K), _i8(N, K)
+    sa = torch.rand(2, 1, device=DEVICE) * 0.01 + 1e-3
+    sb = torch.rand(N, device=DEVICE) * 0.01 + 1e-3
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    with qk.poison_outputs():
+        one = qk.int8_matmul(a[:1], w.t(), sa[:1], sb, 0.5, bias=bias, activation=act)
+        two = qk.int8_matmul(a, w.t(), sa, sb, 0.5, bias=bias, activation=act)
+        exact = qk.int8_matmul(a[1:], w.t())
+    assert_bit_exact(one, two[:1], "gemv vs mma epilogue")
+    assert_bit_exact(exact, ref.int_mm(a[1:], w.t()), "gemv int32")
+
+
 @pytest.mark.parametrize("M", [0, 1, 17, 129])
 def test_int4_exact(M):
     for N, K in [(40, 72), (255, 514)]:

@@ -60,6 +60,39 @@ def _pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
+def _k_slice(K, pid_k, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_lo, k_hi) of program pid_k: K in SPLIT_K BLOCK_K-aligned slices (all of K when SPLIT_K == 1)."""
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = pid_k * k_per
+        k_hi = tl.minimum(K, k_lo + k_per)
+    return k_lo, k_hi
+
+
+@triton.jit
+def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, pid_k, SPLIT_K: tl.constexpr):
+    """Split-K inside the kernel (no second launch; the Gluon kernels' twin is _weight_only_tc._splitk_fixup):
+    every program stores its partial tile (fp32, or int32 for exact integer GEMVs) to ws_ptr
+    [SPLIT_K, M, N] at offs (m * N + n) of its slice pid_k; the last of a tile's SPLIT_K programs to finish
+    (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice order
+    (deterministic: the bits do not depend on which program finished last) and resets the counter for the next
+    launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
+    tl.store(ws_ptr + pid_k.to(tl.int64) * MN + offs, acc, mask=mask)
+    tl.debug_barrier()      # the whole tile is stored before the counter says so
+    done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = done == SPLIT_K - 1
+    if last:
+        acc = tl.load(ws_ptr + offs, mask=mask, other=0, cache_modifier=".cg")
+        for sk in tl.static_range(1, SPLIT_K):
+            acc += tl.load(ws_ptr + sk * MN + offs, mask=mask, other=0, cache_modifier=".cg")
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+    return acc, last
+
+
+@triton.jit
 def _grouped_pid(pid, num_major, num_minor, GROUP: tl.constexpr):
     """Program id -> (major, minor) tile indices in grouped order: GROUP consecutive major tiles walk
     the minor tiles together, so the operand tiles they share stay in L2."""

@@ -6,11 +6,18 @@ with HAS_SCALES: out = acc * scale_a * scale_b * scale_c (+ bias), activation, c
 INT4: A is [M, K/2] and B is [K/2, N] bytes, each holding two signed int4 values along K (even k in
 the low nibble). The low nibbles of A pair with the low nibbles of B, the high with the high, so the
 product is two int8 dots and needs no interleaving.
+
+_i8_gemv_kernel: the int8 product at decode sizes (one A row per program column) without tensor cores: A row
+and B rows (B as the [K, N] view of a row-major [N, K] weight) are read as 32-bit words of four codes, and
+dp4a adds four signed byte products to an int32 lane per instruction: exact, a quarter of an instruction per
+weight, so the kernel streams the weight at the memory's pace. Same epilogue as _scaled_mm_kernel (the same
+bits). The Triton interpreter has no inline PTX: there _dp4a unpacks the bytes (the same integers).
 """
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast, _fp8_bits_to_f32, _grouped_pid
+from ._common import (INTERPRET, _cast, _fp8_bits_to_f32, _grouped_pid, _k_slice, _pdl_launch, _pdl_wait,
+                      _splitk_fixup)
 
 
 @triton.jit
@@ -86,20 +93,92 @@ def _scaled_mm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_cm + cols[None, :].to(tl.int64) * stride_cn
+    _epilogue(acc, c_ptrs, mask, sa_ptr, sb_ptr, bias_ptr, scale_c, rows[:, None], cols[None, :], M, N,
+              HAS_SCALES, SA_PER_ROW, SB_PER_COL, HAS_BIAS, ACT)
+
+
+@triton.jit
+def _epilogue(acc, c_ptrs, mask, sa_ptr, sb_ptr, bias_ptr, scale_c, rows, cols, M, N, HAS_SCALES: tl.constexpr,
+              SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    """acc (int32 / fp32) -> C: with HAS_SCALES acc * scale_a * scale_b * scale_c (+ bias), activation, cast;
+    else acc as is. rows / cols broadcast to acc's shape."""
     if HAS_SCALES:
         out = acc.to(tl.float32)
         if SA_PER_ROW:
-            out = out * tl.load(sa_ptr + rows, mask=rows < M, other=0.0)[:, None]
+            out = out * tl.load(sa_ptr + rows, mask=rows < M, other=0.0)
         else:
             out = out * tl.load(sa_ptr)
         if SB_PER_COL:
-            out = out * tl.load(sb_ptr + cols, mask=cols < N, other=0.0)[None, :]
+            out = out * tl.load(sb_ptr + cols, mask=cols < N, other=0.0)
         else:
             out = out * tl.load(sb_ptr)
         out = out * scale_c
         if HAS_BIAS:
-            out = out + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+            out = out + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         out = _activation(out, ACT)
-        tl.store(c_ptrs, _cast(out, c_ptr.dtype.element_ty), mask=mask)
+        tl.store(c_ptrs, _cast(out, c_ptrs.dtype.element_ty), mask=mask)
     else:
         tl.store(c_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _dp4a(a, b, c):
+    """c + the dot product of the four signed bytes of a and of b (int32 words), per element."""
+    if INTERPRET:
+        for sh in tl.static_range(0, 32, 8):
+            c += ((a << (24 - sh)) >> 24) * ((b << (24 - sh)) >> 24)
+    else:
+        c = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    return c
+
+
+@triton.jit
+def _i8_gemv_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr, cnt_ptr, M, N, K,
+                    stride_am, stride_bn, stride_cm,
+                    HAS_SCALES: tl.constexpr, SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False):
+    """C[m, n] for BLOCK_N columns n and row m = program_id(1); K split SPLIT_K ways over program_id(2) (the
+    tile's last program adds the int32 partials in order: exact). Strides in bytes, multiples of 4 (the
+    launcher checks), K a multiple of 4. The first step's B words are loaded before _pdl_wait (weights)."""
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = rows % N                                                    # wrapped: loads need no row mask
+    BW: tl.constexpr = BLOCK_K // 4
+    KW = K // 4
+    w_base = b_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_bn // 4)
+    x_base = a_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + m * (stride_am // 4)
+    kw = tl.arange(0, BW)
+    k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
+    _pdl_launch(PDL)
+    j0 = k_lo // 4 + kw
+    if EVEN_K:
+        w = tl.load(w_base + j0[None, :])
+    else:
+        w = tl.load(w_base + j0[None, :], mask=(j0 < KW)[None, :], other=0)
+    _pdl_wait(PDL)
+    if EVEN_K:
+        x = tl.load(x_base + j0)
+    else:
+        x = tl.load(x_base + j0, mask=j0 < KW, other=0)
+    acc = _dp4a(w, tl.broadcast_to(x[None, :], (BLOCK_N, BW)), tl.zeros((BLOCK_N, BW), tl.int32))
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        j = k0 // 4 + kw
+        if EVEN_K:
+            w = tl.load(w_base + j[None, :])
+            x = tl.load(x_base + j)
+        else:
+            w = tl.load(w_base + j[None, :], mask=(j < KW)[None, :], other=0)
+            x = tl.load(x_base + j, mask=j < KW, other=0)
+        acc = _dp4a(w, tl.broadcast_to(x[None, :], (BLOCK_N, BW)), acc)
+    tot = tl.sum(acc, axis=1)
+    o_mask = rows < N
+    last = True
+    if SPLIT_K > 1:
+        tot, last = _splitk_fixup(tot, ws_ptr, cnt_ptr, m * tl.num_programs(0) + pid_n, m * N + rows, o_mask, M * N,
+                                  tl.program_id(2), SPLIT_K)
+    if last:
+        _epilogue(tot, c_ptr + m * stride_cm + rows, o_mask, sa_ptr, sb_ptr, bias_ptr, scale_c, m, rows, M, N,
+                  HAS_SCALES, SA_PER_ROW, SB_PER_COL, HAS_BIAS, ACT)

@@ -29,7 +29,7 @@ conversions; both give the same bits, as u - z is exact and (u - z) * s rounds o
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast, _grouped_pid, _pdl_launch, _pdl_wait
+from ._common import INTERPRET, _cast, _grouped_pid, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup
 
 CHUNK: tl.constexpr = tl.constexpr(64)
 HALF: tl.constexpr = tl.constexpr(32)
@@ -309,19 +309,6 @@ def _run_dot(u, sz, x, st: tl.constexpr, BITS: tl.constexpr, dt: tl.constexpr, I
 
 
 @triton.jit
-def _k_slice(K, pid_k, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """[k_lo, k_hi) of program pid_k: K in SPLIT_K BLOCK_K-aligned slices (all of K when SPLIT_K == 1)."""
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = K
-    else:
-        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-        k_lo = pid_k * k_per
-        k_hi = tl.minimum(K, k_lo + k_per)
-    return k_lo, k_hi
-
-
-@triton.jit
 def _gemv_step(b_lo, b_hi, x_lo, x_hi, sz_lo, sz_hi, st: tl.constexpr, BITS: tl.constexpr, dt: tl.constexpr,
                INT_Z: tl.constexpr):
     """[NC, BLOCK_N] partial sums of one GEMV step from its code bytes, x and (scale, zero) words."""
@@ -395,25 +382,6 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M,
         if HAS_BIAS:
             out += tl.load(bias_ptr + offs_n).to(tl.float32)
         tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=o_mask)
-
-
-@triton.jit
-def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, pid_k, SPLIT_K: tl.constexpr):
-    """Split-K inside the kernel (no second launch): every program stores its fp32 partial tile to ws_ptr
-    [SPLIT_K, M, N] at offs (m * N + n) of its slice pid_k; the last of a tile's SPLIT_K programs to finish
-    (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice order
-    (deterministic: the bits do not depend on which program finished last) and resets the counter for the next
-    launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
-    tl.store(ws_ptr + pid_k.to(tl.int64) * MN + offs, acc, mask=mask)
-    tl.debug_barrier()      # the whole tile is stored before the counter says so
-    done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    last = done == SPLIT_K - 1
-    if last:
-        acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        for sk in tl.static_range(1, SPLIT_K):
-            acc += tl.load(ws_ptr + sk * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
-    return acc, last
 
 
 @triton.jit
