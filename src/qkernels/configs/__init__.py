@@ -38,7 +38,7 @@ INTERPRETER_WEIGHT_ONLY = {
     "65536": dict(path="dequant", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
 }
 _INTERPRETER_MMA = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
-# M = 1: the int8 GEMV, K split whenever it spans two steps (fp8 / int4 run its fallback)
+# M = 1: the int8 / fp8 GEMV, K split whenever it spans two steps (int4 runs its fallback)
 INTERPRETER_GEMM = {"1": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=1 << 30,
                               fallback=_INTERPRETER_MMA),
                     "65536": _INTERPRETER_MMA}

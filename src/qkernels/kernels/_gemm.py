@@ -7,11 +7,12 @@ INT4: A is [M, K/2] and B is [K/2, N] bytes, each holding two signed int4 values
 the low nibble). The low nibbles of A pair with the low nibbles of B, the high with the high, so the
 product is two int8 dots and needs no interleaving.
 
-_i8_gemv_kernel: the int8 product at decode sizes (one A row per program column) without tensor cores: A row
-and B rows (B as the [K, N] view of a row-major [N, K] weight) are read as 32-bit words of four codes, and
-dp4a adds four signed byte products to an int32 lane per instruction: exact, a quarter of an instruction per
-weight, so the kernel streams the weight at the memory's pace. Same epilogue as _scaled_mm_kernel (the same
-bits). The Triton interpreter has no inline PTX: there _dp4a unpacks the bytes (the same integers).
+_gemv8_kernel: the int8 / fp8 product at decode sizes (one A row per program column) without tensor cores, B
+as the [K, N] view of a row-major [N, K] weight. int8: A's row and B's rows are read as 32-bit words of four
+codes, and dp4a adds four signed byte products to an int32 lane per instruction: exact, a quarter of an
+instruction per weight, so the kernel streams the weight at the memory's pace, with _scaled_mm_kernel's
+epilogue (the same bits). The Triton interpreter has no inline PTX: there _dp4a unpacks the bytes (the same
+integers). fp8: codes decoded to fp32 (exact products), fp32 sums in another order than the tensor cores'.
 """
 import triton
 import triton.language as tl
@@ -134,45 +135,68 @@ def _dp4a(a, b, c):
 
 
 @triton.jit
-def _i8_gemv_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr, cnt_ptr, M, N, K,
-                    stride_am, stride_bn, stride_cm,
-                    HAS_SCALES: tl.constexpr, SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False):
-    """C[m, n] for BLOCK_N columns n and row m = program_id(1); K split SPLIT_K ways over program_id(2) (the
-    tile's last program adds the int32 partials in order: exact). Strides in bytes, multiples of 4 (the
-    launcher checks), K a multiple of 4. The first step's B words are loaded before _pdl_wait (weights)."""
+def _gemv8_load(ptr, offs, k0, K, FP8: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The step at k0 of the rows at offs ([BLOCK_N, 1] for B, a scalar for A's row): int8 as 32-bit words of
+    four codes (BLOCK_K / 4 per row; offs in words), fp8 as bytes (BLOCK_K per row; offs in bytes)."""
+    if FP8:
+        k = k0 + tl.arange(0, BLOCK_K)
+        lim = K
+    else:
+        k = k0 // 4 + tl.arange(0, BLOCK_K // 4)
+        lim = K // 4
+        ptr = ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    if EVEN_K:
+        v = tl.load(ptr + offs + k)
+    else:
+        v = tl.load(ptr + offs + k, mask=k < lim, other=0)
+    return v
+
+
+@triton.jit
+def _gemv8_acc(w, x, acc, FP8: tl.constexpr):
+    """acc + the step's products: int8, dp4a per word (exact int32); fp8, decoded to fp32 (exact products)."""
+    if FP8:
+        if INTERPRET:
+            wf = _fp8_bits_to_f32(w, 3, 7, True)
+            xf = _fp8_bits_to_f32(x, 3, 7, True)
+        else:
+            wf = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            xf = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        acc += wf * xf[None, :]
+    else:
+        acc = _dp4a(w, tl.broadcast_to(x[None, :], w.shape), acc)
+    return acc
+
+
+@triton.jit
+def _gemv8_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr, cnt_ptr, M, N, K,
+                  stride_am, stride_bn, stride_cm,
+                  HAS_SCALES: tl.constexpr, SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False):
+    """C[m, n] for BLOCK_N columns n and row m = program_id(1); K split SPLIT_K ways over program_id(2) (the tile's
+    last program adds the partials in slice order: int32 partials stay exact). int8: strides in bytes and K
+    multiples of 4 (the launcher checks). The first step's B is loaded before _pdl_wait (weights)."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = rows % N                                                    # wrapped: loads need no row mask
-    BW: tl.constexpr = BLOCK_K // 4
-    KW = K // 4
-    w_base = b_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_bn // 4)
-    x_base = a_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + m * (stride_am // 4)
-    kw = tl.arange(0, BW)
+    unit = 1 if FP8 else 4
+    rows_b = offs_n.to(tl.int64) * (stride_bn // unit)
+    x_row = m * (stride_am // unit)
     k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
     _pdl_launch(PDL)
-    j0 = k_lo // 4 + kw
-    if EVEN_K:
-        w = tl.load(w_base + j0[None, :])
-    else:
-        w = tl.load(w_base + j0[None, :], mask=(j0 < KW)[None, :], other=0)
+    w = _gemv8_load(b_ptr, rows_b[:, None], k_lo, K, FP8, EVEN_K, BLOCK_K)
     _pdl_wait(PDL)
-    if EVEN_K:
-        x = tl.load(x_base + j0)
+    x = _gemv8_load(a_ptr, x_row, k_lo, K, FP8, EVEN_K, BLOCK_K)
+    if FP8:
+        acc = _gemv8_acc(w, x, tl.zeros((BLOCK_N, BLOCK_K), tl.float32), FP8)
     else:
-        x = tl.load(x_base + j0, mask=j0 < KW, other=0)
-    acc = _dp4a(w, tl.broadcast_to(x[None, :], (BLOCK_N, BW)), tl.zeros((BLOCK_N, BW), tl.int32))
+        acc = _gemv8_acc(w, x, tl.zeros((BLOCK_N, BLOCK_K // 4), tl.int32), FP8)
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        j = k0 // 4 + kw
-        if EVEN_K:
-            w = tl.load(w_base + j[None, :])
-            x = tl.load(x_base + j)
-        else:
-            w = tl.load(w_base + j[None, :], mask=(j < KW)[None, :], other=0)
-            x = tl.load(x_base + j, mask=j < KW, other=0)
-        acc = _dp4a(w, tl.broadcast_to(x[None, :], (BLOCK_N, BW)), acc)
+        w = _gemv8_load(b_ptr, rows_b[:, None], k0, K, FP8, EVEN_K, BLOCK_K)
+        x = _gemv8_load(a_ptr, x_row, k0, K, FP8, EVEN_K, BLOCK_K)
+        acc = _gemv8_acc(w, x, acc, FP8)
     tot = tl.sum(acc, axis=1)
     o_mask = rows < N
     last = True

@@ -61,8 +61,8 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
 
 def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     if cfg.get("path") == "gemv":
-        if kind == "int8" and _gemv_ok(a2, b, K):
-            return _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, M, N, K, cfg)
+        if kind in ("int8", "fp8") and _gemv_ok(a2, b, K):
+            return _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg)
         cfg = cfg["fallback"]
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
@@ -76,46 +76,46 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
 
 
 def _gemv_ok(a2: torch.Tensor, b: torch.Tensor, K: int) -> bool:
-    """Whether the int8 GEMV runs this case: it reads a's rows and b's columns (rows of the [N, K] weight b is
-    a view of) as 32-bit words of four codes."""
+    """Whether the 8-bit GEMV runs this case: it reads a's rows and b's columns (rows of the [N, K] weight b is
+    a view of) as contiguous runs (int8: 32-bit words of four codes)."""
     return (K % 4 == 0 and a2.stride(1) == 1 and b.stride(0) == 1 and a2.stride(0) % 4 == 0
             and b.stride(1) % 4 == 0 and a2.data_ptr() % 4 == 0 and b.data_ptr() % 4 == 0)
 
 
-# (id(cfg), M, N, K) -> (cfg, grid, split, constexprs) of an int8 GEMV launch; cfg kept alive: ids stay unique
+# (id(cfg), M, N, K, kind) -> (cfg, grid, split, constexprs) of a GEMV launch; cfg kept alive: ids stay unique
 _GEMV_PLANS: dict = {}
 
 
-def _gemv_plan(cfg: dict, M: int, N: int, K: int):
-    key = (id(cfg), M, N, K)
+def _gemv_plan(cfg: dict, M: int, N: int, K: int, kind: str):
+    key = (id(cfg), M, N, K, kind)
     hit = _GEMV_PLANS.get(key)
     if hit is not None:
         return hit[1:]
     p = {k: v for k, v in cfg.items() if k not in ("path", "fallback", "SPLIT_K", "MIN_PROGRAMS")}
     if p["BLOCK_K"] % 4:
-        raise RuntimeError(f"int8 GEMV config BLOCK_K={p['BLOCK_K']} must be a multiple of 4: {cfg}")
+        raise RuntimeError(f"GEMV config BLOCK_K={p['BLOCK_K']} must be a multiple of 4: {cfg}")
     nb = cdiv(N, p["BLOCK_N"])
     steps = cdiv(K, p["BLOCK_K"])
     # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of whole steps
     split = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(int(cfg.get("MIN_PROGRAMS", 0)), nb * M), steps))
     if split > 1:
         split = cdiv(steps, cdiv(steps, split))
-    plan = ((nb, M, split), split, dict(EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p))
+    plan = ((nb, M, split), split, dict(FP8=kind == "fp8", EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p))
     if len(_GEMV_PLANS) >= 4096:
         _GEMV_PLANS.clear()
     _GEMV_PLANS[key] = (cfg,) + plan
     return plan
 
 
-def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, M, N, K, cfg):
-    grid, split, constexprs = _gemv_plan(cfg, M, N, K)
+def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
+    grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
     if split > 1:
-        ws = torch.empty((split, M, N), dtype=torch.int32, device=c.device)
+        ws = torch.empty((split, M, N), dtype=torch.int32 if kind == "int8" else torch.float32, device=c.device)
         cnt = _counters(c.device, grid[0] * grid[1])
     else:
         ws = cnt = c
     unused = c
-    launch(_kg()._i8_gemv_kernel, grid,
+    launch(_kg()._gemv8_kernel, grid,
            a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
            bias if bias is not None else unused, scale_c, ws, cnt, M, N, K, a2.stride(0), b.stride(1), c.stride(0),
            HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
