@@ -33,7 +33,13 @@ CANDIDATES = {
              C(128, 256, 128, 8, 4, 16), C(256, 256, 64, 8, 3), C(128, 128, 128, 4, 3), C(128, 128, 64, 4, 4),
              C(128, 256, 64, 8, 3), C(64, 256, 128, 4, 3), C(128, 128, 128, 4, 3, 16), C(256, 128, 64, 8, 3)],
 }
-M_OF = {"16": [1, 16], "128": [128], "1024": [1024], "4096": [4096]}
+# M = 1: the 8-bit GEMV (dp4a / fp8 decode, no tensor cores); each candidate carries the tuned "16" config as its
+# fallback (cases the GEMV does not run), so "1" is tuned after "16"
+GEMV = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=1024)
+        for bn, bk, w, sp in [(2, 2048, 2, 4), (2, 1024, 1, 4), (2, 1024, 2, 4), (4, 2048, 4, 4), (4, 1024, 2, 4),
+                              (8, 2048, 8, 1), (2, 4096, 2, 1), (4, 512, 2, 1)]]
+CANDIDATES["1"] = GEMV
+M_OF = {"16": [1, 16], "1": [1], "128": [128], "1024": [1024], "4096": [4096]}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 
 
@@ -57,7 +63,8 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--kinds", nargs="+", default=["int8", "fp8"])
-ap.add_argument("--buckets", nargs="+", default=list(CANDIDATES), help="M buckets to tune (others keep their configs)")
+ap.add_argument("--buckets", nargs="+", default=["16", "1", "128", "1024", "4096"],
+                help="M buckets to tune (others keep their configs)")
 ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
 ap.add_argument("--from-log", type=Path, help="no timing: set shape overrides from an earlier sweep's log")
 ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
@@ -80,6 +87,8 @@ for kind in args.kinds:
             print(f"budget spent: {kind} M<={bucket} and later keep their configs", flush=True)
             break
         cands = CANDIDATES[bucket]
+        if bucket == "1":
+            cands = [dict(c, fallback=table[kind].get("16") or configs.DEFAULT_GEMM["16"]) for c in cands]
         best = None
         results = []     # (times, cfg); times ordered M-major over SHAPES
         for cfg in cands:
