@@ -9,7 +9,11 @@ over fp16 `F.linear`'s bytes/s on the same shape and M (the bandwidth fp16 reach
 kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay).
 Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them (w4a16: group 128,
 asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations quantized inside
-the call). Peers not installed on the machine (gemlite, bitsandbytes) are listed in the JSON as missing.
+the call). Peers as their users build them: gemlite (`A16W4_HQQ_INT().from_weights` on our w4a16 codes, scales
+and zero points; `A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`, gemlite's own autotune
+on first call), bitsandbytes `Linear4bit` nf4 (fp16 compute). Peers' weight bytes are their formats' nominal
+sizes (4-bit g128: codes + fp16 scale and zero per group; nf4: codes + an fp32 absmax per 64). Peers not
+installed on the machine are listed in the JSON as missing.
 """
 from __future__ import annotations
 
@@ -79,6 +83,40 @@ def _kernels_per_call(fn) -> float:
     return n / 4
 
 
+def _peers(lin, dev) -> tuple[dict, list]:
+    """name -> (make a layer from `lin`, nominal weight bytes) for the peers installed here, and the missing."""
+    N, K = lin.weight.shape
+    peers, missing = {}, []
+    try:
+        from gemlite.helper import A8W8_fp8_dynamic, A8W8_int8_dynamic, A16W4_HQQ_INT, A16W8_INT8
+
+        def g4(lin=lin):
+            from ..packed_weight import PackedWeight
+            pw = PackedWeight.from_float(lin.weight.detach(), 4, 128, symmetric=False)
+            return A16W4_HQQ_INT(device=str(dev)).from_weights(pw.codes(), pw.scales.reshape(N, -1),
+                                                               pw.zeros.reshape(N, -1))
+        peers["gemlite w4a16 g128"] = (g4, N * K // 2 + 4 * N * (K // 128))
+        peers["gemlite w8a16"] = (lambda: A16W8_INT8(device=str(dev)).from_linear(copy.deepcopy(lin)), N * K + 4 * N)
+        peers["gemlite w8a8 int8"] = (lambda: A8W8_int8_dynamic(device=str(dev)).from_linear(copy.deepcopy(lin)),
+                                      N * K + 4 * N)
+        if torch.cuda.get_device_capability(dev) >= (8, 9):
+            peers["gemlite w8a8 fp8"] = (lambda: A8W8_fp8_dynamic(device=str(dev)).from_linear(copy.deepcopy(lin)),
+                                         N * K + 4 * N)
+    except ImportError:
+        missing.append("gemlite: not installed")
+    try:
+        import bitsandbytes as bnb
+
+        def nf4(lin=lin):
+            layer = bnb.nn.Linear4bit(K, N, bias=False, compute_dtype=torch.float16, quant_type="nf4")
+            layer.weight = bnb.nn.Params4bit(lin.weight.detach().cpu(), requires_grad=False, quant_type="nf4")
+            return layer.to(dev)
+        peers["bitsandbytes nf4"] = (nf4, N * K // 2 + 4 * (N * K // 64))
+    except ImportError:
+        missing.append("bitsandbytes: not installed")
+    return peers, missing
+
+
 def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
     from ..nn.linear import QuantizedLinear
     gpu = on_gpu()
@@ -86,46 +124,48 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
     shapes = SHAPES if gpu else TINY
     if models:
         shapes = {k: v for k, v in shapes.items() if k in models}
-    missing = []
-    for peer in ("gemlite", "bitsandbytes"):
-        try:
-            __import__(peer)
-            missing.append(f"{peer}: installed but not wired in this benchmark")
-        except ImportError:
-            missing.append(f"{peer}: not installed")
+    missing: list = []
     rows: list[Row] = []
     for model, layer_shapes in shapes.items():
         for N, K, layer in layer_shapes:
             torch.manual_seed(0)
             lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16)
             torch.nn.init.normal_(lin.weight, std=K ** -0.5)
-            providers = {"fp16 F.linear": (lin, N * K * 2)}
+            lin.requires_grad_(False)
+            # name -> (make one copy of the layer, weight bytes); fp16 first: the others are compared with it
+            providers = {"fp16 F.linear": (lambda: lin.weight.detach().clone(), N * K * 2)}
             for scheme in SCHEMES:
                 if scheme == "w8a8-fp8" and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
                     continue
                 q = QuantizedLinear.from_linear(lin, scheme)
-                providers[f"qkernels {scheme}"] = (q, _nbytes(q))
+                providers[f"qkernels {scheme}"] = (lambda q=q: copy.deepcopy(q), _nbytes(q))
             tiny = _try_tinygemm(lin.weight.detach()) if gpu and K % 128 == 0 else None
             if tiny is not None:
-                providers["tinygemm int4 g128 (bf16)"] = (tiny, tiny[2])
+                providers["tinygemm int4 g128 (bf16)"] = (lambda t=tiny: (t[0].clone(), t[1].clone()), tiny[2])
+            if gpu:
+                peers, missing = _peers(lin, dev)
+                providers.update(peers)
             for M in MS:
                 x = torch.randn(M, K, device=dev, dtype=torch.float16)
                 xb = x.bfloat16()
                 fp16_gbps = None
-                for prov, (w, nbytes) in providers.items():
+                for prov, (make, nbytes) in providers.items():
                     n_copies = max(2, math.ceil(SPAN / nbytes)) if gpu else 2
-                    if prov.startswith("tinygemm"):
-                        ws = [w] + [(w[0].clone(), w[1].clone(), w[2]) for _ in range(n_copies - 1)]
-                        calls = [lambda w=w: torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1]) for w in ws]
-                    elif prov.startswith("fp16"):
-                        ws = [w.weight] + [w.weight.detach().clone() for _ in range(n_copies - 1)]
-                        calls = [lambda w=w: F.linear(x, w) for w in ws]
-                    else:
-                        ws = [w] + [copy.deepcopy(w) for _ in range(n_copies - 1)]
-                        calls = [lambda w=w: w(x) for w in ws]
-                    with torch.inference_mode():
-                        us = _chain_us(calls, gpu)
-                        kernels = _kernels_per_call(calls[0]) if gpu else float("nan")
+                    try:
+                        with torch.inference_mode():
+                            ws = [make() for _ in range(n_copies)]
+                            if prov.startswith("tinygemm"):
+                                calls = [lambda w=w: torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1])
+                                         for w in ws]
+                            elif prov.startswith("fp16"):
+                                calls = [lambda w=w: F.linear(x, w) for w in ws]
+                            else:
+                                calls = [lambda w=w: w(x) for w in ws]
+                            us = _chain_us(calls, gpu)
+                            kernels = _kernels_per_call(calls[0]) if gpu else float("nan")
+                    except Exception as e:       # a peer that cannot run this shape: say so, go on
+                        print(f"{model} {layer} {N}x{K} M={M} {prov}: failed: {type(e).__name__}: {str(e)[:160]}")
+                        continue
                     gbps = nbytes / (us * 1e-6) / 1e9
                     if prov.startswith("fp16"):
                         fp16_us, fp16_gbps = us, gbps
