@@ -187,11 +187,31 @@ def _decode_gemv(rows: list[dict]) -> list[str]:
                 ok = min(got) >= want
                 out.append(f"- {p}, {label}: ≥ {100 * want:.0f}% of fp16's bytes/s: {100 * min(got):.0f}% at "
                            f"worst — {'met' if ok else '**not met**'}")
+        peers = [q for q in provs if not q.startswith("qkernels") and _same_format(p, q)]
+        for M in sorted({r["M"] for r in mine}):
+            ratios = [(cells[(r["model"], r["shape"], M, q)]["median_us"] / r["median_us"], r["shape"], q)
+                      for r in mine if r["M"] == M for q in peers if (r["model"], r["shape"], M, q) in cells]
+            if ratios:
+                worst = min(ratios)
+                out.append(f"- {p}, M = {M}: ≥ the best of {', '.join(peers)} on every shape: {worst[0]:.2f}x at "
+                           f"worst ({worst[1]}, {worst[2]}) — {'met' if worst[0] >= 1 else '**not met**'}")
         ones = [r["kernels_per_call"] for r in mine if r["M"] == 1]
         if ones:
             out.append(f"- {p}, one kernel per call at M = 1: {_fmt(max(ones))} at most — "
                        f"{'met' if max(ones) <= 1 else '**not met**'}")
     return out + [""]
+
+
+def _same_format(ours: str, peer: str) -> bool:
+    """Whether a peer provider of the decode-GEMV table runs the format of our scheme `ours`."""
+    scheme = ours.split()[-1]
+    if scheme == "w4a16":
+        return "w4a16" in peer or "nf4" in peer or "int4" in peer
+    if scheme == "w8a8":
+        return "w8a8 int8" in peer
+    if scheme == "w8a8-fp8":
+        return "w8a8 fp8" in peer
+    return scheme in peer
 
 
 def _ppl_targets(rows) -> list[str]:
