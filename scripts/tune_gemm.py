@@ -92,7 +92,6 @@ for kind in args.kinds:
         best = None
         results = []     # (times, cfg); times ordered M-major over SHAPES
         for cfg in cands:
-            G._gemm_config = lambda *args, cfg=cfg: cfg
             times = []
             try:
                 for M in M_OF[bucket]:
@@ -100,12 +99,13 @@ for kind in args.kinds:
                         a = torch.randint(-128, 128, (M, K), dtype=torch.int8, device=dev)
                         w = torch.randint(-128, 128, (N, K), dtype=torch.int8, device=dev)
                         if kind == "fp8":
-                            a, w = a.view(torch.float8_e4m3fn), w.view(torch.float8_e4m3fn)
-                            a, w = a.float().clamp(-400, 400).to(torch.float8_e4m3fn), w.float().clamp(-400, 400).to(torch.float8_e4m3fn)
+                            a = a.view(torch.float8_e4m3fn).float().clamp(-400, 400).to(torch.float8_e4m3fn)
+                            w = w.view(torch.float8_e4m3fn).float().clamp(-400, 400).to(torch.float8_e4m3fn)
                         sa, sb = torch.rand(M, device=dev), torch.rand(N, device=dev)
                         fn = (lambda: G.int8_matmul(a, w.t(), sa, sb, out_dtype=torch.float16)) if kind == "int8" else \
                              (lambda: G.fp8_matmul(a, w.t(), sa, sb, out_dtype=torch.bfloat16))
-                        times.append(time_us(fn, mode="graph", rep_ms=40, warmup_ms=10))
+                        with G.use_config(cfg):
+                            times.append(time_us(fn, mode="graph", rep_ms=40, warmup_ms=10))
             except Exception as e:   # e.g. out of shared memory
                 print(f"{kind} {bucket} {cfg} failed: {type(e).__name__}: {str(e)[:100]}")
                 continue

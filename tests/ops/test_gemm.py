@@ -110,6 +110,24 @@ def test_int8_gemv_gives_the_mma_bits(K, act):
     assert_bit_exact(exact, ref.int_mm(a[1:], w.t()), "gemv int32")
 
 
+def test_use_config_scopes_the_gemv():
+    """use_config forces a config (here the GEMV at M = 3, with split-K) inside the block only; a malformed
+    config is refused up front."""
+    from qkernels.ops import gemm as G
+    a, w = _i8(3, 200), _i8(50, 200)
+    cfg = dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, SPLIT_K=3, MIN_PROGRAMS=1 << 30,
+               fallback=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1))
+    with G.use_config(cfg):
+        assert G._gemm_config("int8", 3, 50, 200, a.device) is cfg
+        with qk.poison_outputs():
+            got = qk.int8_matmul(a, w.t())
+    assert G._gemm_config("int8", 3, 50, 200, a.device) is not cfg
+    assert_bit_exact(got, ref.int_mm(a, w.t()), "forced gemv")
+    with pytest.raises(ValueError, match="cfg must be a GEMM config-table entry"):
+        with G.use_config({"BLOCK_N": 8}):
+            pass
+
+
 @pytest.mark.parametrize("M", [0, 1, 17, 129])
 def test_int4_exact(M):
     for N, K in [(40, 72), (255, 514)]:

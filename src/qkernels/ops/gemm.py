@@ -4,6 +4,7 @@ Kernel: kernels/_gemm.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -27,9 +28,29 @@ def _kg():
     return _gemm
 
 
+_FORCED_CONFIG: list = [None]    # set only inside use_config()
+
+
 def _gemm_config(kind: str, M: int, N: int, K: int, device: torch.device) -> dict | None:
     """The shipped config for this GPU, M bucket and shape; None for a GPU without a table (autotuned)."""
+    forced = _FORCED_CONFIG[0]
+    if forced is not None:
+        return forced
     return _gemm_config_bucket(kind, next_pow2(max(M, 1)), N, K, device)
+
+
+@contextlib.contextmanager
+def use_config(cfg: dict):
+    """Every int8 / fp8 / int4 GEMM inside the block runs `cfg` (a config-table entry: tile sizes, or
+    {"path": "gemv", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
+    if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") == "gemv"):
+        raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' path), got {cfg!r}")
+    old = _FORCED_CONFIG[0]
+    _FORCED_CONFIG[0] = cfg
+    try:
+        yield
+    finally:
+        _FORCED_CONFIG[0] = old
 
 
 @functools.cache
