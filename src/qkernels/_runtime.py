@@ -201,6 +201,31 @@ def pdl(enabled: bool):
         _PDL[0] = old
 
 
+# (device index, stream) -> int32 counters, zero between launches (the kernels that reduce across programs - split-K
+# GEMVs / GEMMs, decode attention - have the last program of a tile reset its counter); one buffer per stream, so
+# concurrent launches on two streams do not share counters
+_COUNTERS: dict = {}
+_RETIRED: list = []
+
+
+def tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The counters of the current stream (at least n). Kernels on one stream run one after another (with
+    programmatic dependent launch, a kernel touches its counters only after the one before has completed),
+    so they share the buffer. Made inside a CUDA-graph capture, the buffer comes from the graph's pool and
+    its zeroing is recorded once in that graph; it is kept for the capture stream, so the graph's other
+    launches (and later graphs captured on that stream) reuse it without a memset per launch: graphs captured
+    on one stream must not be replayed concurrently on two."""
+    cuda = device.type == "cuda"
+    # the raw stream Triton's launch reads too (the interpreter runs programs one after another: one buffer)
+    key = (device.index, _triton_runtime()[1](device.index)) if cuda else (device.type, None)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        if buf is not None:     # captured graphs may still point at it: never freed
+            _RETIRED.append(buf)
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+    return buf
+
+
 def _arg_facts(args: tuple) -> tuple:
     """Everything Triton specializes runtime arguments on, or more: for a tensor its dtype and 16-byte
     alignment; for an int == 1, divisibility by 16 and its type class (i32 / i64 / u64); for anything

@@ -12,10 +12,9 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options)
+                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options, tile_counters)
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
-from .weight_only import _counters
 
 _ACT_ID = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -132,7 +131,7 @@ def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
     if split > 1:
         ws = torch.empty((split, M, N), dtype=torch.int32 if kind == "int8" else torch.float32, device=c.device)
-        cnt = _counters(c.device, grid[0] * grid[1])
+        cnt = tile_counters(c.device, grid[0] * grid[1])
     else:
         ws = cnt = c
     unused = c

@@ -24,8 +24,8 @@ import math
 import torch
 
 from .. import autotune, configs
-from .._runtime import (_triton_runtime, alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options)
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
+                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options, tile_counters)
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
@@ -176,14 +176,14 @@ def _keep_plan(key, cfg, plan):
 def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
     """out [M, N] written by one kernel. x2 rows are contiguous; scale_zero is [N, G, 2] contiguous, read as one
     32-bit word per group (stride in words: G). With split-K the kernels add the partials up themselves: an fp32
-    workspace [split, M, N] and one counter per output tile (_counters)."""
+    workspace [split, M, N] and one counter per output tile (_runtime.tile_counters)."""
     M, K = x2.shape
     N = qweight.shape[0]
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group, bias is not None, int_zeros)
     bias_arg = bias if bias is not None else scale_zero
     if split > 1:
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-        cnt = _counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else
+        cnt = tile_counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else
                         grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
@@ -220,30 +220,6 @@ def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
     desc, x_layout, w_layout = _wg_layouts()
     return (desc.from_tensor(x2, [block_m, WG_K], x_layout),
             desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
-
-
-# (device index, stream) -> int32 counters, zero between launches (the split-K kernels' last program of a tile
-# resets its counter); one buffer per stream, so concurrent launches on two streams do not share counters
-_COUNTERS: dict = {}
-_RETIRED: list = []
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """The counters of the current stream (at least n). Kernels on one stream run one after another (with
-    programmatic dependent launch, a kernel touches its counters only after the one before has completed),
-    so they share the buffer. Made inside a CUDA-graph capture, the buffer comes from the graph's pool and
-    its zeroing is recorded once in that graph; it is kept for the capture stream, so the graph's other
-    launches (and later graphs captured on that stream) reuse it without a memset per launch: graphs captured
-    on one stream must not be replayed concurrently on two."""
-    cuda = device.type == "cuda"
-    # the raw stream Triton's launch reads too (the interpreter runs programs one after another: one buffer)
-    key = (device.index, _triton_runtime()[1](device.index)) if cuda else (device.type, None)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:     # captured graphs may still point at it: never freed
-            _RETIRED.append(buf)
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
-    return buf
 
 
 def _dequant_into(qweight, scale_zero, w, bits, group, cfg):
