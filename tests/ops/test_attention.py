@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import qkernels as qk
-from qkernels import _runtime
 from qkernels import reference as ref
 from qkernels.ops import attention as A
 from qkernels.ops.attention import decode_attention, qkv_rope_cache
@@ -47,9 +46,8 @@ def test_decode_attention_matches_reference(B, H, HKV, D, S, dtype):
     kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
     vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
     lengths = torch.tensor([1, S, S // 2, 3][:B], dtype=torch.int32, device=DEV)    # length 1 and a full cache
-    with qk.poison_outputs():     # one split (small S) or several, combined by each KV head's last program
+    with qk.poison_outputs():     # unwritten outputs would show as NaN
         out = decode_attention(q, kc, vc, lengths)
-    assert all(not c.any() for c in _runtime._COUNTERS.values()), "combine counters left non-zero"
     want = ref.decode_attention(q, kc, vc, lengths, D ** -0.5)
     tol = dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else \
         dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=4e-3, atol=4e-3)

@@ -65,20 +65,17 @@ def _qkv_rope_cache_kernel(
 
 
 @triton.jit
-def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_ptr, out_ptr, cnt_ptr,
+def _decode_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_ptr,
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, chunk, n_splits, scale,
     N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """Flash-decoding in one launch. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
+    """Flash-decoding, first pass. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
     share kv_head (GQA: each key / value tile is read once for all of them) over keys
-    [split * chunk, min((split + 1) * chunk, length)). With one split it writes their output; otherwise their
-    softmax-normalized partial output o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for
-    an empty range), and the last of the kv head's n_splits programs to finish (cnt_ptr: a counter per
-    b * N_KV + kv_head, zero between launches) combines them: out = sum_i w_i o_part_i with
-    w_i = 2^(lse_i - max) / sum_j 2^(lse_j - max), then resets the counter."""
+    [split * chunk, min((split + 1) * chunk, length)), and writes their softmax-normalized partial output
+    o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range)."""
     _pdl_enter(PDL)
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -126,36 +123,29 @@ def _decode_attention_kernel(
     empty = l == 0.0
     out = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
-    gd_live = g_live[:, None] & d_live[None, :]
-    o_rows = b * N_KV * GROUP + heads                                 # [BLOCK_G] rows of out
-    if BLOCK_SPLITS == 1:
-        tl.store(out_ptr + o_rows[:, None] * D + d[None, :], _cast(out, out_ptr.dtype.element_ty), mask=gd_live)
-    else:
-        row = o_rows * n_splits + split                               # [BLOCK_G] rows of o_part / lse
-        tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=gd_live)
-        tl.store(lse_ptr + row, lse, mask=g_live)
-        tl.debug_barrier()      # every partial of this program is stored before the counter says so
-        done = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu")
-        if done == n_splits - 1:
-            _combine(o_part_ptr, lse_ptr, out_ptr, o_rows, g_live, d, d_live, n_splits, D, BLOCK_SPLITS)
-            tl.atomic_xchg(cnt_ptr + bh, 0, sem="relaxed", scope="gpu")
+    row = (b * N_KV * GROUP + heads) * n_splits + split               # [BLOCK_G] rows of o_part / lse
+    tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=g_live[:, None] & d_live[None, :])
+    tl.store(lse_ptr + row, lse, mask=g_live)
 
 
 @triton.jit
-def _combine(o_part_ptr, lse_ptr, out_ptr, o_rows, g_live, d, d_live, n_splits, D: tl.constexpr,
-             BLOCK_SPLITS: tl.constexpr):
-    """out[row] = sum_i w_i o_part[row, i] with w_i = 2^(lse_i - max) / sum_j 2^(lse_j - max), for the rows
-    o_rows [BLOCK_G] (reads bypass L1: other programs wrote them)."""
+def _decode_attention_combine_kernel(
+    o_part_ptr, lse_ptr, out_ptr, n_splits,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Second pass: out[b, h] = sum_i w_i o_part[b, h, i] with w_i = 2^(lse_i - max) / sum 2^(lse_j - max)."""
+    _pdl_enter(PDL)
+    bh = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_SPLITS)
-    gi_live = g_live[:, None] & (i < n_splits)[None, :]
-    lse = tl.load(lse_ptr + o_rows[:, None] * n_splits + i[None, :], mask=gi_live, other=float("-inf"),
-                  cache_modifier=".cg")
-    mx = tl.max(lse, axis=1)
+    d = tl.arange(0, BLOCK_D)
+    i_live = i < n_splits
+    lse = tl.load(lse_ptr + bh * n_splits + i, mask=i_live, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
     mx = tl.where(mx == float("-inf"), 0.0, mx)                       # no key at all: zeros, not NaN
-    w = tl.exp2(lse - mx[:, None])
-    w = w / tl.maximum(tl.sum(w, axis=1), 1e-30)[:, None]
-    o = tl.load(o_part_ptr + ((o_rows[:, None] * n_splits + i[None, :]) * D)[:, :, None] + d[None, None, :],
-                mask=gi_live[:, :, None] & d_live[None, None, :], other=0.0, cache_modifier=".cg")
-    o = tl.sum(o * w[:, :, None], axis=1)
-    tl.store(out_ptr + o_rows[:, None] * D + d[None, :], _cast(o, out_ptr.dtype.element_ty),
-             mask=g_live[:, None] & d_live[None, :])
+    w = tl.exp2(lse - mx)
+    w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)
+    o = tl.load(o_part_ptr + (bh * n_splits + i)[:, None] * D + d[None, :],
+                mask=i_live[:, None] & (d < D)[None, :], other=0.0)
+    o = tl.sum(o * w[:, None], axis=0)
+    tl.store(out_ptr + bh * D + d, _cast(o, out_ptr.dtype.element_ty), mask=d < D)

@@ -5,8 +5,7 @@
   static caches in place and returns q.
 - `decode_attention`: one query token per sequence against the first lengths[b] cache entries
   (flash-decoding: the sequence is split into chunks processed in parallel, then combined by their
-  log-sum-exp by the last program of each KV head, in the same launch; GQA query heads that share a KV head
-  read each key / value tile once).
+  log-sum-exp; GQA query heads that share a KV head read each key / value tile once).
 
 Prefill attention stays PyTorch's scaled_dot_product_attention. Kernels: kernels/_attention.py; numerics:
 reference.qkv_rope_cache / reference.decode_attention (fp32 arithmetic, one rounding of each output).
@@ -18,7 +17,7 @@ import math
 import torch
 
 from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, is_interpreter,
-                        launch, next_pow2, num_sms, pdl_options, tile_counters)
+                        launch, next_pow2, num_sms, pdl_options)
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -133,21 +132,20 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = alloc((B, H, D), q.dtype, q.device)
     if B == 0:
         return out
+    ka = _ka()
     block_s = 16 if is_interpreter() else 64
     n_splits, chunk = _splits(B, n_kv, S, block_s, q.device)
-    if n_splits > 1:
-        o_part = torch.empty((B, H, n_splits, D), dtype=torch.float32, device=q.device)
-        lse = torch.empty((B, H, n_splits), dtype=torch.float32, device=q.device)
-        cnt = tile_counters(q.device, B * n_kv)
-    else:       # unused: the programs write the output themselves
-        o_part = lse = cnt = out
+    o_part = torch.empty((B, H, n_splits, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, n_splits), dtype=torch.float32, device=q.device)
     group = H // n_kv
-    launch(_ka()._decode_attention_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse, out, cnt,
+    block_d = max(16, next_pow2(D))
+    launch(ka._decode_attention_split_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse,
            *k_cache.stride()[:3], *v_cache.stride()[:3], chunk, n_splits, float(scale),
-           N_KV=n_kv, GROUP=group, BLOCK_G=max(16, next_pow2(group)), D=D, BLOCK_D=max(16, next_pow2(D)),
-           BLOCK_S=block_s, BLOCK_SPLITS=1 if n_splits == 1 else next_pow2(n_splits),
+           N_KV=n_kv, GROUP=group, BLOCK_G=max(16, next_pow2(group)), D=D, BLOCK_D=block_d, BLOCK_S=block_s,
            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
            **pdl_options(q.device))
+    launch(ka._decode_attention_combine_kernel, (B * H,), o_part, lse, out, n_splits,
+           D=D, BLOCK_D=block_d, BLOCK_SPLITS=max(2, next_pow2(n_splits)), num_warps=1, **pdl_options(q.device))
     return out
 
 
