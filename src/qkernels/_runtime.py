@@ -162,14 +162,20 @@ def scoped_update(table: dict, overrides: dict, what: str):
 
 
 @contextlib.contextmanager
-def fast_launch(enabled: bool):
-    """Scoped switch of the direct launch (QKERNELS_FAST_LAUNCH): profilers compare both paths with it."""
-    old = _FAST_LAUNCH[0]
-    _FAST_LAUNCH[0] = bool(enabled)
+def scoped_value(slot: list, value):
+    """slot[0] = value inside the block, the old value back after it: the one mechanism behind qkernels'
+    scoped switches and overrides (one-element lists, read on every call)."""
+    old = slot[0]
+    slot[0] = value
     try:
         yield
     finally:
-        _FAST_LAUNCH[0] = old
+        slot[0] = old
+
+
+def fast_launch(enabled: bool):
+    """Scoped switch of the direct launch (QKERNELS_FAST_LAUNCH): profilers compare both paths with it."""
+    return scoped_value(_FAST_LAUNCH, bool(enabled))
 
 
 _PDL = [os.environ.get("QKERNELS_PDL", "1") not in ("", "0")]
@@ -189,16 +195,10 @@ def pdl_options(device: torch.device) -> dict:
     return _WITH_PDL if capability(device) >= (9, 0) else _NO_PDL
 
 
-@contextlib.contextmanager
 def pdl(enabled: bool):
     """Scoped switch of programmatic dependent launch (QKERNELS_PDL): benchmarks compare both with it. CUDA
     graphs keep what was captured."""
-    old = _PDL[0]
-    _PDL[0] = bool(enabled)
-    try:
-        yield
-    finally:
-        _PDL[0] = old
+    return scoped_value(_PDL, bool(enabled))
 
 
 # (device index, stream) -> int32 counters, zero between launches (the kernels that reduce across programs - split-K

@@ -23,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .harness import Row, on_gpu, write_json
+from .harness import Row, method_text, on_gpu, write_json
 from .weight_only import _try_tinygemm
 
 SHAPES = {   # (N, K, layer)
@@ -182,8 +182,7 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
                     if gpu:
                         torch.cuda.empty_cache()
     meta = {"peers_missing": missing, "span_bytes": SPAN,
-            "method": __doc__.split("Method:")[1].strip() if gpu else
-            "Triton interpreter on the CPU, tiny shape: host wall-clock, not GPU performance"}
+            "method": method_text(__doc__, gpu, "tiny shape")}
     path = write_json("decode_gemv", rows, out_root, meta)
     print(f"wrote {path}")
     return rows

@@ -14,7 +14,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +38,13 @@ class Row:
         d["median_us"] = round(self.median_us, 3)
         d.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.extra.items()})
         return d
+
+
+def method_text(doc: str, gpu: bool, what: str) -> str:
+    """A results file's "method": the "Method:" part of the benchmark module's docstring on a GPU; on the CPU,
+    that the run (of `what`) went through the interpreter."""
+    return doc.split("Method:")[1].strip() if gpu else \
+        f"Triton interpreter on the CPU, {what}: host wall-clock, not GPU performance"
 
 
 def on_gpu() -> bool:

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from .harness import Row, copy_bandwidth_gbps, on_gpu, write_json
+from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, write_json
 from .model import _median_ms, decode_step_ms, model_configs
 
 # "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
@@ -168,8 +168,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
                 print(f"{mname} {scheme} HF b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s", flush=True)
         del hf
     meta = {"copy_bw_gbps": bw, "profiles": profiles,
-            "method": __doc__.split("Method:")[1].strip() if gpu else
-            "Triton interpreter on the CPU, tiny model: host wall-clock, not GPU performance"}
+            "method": method_text(__doc__, gpu, "tiny model")}
     path = write_json("runtime", rows, root, meta)
     print(f"wrote {path}")
     return rows

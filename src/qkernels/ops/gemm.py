@@ -4,7 +4,6 @@ Kernel: kernels/_gemm.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -12,7 +11,8 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options, tile_counters)
+                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options, scoped_value,
+                        tile_counters)
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
 
@@ -38,18 +38,12 @@ def _gemm_config(kind: str, M: int, N: int, K: int, device: torch.device) -> dic
     return _gemm_config_bucket(kind, next_pow2(max(M, 1)), N, K, device)
 
 
-@contextlib.contextmanager
 def use_config(cfg: dict):
     """Every int8 / fp8 / int4 GEMM inside the block runs `cfg` (a config-table entry: tile sizes, or
     {"path": "gemv", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
     if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") == "gemv"):
         raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' path), got {cfg!r}")
-    old = _FORCED_CONFIG[0]
-    _FORCED_CONFIG[0] = cfg
-    try:
-        yield
-    finally:
-        _FORCED_CONFIG[0] = old
+    return scoped_value(_FORCED_CONFIG, cfg)
 
 
 @functools.cache

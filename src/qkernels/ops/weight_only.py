@@ -17,15 +17,14 @@ Kernels: kernels/_weight_only.py, _weight_only_tc.py, _weight_only_wg.py. Refere
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
 import torch
 
 from .. import autotune, configs
-from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options, tile_counters)
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
+                        gpu_slug, is_interpreter, launch, next_pow2, pdl_options, scoped_value, tile_counters)
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
@@ -102,18 +101,12 @@ def config_for(bits: int, M: int, N: int, K: int, device: torch.device) -> dict 
     return _config_bucket(bits, next_pow2(max(M, 1)), N, K, device)
 
 
-@contextlib.contextmanager
 def use_config(cfg: dict):
     """Every weight-only call inside the block runs `cfg` (a config-table entry, e.g. {"path": "gemv",
     "BLOCK_N": 16, ...}) whatever M and shape: the scoped override the tuner and profilers use."""
     if not isinstance(cfg, dict) or "path" not in cfg:
         raise ValueError(f"cfg must be a config-table entry with a 'path' key, got {cfg!r}")
-    old = _FORCED_CONFIG[0]
-    _FORCED_CONFIG[0] = cfg
-    try:
-        yield
-    finally:
-        _FORCED_CONFIG[0] = old
+    return scoped_value(_FORCED_CONFIG, cfg)
 
 
 # (id(cfg), M, N, K, bits, group, has_bias, int_zeros) -> (cfg, launch plan); cfg kept alive: ids stay unique
