@@ -83,7 +83,8 @@ def cmd_eval(args) -> int:
     for s in schemes:
         ppl.parse_scheme(s)            # fail before loading anything
     dtype = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    ppl.run(args.model, schemes, tokens=args.tokens, ctx=args.ctx, stride=args.stride, dtype=dtype, out=args.out)
+    ppl.run(args.model, schemes, tokens=args.tokens, ctx=args.ctx, stride=args.stride, dtype=dtype, out=args.out,
+            text=args.text)
     return 0
 
 
@@ -219,6 +220,8 @@ def main(argv=None) -> int:
                         "calibration), w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym][-gptq|-gptq-act|-awq|-awq+gptq[-act]], "
                         "w8a16[...]")
     e.add_argument("--tokens", type=int, default=4096)
+    e.add_argument("--text", default=None, help="UTF-8 text file to evaluate on (default: gensim 4.4.0's "
+                   "lee_background.cor, from the eval extra)")
     e.add_argument("--ctx", type=int, default=1024)
     e.add_argument("--stride", type=int, default=512)
     e.add_argument("--dtype", default="auto", choices=("auto", "float16", "bfloat16"),

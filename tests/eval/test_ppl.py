@@ -58,3 +58,17 @@ def test_runtime_perplexity_equals_the_hf_models():
     want, n = perplexity(m, ids, ctx=32, stride=16)
     got, n2 = perplexity(_RuntimeLM(from_pretrained(m, device="cpu", dtype=torch.float32)), ids, ctx=32, stride=16)
     assert n == n2 and math.isclose(got, want, rel_tol=1e-4)
+
+
+def test_text_from_a_file_or_a_clear_error(tmp_path, monkeypatch):
+    """The eval text is a file the user passes or gensim's data file; without either, an error that says how to
+    get it (no download inside the library)."""
+    from qkernels.eval import ppl
+    f = tmp_path / "t.txt"
+    f.write_text("one two three\n", "utf-8")
+    assert ppl.load_text(str(f)) == "one two three\n"
+    with pytest.raises(FileNotFoundError, match="text must be a readable UTF-8 text file"):
+        ppl.load_text(str(tmp_path / "missing.txt"))
+    monkeypatch.setattr(ppl, "CORPUS_PACKAGE", "qkernels_no_such_package")
+    with pytest.raises(RuntimeError, match=r"pip install 'qkernels\[eval\]'"):
+        ppl.load_text()

