@@ -11,7 +11,8 @@ import os
 import sys
 
 BENCHES = ("quantize", "gemm", "weight-only", "decode-gemv", "fused", "model", "runtime", "quantizers")
-ALL = ("quantize", "gemm", "weight-only", "decode-gemv", "fused")   # "all": the kernel benchmarks; the model ones run on their own
+# "all": the kernel benchmarks; the model ones run on their own
+ALL = ("quantize", "gemm", "weight-only", "decode-gemv", "fused")
 
 
 def _ensure_backend() -> bool:
