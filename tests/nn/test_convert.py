@@ -1,4 +1,6 @@
 """quantize_(model), save_quantized / load_quantized (src/qkernels/nn/convert.py)."""
+import copy
+import json
 import warnings
 
 import pytest
@@ -224,3 +226,71 @@ def test_gpu_hf_generate_compiled_static_cache(scheme):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1     # the decode step was compiled
     assert compiled.shape == eager.shape
     assert torch.equal(compiled[:, :9], eager[:, :9])   # greedy: the first new token is identical
+
+
+def _saved_tiny_llama(tmp_path, scheme="w4a16"):
+    model, cfg = _tiny_llama()
+    quantize_(model, scheme, group_size=64 if scheme == "w4a16" else None, progress=False)
+    save_quantized(model, tmp_path)
+    return cfg
+
+
+def test_load_refuses_a_checkpoint_of_another_configuration(tmp_path):
+    """Saved with intermediate_size 128, loaded into a config that says 256: refused, naming the layer and both
+    shapes (the saved shapes used to win silently)."""
+    cfg = _saved_tiny_llama(tmp_path)
+    cfg2 = copy.deepcopy(cfg)
+    cfg2.intermediate_size = 256
+    with pytest.raises(ValueError, match=r"layer 'model\.layers\.0\.mlp\.gate_proj' was saved as 128x64 .* makes it "
+                                         r"256x64"):
+        load_quantized(cfg2, tmp_path)
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda j: j["layers"][next(iter(j["layers"]))].pop("dtype"), r"layer '.*': the entry has no 'dtype'"),
+    (lambda j: j["layers"][next(iter(j["layers"]))].update(in_features=-3), r"'in_features' must be a positive int"),
+    (lambda j: j["layers"][next(iter(j["layers"]))].update(scheme="w3a5"), r"scheme must be one of"),
+    (lambda j: j.update(version=99), r"format version 99"),
+    (lambda j: j.update(weights="../elsewhere.safetensors"), r"'weights' must name a \.safetensors file"),
+])
+def test_load_names_what_is_wrong_in_the_config(tmp_path, damage, match):
+    cfg = _saved_tiny_llama(tmp_path)
+    f = tmp_path / CONFIG_NAME
+    j = json.loads(f.read_text())
+    damage(j)
+    f.write_text(json.dumps(j))
+    with pytest.raises(ValueError, match=match):
+        load_quantized(cfg, tmp_path)
+
+
+def test_load_refuses_damaged_files_and_leaves_the_model_alone(tmp_path):
+    """A non-finite scale, a truncated weights file (its checksum), unparsable JSON: each a ValueError naming the
+    file; a model passed in keeps its own layers (nothing is swapped in before every check has passed)."""
+    cfg = _saved_tiny_llama(tmp_path)
+    from safetensors.torch import load_file, save_file
+    weights = tmp_path / json.loads((tmp_path / CONFIG_NAME).read_text())["weights"]
+    good = weights.read_bytes()
+    state = load_file(str(weights))
+    key = next(k for k in state if k.endswith(".scale_zero"))
+    state[key][0, 0, 0] = float("inf")
+    save_file(state, str(weights))
+    from qkernels._files import file_digest     # as a writer with a bug would: the checksum matches the bad file
+    j = json.loads((tmp_path / CONFIG_NAME).read_text())
+    good_cfg = json.dumps(j)
+    j["weights_blake2b"] = file_digest(weights)
+    (tmp_path / CONFIG_NAME).write_text(json.dumps(j))
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        target = transformers.LlamaForCausalLM(cfg)
+    with pytest.raises(ValueError, match=r"model-\w+\.safetensors: layer '.*' has a scale that is not finite"):
+        load_quantized(target, tmp_path)
+    assert not any(isinstance(m, QuantizedLinear) for m in target.modules())
+    assert isinstance(target.model.layers[0].mlp.gate_proj, nn.Linear)
+    (tmp_path / CONFIG_NAME).write_text(good_cfg)
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ValueError, match=r"model-\w+\.safetensors does not match the checksum"):
+        load_quantized(cfg, tmp_path)
+    weights.write_bytes(good)
+    (tmp_path / CONFIG_NAME).write_text("{not json")
+    with pytest.raises(ValueError, match=r"qkernels_config\.json is not valid JSON"):
+        load_quantized(cfg, tmp_path)

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from .._files import write_text_atomically
 from .._runtime import device_name, gpu_slug, is_interpreter
 
 
@@ -137,7 +138,7 @@ def write_json(name: str, rows: list[Row], root: str | os.PathLike, meta: dict |
         doc.update(meta)
     doc["rows"] = [r.flat() for r in rows]
     path = out / f"{name}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomically(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 

@@ -9,6 +9,8 @@ a second copy of the model. With `device=` a CPU model is converted onto the GPU
 from __future__ import annotations
 
 import json
+import re
+import uuid
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -20,7 +22,8 @@ from .fused import QuantizedMLP, RMSNorm, fusable, is_rms_norm
 from .linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
 
 CONFIG_NAME = "qkernels_config.json"
-WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_NAME = "model.safetensors"   # the weights of checkpoints whose config names none (older ones)
+_OUR_WEIGHTS = re.compile(r"model-[0-9a-f]{12}\.safetensors")   # what save_quantized names its weights
 _BUFFER_PREFIX = "__buffer__."   # non-persistent buffers (e.g. rotary inv_freq) saved under this prefix
 FORMAT_VERSION = 1
 _FUSED_SCHEMES = ("w8a8", "w8a8-fp8")
@@ -244,19 +247,23 @@ def _layer_entry(q: QuantizedLinear) -> dict:
 
 
 def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
-    """Write `path/model.safetensors` (every tensor of the model, quantized layers as their codes and
-    scales; tied weights stored once) and `path/qkernels_config.json` (which layers are quantized and
-    how). format="gptq": a GPTQ directory instead (config.json with quantization_config; weight-only layers
-    of one configuration: qkernels.nn.checkpoints.save_gptq), which GPTQ loaders and load_pretrained read.
-    Returns the directory."""
+    """Write `path/model-<id>.safetensors` (every tensor of the model, quantized layers as their codes and
+    scales; tied weights stored once) and `path/qkernels_config.json` (which layers are quantized and how, and
+    which weights file is current). Atomic: the config is replaced last, in one step, so a crash at any point
+    leaves the old checkpoint or the new one (qkernels._files). format="gptq": a GPTQ directory instead
+    (config.json with quantization_config; weight-only layers of one configuration:
+    qkernels.nn.checkpoints.save_gptq), which GPTQ loaders and load_pretrained read. Returns the directory."""
     if format == "gptq":
         from .checkpoints import save_gptq
         return save_gptq(model, path)
     if format != "qkernels":
         raise ValueError(f"format must be 'qkernels' or 'gptq', got {format!r}")
     from safetensors.torch import save_file
+
+    from .._files import file_digest, replace_atomically, write_text_atomically
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
+    old_weights = _referenced_weights(out)
     layers = {n: _layer_entry(m) for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     state = model.state_dict()
     persistent = set(state)
@@ -273,19 +280,39 @@ def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
         if key is not None:
             seen[key] = name
         tensors[name] = t.detach().contiguous().cpu()
-    save_file(tensors, str(out / WEIGHTS_NAME))
+    # the weights under a name of their own, then the config that names them (replacing the old one in one step:
+    # the commit point), then the old weights: a crash anywhere leaves the old checkpoint or the new one
+    weights = f"model-{uuid.uuid4().hex[:12]}.safetensors"
+    replace_atomically(out / weights, lambda tmp: save_file(tensors, str(tmp)))
+    digest = file_digest(out / weights)
     fused = {"mlps": {n: {"hidden": m.hidden_size, "intermediate": m.intermediate_size,
                           "eps": m.norm.variance_epsilon, "scheme": m.scheme, "bias": m.down_proj.bias is not None}
                       for n, m in model.named_modules() if isinstance(m, QuantizedMLP)},
              "norms": {n: {"hidden": m.weight.shape[0], "eps": m.variance_epsilon}
                        for n, m in model.named_modules()
                        if isinstance(m, RMSNorm) and not isinstance(_parent(model, n), QuantizedMLP)}}
-    cfg = {"format": "qkernels", "version": FORMAT_VERSION, "layers": layers, "aliases": aliases, "fused": fused}
+    cfg = {"format": "qkernels", "version": FORMAT_VERSION, "weights": weights, "weights_blake2b": digest,
+           "layers": layers, "aliases": aliases, "fused": fused}
     hf_cfg = getattr(model, "config", None)
     if hf_cfg is not None and hasattr(hf_cfg, "to_dict"):
         cfg["model_config"] = hf_cfg.to_dict()
-    (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=1, default=str))
+    write_text_atomically(out / CONFIG_NAME, json.dumps(cfg, indent=1, default=str))
+    # the weights this save replaced, and any a save that died before its commit left behind (our own names only)
+    for f in out.iterdir():
+        if f.name != weights and (f.name == old_weights or _OUR_WEIGHTS.fullmatch(f.name)):
+            f.unlink(missing_ok=True)
     return out
+
+
+def _referenced_weights(out: Path) -> str | None:
+    """The weights file an existing qkernels checkpoint in `out` names (None: there is none, or its config is
+    unreadable; then nothing is deleted)."""
+    try:
+        cfg = json.loads((out / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    w = cfg.get("weights", WEIGHTS_NAME) if isinstance(cfg, dict) and cfg.get("format") == "qkernels" else None
+    return w if isinstance(w, str) and Path(w).name == w and w.endswith(".safetensors") else None
 
 
 def _build_from_config(model_config):
@@ -295,43 +322,172 @@ def _build_from_config(model_config):
         return AutoModelForCausalLM.from_config(model_config)
 
 
+_ENTRY_KEYS = {"scheme": str, "in_features": int, "out_features": int, "bias": bool, "dtype": str}
+_ENTRY_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _read_config(file: Path) -> dict:
+    """qkernels_config.json, checked: JSON, the format and version, and every layer entry's keys and types."""
+    try:
+        cfg = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}): the checkpoint is damaged; save it again") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != "qkernels":
+        raise ValueError(f"{file} is not a qkernels config (format="
+                         f"{cfg.get('format') if isinstance(cfg, dict) else type(cfg).__name__!r})")
+    version = cfg.get("version", FORMAT_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
+        raise ValueError(f"{file} has format version {version!r}; this qkernels reads versions 1 to {FORMAT_VERSION}")
+    weights = cfg.get("weights", WEIGHTS_NAME)
+    if not isinstance(weights, str) or Path(weights).name != weights or not weights.endswith(".safetensors"):
+        raise ValueError(f"{file}: 'weights' must name a .safetensors file next to it, got {weights!r}")
+    layers = cfg.get("layers")
+    if not isinstance(layers, dict):
+        raise ValueError(f"{file}: 'layers' must map layer names to entries, got {type(layers).__name__}")
+    for name, e in layers.items():
+        where = f"{file}, layer {name!r}"
+        if not isinstance(e, dict):
+            raise ValueError(f"{where}: the entry must be an object, got {type(e).__name__}")
+        for key, typ in _ENTRY_KEYS.items():
+            if key not in e:
+                raise ValueError(f"{where}: the entry has no {key!r}")
+            if not isinstance(e[key], typ) or (typ is int and (isinstance(e[key], bool) or e[key] <= 0)):
+                raise ValueError(f"{where}: {key!r} must be a{' positive' if typ is int else ''} {typ.__name__}, "
+                                 f"got {e[key]!r}")
+        if e["scheme"] not in SCHEMES:
+            raise ValueError(f"{where}: scheme must be one of {SCHEMES}, got {e['scheme']!r}")
+        if e["dtype"] not in _ENTRY_DTYPES:
+            raise ValueError(f"{where}: dtype must be one of {_ENTRY_DTYPES}, got {e['dtype']!r}")
+    return cfg
+
+
+def _check_target(model: nn.Module, name: str, e: dict, file: Path) -> None:
+    """A layer the entry replaces must have the shape the entry was saved from (a layer the model lacks is
+    added, under a parent it has)."""
+    parent, _, _ = name.rpartition(".")
+    try:
+        model.get_submodule(parent)
+    except AttributeError:
+        raise ValueError(f"{file}: layer {name!r} has no parent {parent!r} in the model the config builds") from None
+    try:
+        old = model.get_submodule(name)
+    except AttributeError:
+        return
+    shape = (getattr(old, "out_features", None), getattr(old, "in_features", None))
+    if shape != (e["out_features"], e["in_features"]):
+        raise ValueError(f"{file}: layer {name!r} was saved as {e['out_features']}x{e['in_features']} "
+                         f"(out x in), but the model's config makes it {shape[0]}x{shape[1]}: the checkpoint is "
+                         f"for another configuration")
+
+
+def _check_tensors(file: Path, state: dict, expected: dict, aliases: dict) -> None:
+    """Every tensor the model needs is in the file, with its shape, and nothing else is."""
+    have = set(state) | set(aliases)
+    missing = sorted(set(expected) - have)
+    unexpected = sorted(have - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{file} does not match the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    for name, target in aliases.items():
+        if target not in state:
+            raise ValueError(f"{file}: alias {name!r} points at {target!r}, which the file does not hold")
+    for name, want in expected.items():
+        got = state[aliases.get(name, name)]
+        if tuple(got.shape) != tuple(want.shape):
+            raise ValueError(f"{file}: tensor {name!r} is {tuple(got.shape)}, the model needs {tuple(want.shape)}")
+
+
+def _check_values(file: Path, state: dict, layers: dict) -> None:
+    """Scales finite and positive, act-order permutations a permutation of range(in_features)."""
+    for name, e in layers.items():
+        if e["scheme"] in WEIGHT_ONLY_BITS:
+            scales = state[f"{name}.scale_zero"][..., 0].float()
+            what = "scale"
+        else:
+            scales = state[f"{name}.weight_scale"].float()
+            what = "weight_scale"
+        if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
+            raise ValueError(f"{file}: layer {name!r} has a {what} that is not finite and positive "
+                             f"(min {scales.min().item():.3g}, max {scales.max().item():.3g})")
+        perm = state.get(f"{name}.perm")
+        if perm is not None and not torch.equal(torch.sort(perm.long()).values,
+                                                torch.arange(e["in_features"], device=perm.device)):
+            raise ValueError(f"{file}: layer {name!r} has an act-order permutation that is not a permutation of "
+                             f"range({e['in_features']})")
+
+
 def load_quantized(model_or_config, path, *, device="cpu") -> nn.Module:
     """Restore what save_quantized wrote. `model_or_config`: the model (possibly built on the
     `meta` device: no full-precision copy is ever made) or a transformers config, from which a
-    meta model is built. Quantized layers are swapped in from the JSON config, then every tensor is
-    loaded from the safetensors file onto `device` (assigned, not copied). Returns the model."""
+    meta model is built. Everything is checked before the model is touched: the JSON config (format,
+    version, every layer entry), each quantized layer against the layer it replaces (a checkpoint saved
+    from another configuration is refused, naming the layer and both shapes), every tensor's name and
+    shape, scales finite and positive, act-order permutations; a problem raises ValueError naming the
+    file and what is wrong, and a model passed in is left as it was. Then the quantized layers are
+    swapped in and every tensor is assigned from the safetensors file on `device` (no copy). Only
+    safetensors and JSON are read. Returns the model."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
+
+    from .._files import file_digest
     src = Path(path)
     if not (src / CONFIG_NAME).exists():
-        raise FileNotFoundError(f"path must hold {CONFIG_NAME} and {WEIGHTS_NAME} (from save_quantized), "
+        raise FileNotFoundError(f"path must hold {CONFIG_NAME} and the weights it names (from save_quantized), "
                                 f"got {src}")
-    cfg = json.loads((src / CONFIG_NAME).read_text())
-    if cfg.get("format") != "qkernels":
-        raise ValueError(f"{src / CONFIG_NAME} is not a qkernels config (format={cfg.get('format')!r})")
+    cfg = _read_config(src / CONFIG_NAME)
+    weights = src / cfg.get("weights", WEIGHTS_NAME)
     model = model_or_config if isinstance(model_or_config, nn.Module) else _build_from_config(model_or_config)
+    # stage every replacement (nothing is swapped in until all checks pass)
+    staged: list[tuple[str, nn.Module]] = []
     fused = cfg.get("fused", {})
-    for name, e in fused.get("mlps", {}).items():
-        layer = _parent(model, name)
-        layer.mlp = QuantizedMLP(e["hidden"], e["intermediate"], e["eps"], e["scheme"], e["bias"], device="meta")
-        layer.post_attention_layernorm = nn.Identity()
+    for name, e in fused.get("mlps", {}).items():      # the MLP absorbs its layer's post-attention norm
+        staged.append((name, QuantizedMLP(e["hidden"], e["intermediate"], e["eps"], e["scheme"], e["bias"],
+                                          device="meta")))
+        staged.append((f"{name.rpartition('.')[0]}.post_attention_layernorm", nn.Identity()))
     for name, e in fused.get("norms", {}).items():
-        _set_module(model, name, RMSNorm(e["hidden"], e["eps"], device="meta"))
+        staged.append((name, RMSNorm(e["hidden"], e["eps"], device="meta")))
+    in_mlp = {p for p, m in staged if isinstance(m, QuantizedMLP)}
     for name, e in cfg["layers"].items():
+        if not any(name.startswith(p + ".") for p in in_mlp):
+            _check_target(model, name, e, src / CONFIG_NAME)
         dt = getattr(torch, e["dtype"])
         wo = e["scheme"] in WEIGHT_ONLY_BITS
-        q = QuantizedLinear(e["in_features"], e["out_features"], e["bias"], e["scheme"], device="meta", dtype=dt,
-                            group_size=e.get("group_size") if wo else None, symmetric=e.get("symmetric", False))
+        try:
+            q = QuantizedLinear(e["in_features"], e["out_features"], e["bias"], e["scheme"], device="meta", dtype=dt,
+                                group_size=e.get("group_size") if wo else None, symmetric=e.get("symmetric", False))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{src / CONFIG_NAME}, layer {name!r}: {err}") from None
         if wo and e.get("act_order"):
             q.perm = torch.empty(e["in_features"], dtype=torch.int64, device="meta")
-        _set_module(model, name, q)
-    state = load_file(str(src / WEIGHTS_NAME), device=str(device))
-    for name, target in cfg.get("aliases", {}).items():
-        state[name] = state[target]
+        mlp = next(((p, m) for p, m in staged if p in in_mlp and name.startswith(p + ".")), None)
+        if mlp is None:
+            staged.append((name, q))
+        else:                      # a projection of a fused MLP: set inside the staged QuantizedMLP
+            _set_module(mlp[1], name[len(mlp[0]) + 1:], q)
+    replaced = [p for p, _ in staged]
+    expected = {k: v for k, v in model.state_dict(keep_vars=True).items()
+                if not any(k.startswith(p + ".") for p in replaced)}
+    for p, mod in staged:
+        expected.update({f"{p}.{k}": v for k, v in mod.state_dict(keep_vars=True).items()})
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights}, named by {src / CONFIG_NAME}, is missing: the checkpoint is incomplete")
+    digest = cfg.get("weights_blake2b")
+    if digest is not None and file_digest(weights) != digest:
+        raise ValueError(f"{weights} does not match the checksum {src / CONFIG_NAME} records for it: the file is "
+                         f"damaged or was replaced; save the checkpoint again")
+    try:
+        state = load_file(str(weights), device=str(device))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{weights} is not a readable safetensors file ({err}): the checkpoint is damaged") from None
     buffers = {k[len(_BUFFER_PREFIX):]: state.pop(k) for k in list(state) if k.startswith(_BUFFER_PREFIX)}
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise RuntimeError(f"{src / WEIGHTS_NAME} does not match the model: missing {missing[:8]}, "
-                           f"unexpected {unexpected[:8]}")
+    aliases = cfg.get("aliases", {})
+    _check_tensors(weights, state, expected, aliases)
+    _check_values(weights, state, {n: e for n, e in cfg["layers"].items()})
+    # all checks passed: swap in, assign
+    for p, mod in staged:
+        _set_module(model, p, mod)
+    for name, target in aliases.items():
+        state[name] = state[target]
+    model.load_state_dict(state, strict=True, assign=True)
     for name, buf in buffers.items():
         owner, _, leaf = name.rpartition(".")
         mod = model.get_submodule(owner) if owner else model

@@ -1,0 +1,136 @@
+"""Checkpoint writes under faults: save_quantized interrupted at every step of its writing (in process), and a
+child process killed at random times while it saves, never leave a directory that loads to anything but the old
+checkpoint or the new one; damaged files (truncated or with a byte range overwritten) either load bit-exactly or
+raise a ValueError that names the file, never another exception and never garbage."""
+import json
+import multiprocessing as mp
+import os
+import random
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import qkernels._files as files
+from qkernels.nn.convert import CONFIG_NAME, load_quantized, quantize_, save_quantized
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(128, 256)
+        self.b = nn.Linear(256, 128, bias=False)
+
+
+def _quantized(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    m = _Net().half()
+    quantize_(m, "w4a16", progress=False)
+    return m
+
+
+def _which(path, old, new) -> str:
+    """'old' or 'new': the checkpoint the directory loads to (anything else fails the test)."""
+    with torch.device("meta"):
+        fresh = _Net().half()
+    got = load_quantized(fresh, path)
+    for name, m in (("old", old), ("new", new)):
+        if all(torch.equal(got.state_dict()[k].cpu(), v.cpu()) for k, v in m.state_dict().items()):
+            return name
+    raise AssertionError("the directory loaded to neither the old nor the new checkpoint")
+
+
+class _Crash(BaseException):
+    """Stands for the process dying: not an Exception, so nothing on the way catches it as an error."""
+
+
+def test_save_interrupted_at_every_step_keeps_old_or_new(tmp_path, monkeypatch):
+    old, new = _quantized(0), _quantized(1)
+    save_quantized(old, tmp_path)
+    real_replace, real_fsync = os.replace, files._fsync
+    steps, outcomes = 0, []
+    for k in range(1, 40):
+        calls = [0]
+
+        def step(fn, *a):
+            calls[0] += 1
+            if calls[0] == k:
+                raise _Crash()
+            return fn(*a)
+        monkeypatch.setattr(files.os, "replace", lambda *a: step(real_replace, *a))
+        monkeypatch.setattr(files, "_fsync", lambda p: step(real_fsync, p))
+        try:
+            save_quantized(new, tmp_path)
+            finished = True
+        except _Crash:
+            finished = False
+        monkeypatch.setattr(files.os, "replace", real_replace)
+        monkeypatch.setattr(files, "_fsync", real_fsync)
+        outcomes.append(_which(tmp_path, old, new))
+        if finished:
+            steps = k - 1
+            break
+        save_quantized(old, tmp_path)            # back to the old checkpoint for the next fault point
+    assert steps >= 4, "save_quantized has fewer write steps than expected: the fault loop did not run"
+    assert outcomes[-1] == "new" and "old" in outcomes
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+    assert not leftovers, leftovers
+    cfg = json.loads((tmp_path / CONFIG_NAME).read_text())
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [cfg["weights"]], "old weights left behind"
+
+
+def _save_forever(path: str, seed: int) -> None:
+    torch.set_num_threads(1)
+    models = [_quantized(seed), _quantized(seed + 1)]
+    i = 0
+    while True:
+        save_quantized(models[i % 2], path)
+        i += 1
+
+
+def test_killed_while_saving_keeps_a_loadable_checkpoint(tmp_path):
+    """A child saves two models alternately without end and is killed at a random moment, several times; after
+    each kill the directory loads to one of the two, bit for bit."""
+    a, b = _quantized(5), _quantized(6)
+    save_quantized(a, tmp_path)
+    ctx = mp.get_context("spawn")
+    rng = random.Random(0)
+    for trial in range(3):
+        p = ctx.Process(target=_save_forever, args=(str(tmp_path), 5))
+        p.start()
+        time.sleep(4.0 + rng.random() * 2.0)     # past the child's start-up, into its save loop
+        p.kill()
+        p.join()
+        assert _which(tmp_path, a, b) in ("old", "new")
+
+
+@pytest.mark.parametrize("target", ["config", "weights"])
+def test_damaged_files_load_exactly_or_raise_a_named_error(tmp_path, target):
+    m = _quantized(3)
+    save_quantized(m, tmp_path)
+    cfg = json.loads((tmp_path / CONFIG_NAME).read_text())
+    f = tmp_path / (CONFIG_NAME if target == "config" else cfg["weights"])
+    good = f.read_bytes()
+    rng = random.Random(1)
+    cases = [good[:n] for n in sorted(rng.sample(range(len(good)), 40))]              # truncations
+    for _ in range(60):                                                                 # overwritten ranges
+        i = rng.randrange(len(good))
+        n = rng.randrange(1, 64)
+        cases.append(good[:i] + bytes(rng.randrange(256) for _ in range(min(n, len(good) - i))) + good[i + n:])
+    loaded = errors = 0
+    for data in cases:
+        f.write_bytes(data)
+        try:
+            with torch.device("meta"):
+                fresh = _Net().half()
+            got = load_quantized(fresh, tmp_path)
+        except (ValueError, FileNotFoundError) as e:
+            assert f.name in str(e) or CONFIG_NAME in str(e), str(e)
+            errors += 1
+            continue
+        for k, v in m.state_dict().items():           # what loads must be what was saved
+            assert torch.equal(got.state_dict()[k], v.cpu()), k
+        loaded += 1
+    f.write_bytes(good)
+    assert loaded + errors == len(cases) and errors > 0
