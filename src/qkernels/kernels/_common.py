@@ -1,4 +1,5 @@
-"""Shared @triton.jit helpers: exact rounding and fp8 conversion.
+"""Shared @triton.jit helpers: exact rounding, fp8 conversion, programmatic dependent launch (_pdl_*) and
+split-K reduced inside a kernel (_k_slice, _splitk_fixup).
 
 Rounding. `_rint` rounds half to even with the classic magic-number add: (y + 1.5*2**23) - 1.5*2**23
 is exact for |y| < 2**22. Callers clamp y to the integer range first, so this always holds, and the

@@ -177,7 +177,7 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
     if split > 1:
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
         cnt = tile_counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else
-                        grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
+                            grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
     if cfg["path"] == "tc":
@@ -189,12 +189,10 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group, int_zeros, cfg):
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
                ws, cnt, **constexprs)
-    elif cfg["path"] == "gemv":
+    else:      # gemv / mm: only the GEMV starts early under PDL (it prefetches its first weight step)
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
-               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs, **pdl_options(x2.device))
-    else:
-        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
-               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs)
+               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs,
+               **(pdl_options(x2.device) if cfg["path"] == "gemv" else {}))
     return out
 
 
