@@ -1,0 +1,75 @@
+"""Ops called from several Python threads at once, on the default stream and on a stream per thread, give the
+bits they give alone: the launch caches, plan caches and split-K counters are shared safely. GPU only: the
+Triton interpreter keeps its grid state in module globals, so on the CPU kernels run one thread at a time."""
+import threading
+
+import pytest
+import torch
+
+import qkernels as qk
+from qkernels.ops.attention import decode_attention
+
+from ..conftest import DEVICE
+
+pytestmark = pytest.mark.gpu
+THREADS = 8
+
+
+def _calls():
+    """(name, fn) pairs covering every kernel family at decode and prefill sizes, split-K paths included."""
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    x1 = torch.randn(1, 4096, device=DEVICE, dtype=torch.float16, generator=g)
+    x16 = torch.randn(16, 4096, device=DEVICE, dtype=torch.float16, generator=g)
+    w = torch.randn(4096, 4096, device=DEVICE, generator=g)
+    pw4 = qk.PackedWeight.from_float(w, 4, 128)
+    pw8 = qk.PackedWeight.from_float(w, 8, -1, symmetric=True)
+    q8 = qk.quantize(w.half(), "int8", "row")
+    a8 = torch.randint(-128, 128, (1, 4096), device=DEVICE, dtype=torch.int8, generator=g)
+    gamma = torch.rand(4096, device=DEVICE, dtype=torch.float16, generator=g)
+    q = torch.randn(2, 32, 128, device=DEVICE, dtype=torch.float16, generator=g)
+    kc = torch.randn(2, 8, 300, 128, device=DEVICE, dtype=torch.float16, generator=g)
+    vc = torch.randn(2, 8, 300, 128, device=DEVICE, dtype=torch.float16, generator=g)
+    lengths = torch.tensor([300, 77], device=DEVICE, dtype=torch.int32)
+    gu = torch.randn(16, 2 * 4096, device=DEVICE, dtype=torch.float16, generator=g)
+    return [
+        ("w4a16 M=1", lambda: qk.w4a16_linear(x1, pw4)),
+        ("w4a16 M=16", lambda: qk.w4a16_linear(x16, pw4)),
+        ("w8a16 M=1", lambda: qk.w8a16_linear(x1, pw8)),
+        ("w8a8 M=1", lambda: qk.w8a8_linear(x1, q8.data, q8.scale.reshape(-1))),
+        ("w8a8 M=16", lambda: qk.w8a8_linear(x16, q8.data, q8.scale.reshape(-1))),
+        ("int8 GEMV", lambda: qk.int8_matmul(a8, q8.data.t())),
+        ("quantize", lambda: qk.quantize(x16, "int8", "row").data),
+        ("rms_norm", lambda: qk.rms_norm(x16, gamma)),
+        ("silu_and_mul", lambda: qk.silu_and_mul(gu)),
+        ("decode_attention", lambda: decode_attention(q, kc, vc, lengths)),
+    ]
+
+
+@pytest.mark.parametrize("streams", [False, True], ids=["default stream", "a stream per thread"])
+def test_ops_from_threads_match_alone(streams):
+    calls = _calls()
+    want = {name: fn().clone() for name, fn in calls}
+    torch.cuda.synchronize()
+    errors: list = []
+    start = threading.Barrier(THREADS)
+
+    def worker(i):
+        try:
+            stream = torch.cuda.Stream() if streams else torch.cuda.current_stream()
+            start.wait()
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    for name, fn in calls[i % len(calls):] + calls[:i % len(calls)]:
+                        got = fn()
+                        stream.synchronize()
+                        if not torch.equal(got, want[name]):
+                            errors.append(f"thread {i}: {name} differs from its single-thread result")
+        except Exception as e:          # noqa: BLE001  (reported below, with the thread)
+            errors.append(f"thread {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
