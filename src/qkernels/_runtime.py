@@ -190,9 +190,14 @@ def pdl_options(device: torch.device) -> dict:
     until griddepcontrol.wait (kernels/_common._pdl_wait), and lets the next kernel start early in turn. A
     decode step is a chain of short kernels: each one's launch, ramp-up and weight fetch overlap the tail of
     the one before."""
-    if not _PDL[0] or device.type != "cuda" or is_interpreter() or torch.version.hip is not None:
-        return _NO_PDL
-    return _WITH_PDL if capability(device) >= (9, 0) else _NO_PDL
+    return _WITH_PDL if _PDL[0] and _pdl_capable(device) else _NO_PDL
+
+
+@functools.cache
+def _pdl_capable(device: torch.device) -> bool:
+    """Once per device (launchers ask on every call)."""
+    return (device.type == "cuda" and not is_interpreter() and torch.version.hip is None
+            and capability(device) >= (9, 0))
 
 
 def pdl(enabled: bool):
