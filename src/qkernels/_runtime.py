@@ -103,6 +103,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def k_splits(split_k: int, steps: int, programs: int = 1, min_programs: int | None = None) -> int:
+    """How many slices to split K into (the split-K kernels' SPLIT_K): up to split_k, and with min_programs only
+    while the grid has fewer than min_programs programs (no min_programs in a config: no split); at most one per
+    step, in equal slices of whole steps, so none is empty."""
+    if min_programs is not None:
+        split_k = min(split_k, cdiv(min_programs, programs))
+    split = max(1, min(split_k, steps))
+    return cdiv(steps, cdiv(steps, split)) if split > 1 else 1
+
+
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 

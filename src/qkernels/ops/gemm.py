@@ -11,7 +11,7 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, launch, next_pow2, pdl_options, scoped_value,
+                        device_name, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, scoped_value,
                         tile_counters)
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
@@ -109,11 +109,7 @@ def _gemv_plan(cfg: dict, M: int, N: int, K: int, kind: str):
     if p["BLOCK_K"] % 4:
         raise RuntimeError(f"GEMV config BLOCK_K={p['BLOCK_K']} must be a multiple of 4: {cfg}")
     nb = cdiv(N, p["BLOCK_N"])
-    steps = cdiv(K, p["BLOCK_K"])
-    # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of whole steps
-    split = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(int(cfg.get("MIN_PROGRAMS", 0)), nb * M), steps))
-    if split > 1:
-        split = cdiv(steps, cdiv(steps, split))
+    split = k_splits(int(cfg.get("SPLIT_K", 1)), cdiv(K, p["BLOCK_K"]), nb * M, int(cfg.get("MIN_PROGRAMS", 0)))
     plan = ((nb, M, split), split, dict(FP8=kind == "fp8", EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p))
     if len(_GEMV_PLANS) >= 4096:
         _GEMV_PLANS.clear()

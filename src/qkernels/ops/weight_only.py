@@ -24,7 +24,7 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
-                        gpu_slug, is_interpreter, launch, next_pow2, pdl_options, scoped_value, tile_counters)
+                        gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, scoped_value, tile_counters)
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
@@ -127,11 +127,8 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
     if cfg["path"] in _GLUON:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
-        steps = K // (TC_K if cfg["path"] == "tc" else WG_K)
         tiles = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
-        split = max(1, min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), tiles), steps))
-        if split > 1:
-            split = cdiv(steps, cdiv(steps, split))
+        split = k_splits(split, K // (TC_K if cfg["path"] == "tc" else WG_K), tiles, int(p.pop("MIN_PROGRAMS", 0)))
         constexprs = dict(GROUP=0 if group == K else group, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
         if cfg["path"] == "tc":
             grid = (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"]))
@@ -139,15 +136,11 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group: int, has_bias: bo
         return _keep_plan(key, cfg, (_kw_wg()._wo_wg_kernel, (tiles, split), split, constexprs))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
-        programs = cdiv(N, p["BLOCK_N"]) * M
-        split = min(split, cdiv(int(p.pop("MIN_PROGRAMS", 0)), programs))
+        split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
         kernel, grid = _kw()._wo_gemv_kernel, (cdiv(N, p["BLOCK_N"]), M)
     else:
+        split = k_splits(split, cdiv(K, p["BLOCK_K"]))
         kernel, grid = _kw()._wo_mm_kernel, (cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"]),)
-    steps = cdiv(K, p["BLOCK_K"])
-    split = max(1, min(split, steps))
-    if split > 1:
-        split = cdiv(steps, cdiv(steps, split))     # equal slices of whole steps, none empty
     if split == 1:
         grid = grid + (1,)
     else:
