@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 
 import torch
 
@@ -239,6 +240,18 @@ def tile_counters(device: torch.device, n: int) -> torch.Tensor:
             _RETIRED.append(buf)
         buf = _COUNTERS[key] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
     return buf
+
+
+_THREAD = threading.local()
+
+
+def ensure_context(device: torch.device) -> None:
+    """Make a CUDA context current on this thread, once per thread. Triton's launcher sets one itself, but it
+    encodes host-built TMA descriptors before it does: the first descriptor launch from a new Python thread would
+    fail with "invalid device context". Any runtime call on the device makes its primary context current."""
+    if not getattr(_THREAD, "has_context", False):
+        torch.cuda.current_stream(device).query()
+        _THREAD.has_context = True
 
 
 def _arg_facts(args: tuple) -> tuple:

@@ -24,7 +24,8 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
-                        gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, scoped_value, tile_counters)
+                        ensure_context, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options,
+                        scoped_value, tile_counters)
 from ..packed_weight import PackedWeight
 
 X_DTYPES = (torch.float16, torch.bfloat16)
@@ -202,6 +203,7 @@ def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
     """TMA descriptors of x [M, K] (blocks [block_m, 64]) and of the code bytes [N, K / 2] (blocks
     [block_n, 32])."""
     desc, x_layout, w_layout = _wg_layouts()
+    ensure_context(x2.device)
     return (desc.from_tensor(x2, [block_m, WG_K], x_layout),
             desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
 
