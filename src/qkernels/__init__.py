@@ -23,9 +23,10 @@ _EXPORTS = {
     "load_quantized": ".nn.convert", "load_pretrained": ".nn.checkpoints", "save_gptq": ".nn.checkpoints",
     "QKernelsConfig": ".nn.hf",
     "FORMATS": ".formats", "GRANULARITIES": ".formats",
+    "W8A8": ".schemes", "WeightOnly": ".schemes", "PER_CHANNEL": ".schemes", "parse_scheme": ".schemes",
     "poison_outputs": "._runtime",
 }
-_SUBMODULES = ("reference", "formats", "ops", "kernels", "bench", "nn")
+_SUBMODULES = ("reference", "formats", "schemes", "ops", "kernels", "bench", "nn")
 
 __all__ = sorted(_EXPORTS)
 

@@ -82,7 +82,7 @@ def cmd_eval(args) -> int:
     from qkernels.eval import ppl
     schemes = tuple(s for s in args.schemes.split(",") if s) or ppl.DEFAULT_SCHEMES
     for s in schemes:
-        ppl.parse_scheme(s)            # fail before loading anything
+        ppl.parse_spec(s)              # fail before loading anything
     dtype = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
     ppl.run(args.model, schemes, tokens=args.tokens, ctx=args.ctx, stride=args.stride, dtype=dtype, out=args.out,
             text=args.text)
@@ -201,6 +201,16 @@ def _stop_ids(path, tokenizer) -> list[int]:
     return sorted(set(ids))
 
 
+def _scheme_arg(text: str) -> str:
+    """--scheme: any string qkernels.schemes.parse_scheme reads (checked here, parsed again where it is used)."""
+    from qkernels.schemes import parse_scheme
+    try:
+        parse_scheme(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="qkernels", description="qkernels: quantized Triton kernels")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -232,7 +242,8 @@ def main(argv=None) -> int:
     q = sub.add_parser("quantize", help="quantize a Hugging Face model directory and write it out")
     q.add_argument("model", metavar="MODEL_DIR")
     q.add_argument("out_dir", metavar="OUT_DIR")
-    q.add_argument("--scheme", default="w4a16", choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"))
+    q.add_argument("--scheme", default="w4a16", type=_scheme_arg,
+                   help="w4a16 (default), w8a16, w8a8, w8a8-fp8; group and symmetry may be written in: w4a16-g64-sym")
     q.add_argument("--method", default="rtn", choices=("rtn", "gptq", "awq", "awq+gptq"),
                    help="weight-only schemes: rtn (no calibration), gptq, awq or awq+gptq (need --calib-text)")
     q.add_argument("--group-size", type=int, default=None, help="weight-only schemes (default 128 for w4a16)")
@@ -248,7 +259,8 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", help="stream a completion from a Hugging Face model directory (decoder runtime)")
     g.add_argument("model", help="model directory: config.json, *.safetensors, tokenizer.json")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--scheme", default=None, choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"))
+    g.add_argument("--scheme", default=None, type=_scheme_arg,
+                   help="quantize while loading: w4a16, w8a16, w8a8, w8a8-fp8 (or e.g. w4a16-g64-sym)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)

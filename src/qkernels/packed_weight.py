@@ -28,21 +28,18 @@ import torch
 
 from . import reference as ref
 from ._runtime import check_tensor
-
-GROUP_SIZES = "a power of two >= 32, or -1 (one group per output channel)"
+from .schemes import PER_CHANNEL, check_group_size
 SCALE_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _check_group(group_size: int, K: int, bits: int) -> int:
     """Validates group_size against K; returns the effective group length (K for -1)."""
-    if not isinstance(group_size, int) or not (group_size == -1 or (group_size >= 32 and
-                                                                    group_size & (group_size - 1) == 0)):
-        raise ValueError(f"group_size must be {GROUP_SIZES}, got {group_size!r}")
-    if group_size != -1 and K % group_size:
+    check_group_size(group_size)
+    if group_size != PER_CHANNEL and K % group_size:
         raise ValueError(f"K={K} (the input features) must be a multiple of group_size={group_size}")
     if bits == 4 and K % 2:
         raise ValueError(f"K={K} must be even for 4-bit weights (two codes per byte)")
-    return K if group_size == -1 else group_size
+    return K if group_size == PER_CHANNEL else group_size
 
 
 def qweight_width(K: int, bits: int) -> int:
@@ -51,7 +48,7 @@ def qweight_width(K: int, bits: int) -> int:
 
 
 def num_groups(group_size: int, K: int) -> int:
-    return 1 if group_size == -1 else K // group_size
+    return 1 if group_size == PER_CHANNEL else K // group_size
 
 
 def _check_bits(bits: int) -> None:
@@ -117,7 +114,7 @@ class PackedWeight:
 
     @property
     def group_len(self) -> int:
-        return self.shape[1] if self.group_size == -1 else self.group_size
+        return self.shape[1] if self.group_size == PER_CHANNEL else self.group_size
 
     @property
     def device(self) -> torch.device:
@@ -178,7 +175,7 @@ class PackedWeight:
         G = _check_group(group_size, K, bits)
         sdt = scale_dtype or (weight.dtype if weight.dtype in SCALE_DTYPES else torch.float16)
         _check_scale_dtype(sdt)
-        gran = "row" if group_size == -1 else "group"
+        gran = "row" if group_size == PER_CHANNEL else "group"
         fmt = "int4" if bits == 4 else "int8"
         _, s, zp = ref.quantize(weight, fmt, gran, G, symmetric)
         s = s.to(sdt).float()          # codes are chosen for the scale as stored (fp16 / bf16)
@@ -268,7 +265,7 @@ class PackedWeight:
         z = _unpack_words(qzeros, bits)[:, :N].to(torch.int16)   # [ng, N]
         if checkpoint_format == "gptq":
             z = z + 1
-        gs = -1 if G == K else G
+        gs = PER_CHANNEL if G == K else G
         return cls.from_int(q.t().contiguous(), scales.t().contiguous(), z.t().contiguous().to(scales.dtype),
                             bits=bits, group_size=gs, g_idx=g_idx)
 
@@ -292,7 +289,7 @@ class PackedWeight:
         G = group_size or K // ng
         q = _awq_columns(_unpack_words(qweight, 4))      # [K, N]
         z = _awq_columns(_unpack_words(qzeros, 4))       # [ng, N]
-        gs = -1 if G == K else G
+        gs = PER_CHANNEL if G == K else G
         return cls.from_int(q.t().contiguous(), scales.t().contiguous(), z.t().contiguous().to(scales.dtype),
                             bits=4, group_size=gs)
 

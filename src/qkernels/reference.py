@@ -33,6 +33,7 @@ import math
 import torch
 
 from .formats import SCALE_MIN, QFormat, get_format
+from .schemes import PER_CHANNEL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,8 +282,7 @@ def weight_only_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros, b
     """[N, K] weight in input-channel order: W[n, perm[k]] = (u[n, k] - z[n, k // G]) * s[n, k // G]
     in fp32 (z = 2**(bits - 1) when zeros is None), then cast to dtype."""
     u = unpack_weight_codes(qweight, bits, K).to(torch.float32)
-    N = u.shape[0]
-    G = K if group_size == -1 else group_size
+    G = K if group_size == PER_CHANNEL else group_size
     s = scales.to(torch.float32).repeat_interleave(G, dim=1)[:, :K]
     z = (zeros.to(torch.float32).repeat_interleave(G, dim=1)[:, :K] if zeros is not None
          else torch.full_like(u, float(2 ** (bits - 1))))

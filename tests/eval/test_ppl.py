@@ -4,22 +4,25 @@ import math
 import pytest
 import torch
 
-from qkernels.eval.ppl import parse_scheme, perplexity
+from qkernels.eval.ppl import parse_spec, perplexity
+from qkernels.schemes import W8A8, WeightOnly
 
 transformers = pytest.importorskip("transformers")
 
 
-def test_parse_scheme():
-    assert parse_scheme("w8a8") == ("w8a8", {})
-    assert parse_scheme("w8a8-fp8-sq") == ("w8a8-fp8", {"smooth": True})
-    assert parse_scheme("w4a16-g64-sym") == ("w4a16", {"group_size": 64, "symmetric": True})
-    assert parse_scheme("w8a16-g-1") == ("w8a16", {"group_size": -1})
-    assert parse_scheme("w4a16-g64-gptq-act") == ("w4a16", {"group_size": 64, "method": "gptq", "act_order": True})
-    assert parse_scheme("w4a16-g32-awq+gptq") == ("w4a16", {"group_size": 32, "method": "awq+gptq"})
-    assert parse_scheme("w4a16-awq") == ("w4a16", {"method": "awq"})
-    for bad in ("w4a16-sq", "w4a16-g64-awq-act", "w8a8-gptq"):
-        with pytest.raises(ValueError, match="scheme must look like"):
-            parse_scheme(bad)
+def test_parse_spec():
+    assert parse_spec("w8a8") == (W8A8(), {})
+    assert parse_spec("w8a8-fp8-sq") == (W8A8(fp8=True), {"smooth": True})
+    assert parse_spec("w4a16-g64-sym") == (WeightOnly(4, 64, True), {})
+    assert parse_spec("w8a16-g-1") == (WeightOnly(8, -1), {})
+    assert parse_spec("w4a16-g64-gptq-act") == (WeightOnly(4, 64), {"method": "gptq", "act_order": True})
+    assert parse_spec("w4a16-g32-awq+gptq") == (WeightOnly(4, 32), {"method": "awq+gptq"})
+    assert parse_spec("w4a16-awq") == (WeightOnly(4), {"method": "awq"})
+    assert parse_spec("w4a16-rtn") == (WeightOnly(4), {})
+    for bad, why in (("w4a16-sq", "-sq applies to the w8a8"), ("w4a16-g64-awq-act", "-act .* applies to -gptq"),
+                     ("w8a8-gptq", "a method to the weight-only"), ("w5a16", "scheme must be w8a8")):
+        with pytest.raises(ValueError, match=why):
+            parse_spec(bad)
 
 
 def _model():

@@ -168,7 +168,7 @@ def test_bad_inputs(tmp_path):
         from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model_type must be one of"):
         ModelArgs.from_hf(dict(TINY, model_type="gpt2"))
-    with pytest.raises(ValueError, match="scheme must be None or one of"):
+    with pytest.raises(ValueError, match="scheme must be w8a8, w8a8-fp8.*got 'w3a16'"):
         from_pretrained(tmp_path, "w3a16")
     m = from_pretrained(hf_model("llama"), device=DEVICE, dtype=torch.float32)
     with pytest.raises(ValueError, match="exceeds the model's context of 256"):

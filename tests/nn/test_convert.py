@@ -10,6 +10,7 @@ from torch import nn
 import qkernels
 from qkernels.nn import QuantizedLinear
 from qkernels.nn.convert import CONFIG_NAME, _scheme_error, load_quantized, quantize_, save_quantized
+from qkernels.schemes import W8A8
 from tests.conftest import DEVICE, ON_GPU
 from tests.helpers import assert_bit_exact, rel_err
 
@@ -100,11 +101,11 @@ def test_cast_keeps_codes_and_scales():
 
 def test_bad_arguments():
     m = _model()
-    with pytest.raises(ValueError, match="scheme must be one of"):
+    with pytest.raises(ValueError, match="scheme must be w8a8, w8a8-fp8, or w4a16 / w8a16.*got 'int3'"):
         quantize_(m, "int3")
     with pytest.raises(ValueError, match="group_size"):
         quantize_(m, "w4a16", group_size=48)
-    with pytest.raises(ValueError, match="group_size must be None or -1"):
+    with pytest.raises(ValueError, match="'w8a8' quantizes weights per output channel"):
         quantize_(m, "w8a8", group_size=128)
     with pytest.raises(TypeError, match="model must be an nn.Module"):
         quantize_("model", "w8a8")
@@ -116,9 +117,9 @@ def test_fp8_scheme_needs_fp8_gpu(monkeypatch):
     import qkernels._runtime as rt
     monkeypatch.setattr(rt, "capability", lambda d: (8, 0))
     monkeypatch.setattr(rt, "device_name", lambda d=None: "NVIDIA A100")
-    msg = _scheme_error("w8a8-fp8", torch.device("cuda"))
+    msg = _scheme_error(W8A8(fp8=True), torch.device("cuda"))
     assert "compute capability >= 8.9" in msg and "8.0" in msg and "A100" in msg
-    assert _scheme_error("w8a8", torch.device("cuda")) is None
+    assert _scheme_error(W8A8(), torch.device("cuda")) is None
 
 
 def _act_order_layer():
@@ -249,7 +250,7 @@ def test_load_refuses_a_checkpoint_of_another_configuration(tmp_path):
 @pytest.mark.parametrize("damage,match", [
     (lambda j: j["layers"][next(iter(j["layers"]))].pop("dtype"), r"layer '.*': the entry has no 'dtype'"),
     (lambda j: j["layers"][next(iter(j["layers"]))].update(in_features=-3), r"'in_features' must be a positive int"),
-    (lambda j: j["layers"][next(iter(j["layers"]))].update(scheme="w3a5"), r"scheme must be one of"),
+    (lambda j: j["layers"][next(iter(j["layers"]))].update(scheme="w3a5"), r"scheme must be one of \('w8a8'"),
     (lambda j: j.update(version=99), r"format version 99"),
     (lambda j: j.update(weights="../elsewhere.safetensors"), r"'weights' must name a \.safetensors file"),
 ])

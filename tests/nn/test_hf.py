@@ -29,7 +29,7 @@ def test_quantize_on_load_generate_save_and_load_back(float_dir, tmp_path, kw):
     m = AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=qk.QKernelsConfig(**kw), dtype=dt)
     m = m.to(DEVICE)
     quantized = {n for n, x in m.named_modules() if isinstance(x, QuantizedLinear)}
-    assert len(quantized) == 14 and all(x.scheme == kw["scheme"] for x in m.modules()
+    assert len(quantized) == 14 and all(x.scheme.name == kw["scheme"] for x in m.modules()
                                         if isinstance(x, QuantizedLinear))
     # the same weights through quantize_ directly
     ref = AutoModelForCausalLM.from_pretrained(float_dir, dtype=dt).to(DEVICE)
@@ -55,7 +55,9 @@ def test_quantize_on_load_generate_save_and_load_back(float_dir, tmp_path, kw):
 
 
 def test_config_is_checked():
-    with pytest.raises(ValueError, match="scheme must be one of"):
+    with pytest.raises(ValueError, match="scheme must be w8a8, w8a8-fp8.*got 'int3'"):
         qk.QKernelsConfig(scheme="int3")
-    with pytest.raises(ValueError, match="group_size applies to the weight-only schemes"):
+    with pytest.raises(ValueError, match="w8a8. quantizes weights per output channel"):
         qk.QKernelsConfig(scheme="w8a8", group_size=64)
+    cfg = qk.QKernelsConfig(scheme="w4a16-g64")        # stored resolved: plain JSON values, defaults filled in
+    assert (cfg.scheme, cfg.group_size, cfg.symmetric) == ("w4a16", 64, False)

@@ -124,7 +124,7 @@ MATRIX = [
     Bad("QuantizedLinear.from_linear", "type", lambda: qk.QuantizedLinear.from_linear(torch.nn.Conv1d(4, 4, 1)),
         TypeError, r"linear must be an nn.Linear, got Conv1d"),
     Bad("QuantizedLinear.from_linear", "value", lambda: qk.QuantizedLinear.from_linear(torch.nn.Linear(4, 4), "w3a3"),
-        ValueError, r"scheme must be one of .*got 'w3a3'"),
+        ValueError, r"scheme must be w8a8, w8a8-fp8, .*got 'w3a3'"),
     Bad("quantize_", "dtype", lambda: qk.quantize_(torch.nn.Sequential(torch.nn.Linear(64, 64)), "w8a8", progress=False),
         TypeError, r"layer '0' has weight dtype float32: pass dtype=torch.float16"),
     Bad("quantize_", "GPU capability", lambda: qk.quantize_(torch.nn.Sequential(torch.nn.Linear(64, 64, device=D).half()),

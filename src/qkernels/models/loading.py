@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from ..nn.checkpoints import SafetensorsDir
-from ..nn.linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
+from ..nn.linear import QuantizedLinear
+from ..schemes import Scheme, parse_scheme
 from .config import ModelArgs
 from .llama import Transformer
 
@@ -112,18 +113,17 @@ def merge_linears(mods: list[nn.Module], device, dtype) -> nn.Module:
     if any(facts(m) != facts(first) for m in mods):
         raise ValueError(f"cannot merge quantized projections of different configurations: "
                          f"{[facts(m) for m in mods]}")
-    if first.scheme in WEIGHT_ONLY_BITS:
+    if first.scheme.weight_only:
         perms = [m.perm for m in mods]
         if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
             return Concat([m.to(device) for m in mods])
     N = sum(m.out_features for m in mods)
     out = QuantizedLinear(first.in_features, N, first.bias is not None, first.scheme, "meta",
-                          dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16,
-                          getattr(first, "group_size", None), getattr(first, "symmetric", False))
-    names = ["qweight", "scale_zero"] if first.scheme in WEIGHT_ONLY_BITS else ["weight", "weight_scale"]
+                          dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16)
+    names = ["qweight", "scale_zero"] if first.scheme.weight_only else ["weight", "weight_scale"]
     for n in names + (["bias"] if first.bias is not None else []):
         setattr(out, n, torch.cat([getattr(m, n).detach().to(device) for m in mods]))
-    if first.scheme in WEIGHT_ONLY_BITS:
+    if first.scheme.weight_only:
         out.perm = first.perm.to(device) if first.perm is not None else None
         out.int_zeros = first.int_zeros
     return out
@@ -141,19 +141,15 @@ class Concat(nn.Module):
         return torch.cat([m(x) for m in self.linears], dim=-1)
 
 
-def _quantize(lin: nn.Module, name: str, scheme: str | None, kwargs: dict, skipped: list) -> nn.Module:
+def _quantize(lin: nn.Module, name: str, scheme: Scheme | None, skipped: list) -> nn.Module:
     if scheme is None or not isinstance(lin, nn.Linear) or isinstance(lin, QuantizedLinear):
         return lin
     from ..nn.convert import _layer_problem
-    bits = WEIGHT_ONLY_BITS.get(scheme)
-    gs = kwargs.get("group_size")
-    gs = gs if gs is not None else (128 if bits == 4 else -1)
-    why = _layer_problem(lin, scheme, gs)
+    why = _layer_problem(lin, scheme)
     if why:
         skipped.append(f"{name} ({why})")
         return lin
-    return QuantizedLinear.from_linear(lin, scheme, group_size=gs if bits else None,
-                                       symmetric=kwargs.get("symmetric"))
+    return QuantizedLinear.from_linear(lin, scheme)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,20 +177,24 @@ def _source(src):
     return _DirSource(path)
 
 
-def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None, dtype: torch.dtype | None = None,
-                    quantize_lm_head: bool = False, progress: bool = False, **quantize_kwargs) -> Transformer:
+def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, device=None,
+                    dtype: torch.dtype | None = None, quantize_lm_head: bool = False, progress: bool = False,
+                    **quantize_kwargs) -> Transformer:
     """Build the decoder from a Hugging Face model directory (config.json + safetensors; transformers not
     needed), an already-loaded Hugging Face model, or a save_quantized checkpoint directory.
 
-    scheme: None (keep the checkpoint's float weights, or its quantized layers), "w4a16", "w8a16", "w8a8"
-    or "w8a8-fp8"; quantize_kwargs (group_size, symmetric) as for quantize_. lm_head stays in float unless
+    scheme: None (keep the checkpoint's float weights, or its quantized layers) or a qkernels.schemes object
+    or string ("w4a16", "w8a16", "w8a8", "w8a8-fp8", "w4a16-g64-sym", ...); quantize_kwargs (group_size,
+    symmetric) as for quantize_. lm_head stays in float unless
     quantize_lm_head. device: default CUDA when there is one; dtype: default the checkpoint's torch_dtype
     (float16 / bfloat16; float32 is accepted for checking small models on the CPU)."""
-    if scheme is not None and scheme not in SCHEMES:
-        raise ValueError(f"scheme must be None or one of {SCHEMES}, got {scheme!r}")
     unknown = set(quantize_kwargs) - {"group_size", "symmetric"}
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)} (quantize options: group_size, symmetric)")
+    if scheme is not None:
+        scheme = parse_scheme(scheme, **quantize_kwargs)
+    elif any(v is not None for v in quantize_kwargs.values()):
+        raise ValueError(f"{sorted(quantize_kwargs)} apply with a scheme, got scheme=None")
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if scheme is not None:
         from ..nn.convert import _scheme_error
@@ -211,7 +211,7 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
         raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
     quant = getattr(src, "quant", None)
     if (scheme is not None or quant is not None) and dtype == torch.float32:
-        what = f"scheme {scheme!r}" if scheme is not None else f"the checkpoint's {quant.method.upper()} layers"
+        what = f"scheme {scheme.name!r}" if scheme is not None else f"the checkpoint's {quant.method.upper()} layers"
         raise TypeError(f"{what} take(s) float16 / bfloat16 activations: pass dtype=torch.float16 or torch.bfloat16")
 
     model = Transformer(args)
@@ -231,9 +231,9 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
         blk = model.layers[i]
         att = blk.attention
         qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias, dtype) for n in "qkv"]
-        att.wqkv = _quantize(merge_linears(qkv, device, dtype), p + "self_attn.qkv", scheme, quantize_kwargs, skipped)
+        att.wqkv = _quantize(merge_linears(qkv, device, dtype), p + "self_attn.qkv", scheme, skipped)
         att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias, dtype), device, dtype),
-                           p + "self_attn.o_proj", scheme, quantize_kwargs, skipped)
+                           p + "self_attn.o_proj", scheme, skipped)
         if args.qk_norm:
             att.q_norm = param(get(p + "self_attn.q_norm.weight"))
             att.k_norm = param(get(p + "self_attn.k_norm.weight"))
@@ -246,9 +246,9 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
         else:
             gu = [src.linear(p + f"mlp.{n}_proj", False, dtype) for n in ("gate", "up")]
             blk.feed_forward.w_gate_up = _quantize(merge_linears(gu, device, dtype), p + "mlp.gate_up", scheme,
-                                                   quantize_kwargs, skipped)
+                                                   skipped)
             blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False, dtype), device, dtype),
-                                                p + "mlp.down_proj", scheme, quantize_kwargs, skipped)
+                                                p + "mlp.down_proj", scheme, skipped)
             blk.ffn_norm = param(get(p + "post_attention_layernorm.weight"))
     model.norm = param(get("model.norm.weight"))
     if src.has("lm_head.weight") and not args.tie_word_embeddings:
@@ -256,9 +256,9 @@ def from_pretrained(path_or_hf_model, scheme: str | None = None, *, device=None,
     else:
         head = _float_linear(model.tok_embeddings.weight, None, device, dtype)
         head.weight = model.tok_embeddings.weight                      # tied: one tensor
-    model.output = _quantize(head, "lm_head", scheme if quantize_lm_head else None, quantize_kwargs, skipped)
+    model.output = _quantize(head, "lm_head", scheme if quantize_lm_head else None, skipped)
     if skipped:
-        warnings.warn(f"from_pretrained({scheme!r}): {len(skipped)} linear layer(s) left in high precision: "
+        warnings.warn(f"from_pretrained({scheme.name!r}): {len(skipped)} linear layer(s) left in high precision: "
                       + "; ".join(skipped), stacklevel=2)
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if leftover:

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from ..packed_weight import PackedWeight
-from .linear import WEIGHT_ONLY_BITS, QuantizedLinear
+from ..schemes import PER_CHANNEL, check_group_size
+from .linear import QuantizedLinear
 
 
 class SafetensorsDir:
@@ -86,15 +87,15 @@ class SafetensorsDir:
             if q.method == "gptq":
                 g_idx = t("g_idx") if self.has(name + ".g_idx") else None
                 pw = PackedWeight.from_gptq(t("qweight"), t("qzeros"), t("scales"), g_idx, bits=q.bits,
-                                            group_size=None if q.group_size == -1 else q.group_size,
+                                            group_size=None if q.group_size == PER_CHANNEL else q.group_size,
                                             checkpoint_format=q.checkpoint_format)
             else:
                 pw = PackedWeight.from_awq(t("qweight"), t("qzeros"), t("scales"),
-                                           group_size=None if q.group_size == -1 else q.group_size)
+                                           group_size=None if q.group_size == PER_CHANNEL else q.group_size)
         except (ValueError, TypeError) as e:
             raise ValueError(f"{self.path}: the {q.method.upper()} tensors of {name!r} do not fit the format: {e}") \
                 from None
-        if q.group_size != -1 and pw.group_len != q.group_size:
+        if q.group_size != PER_CHANNEL and pw.group_len != q.group_size:
             raise ValueError(f"{self.path}: {name!r} has groups of {pw.group_len} input channels, quantization_config "
                              f"says group_size={q.group_size}")
         if shape is not None and tuple(pw.shape) != tuple(shape):
@@ -150,8 +151,10 @@ def quant_spec(config: dict, where: str = "config.json") -> CheckpointQuant | No
     else:
         raise ValueError(f"{where}: quantization_config.quant_method must be 'gptq' or 'awq', got "
                          f"{qc.get('quant_method')!r}")
-    if not isinstance(gs, int) or not (gs == -1 or (gs >= 32 and gs & (gs - 1) == 0)):
-        raise ValueError(f"{where}: group_size must be -1 or a power of two >= 32, got {gs!r}")
+    try:
+        check_group_size(gs)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
     return spec
 
 
@@ -279,9 +282,10 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
     qs = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     if not qs:
         raise ValueError("model has no QuantizedLinear layers: nothing to write in the GPTQ format")
-    bad = [n for n, m in qs.items() if m.scheme not in WEIGHT_ONLY_BITS]
+    bad = [n for n, m in qs.items() if not m.scheme.weight_only]
     if bad:
-        raise ValueError(f"the GPTQ format holds weight-only layers (w4a16 / w8a16); {bad[:4]} are {qs[bad[0]].scheme}")
+        raise ValueError(f"the GPTQ format holds weight-only layers (w4a16 / w8a16); {bad[:4]} are "
+                         f"{qs[bad[0]].scheme.name}")
     facts = {n: (m.bits, m.group_size, m.symmetric, m.perm is not None) for n, m in qs.items()}
     first = next(iter(facts.values()))
     odd = [n for n, f in facts.items() if f != first]

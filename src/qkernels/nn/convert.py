@@ -19,22 +19,20 @@ import torch
 from torch import nn
 
 from .fused import QuantizedMLP, RMSNorm, fusable, is_rms_norm
-from .linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
+from ..schemes import PER_CHANNEL, SCHEME_NAMES, W8A8, Scheme, parse_scheme
+from .linear import QuantizedLinear
 
 CONFIG_NAME = "qkernels_config.json"
 WEIGHTS_NAME = "model.safetensors"   # the weights of checkpoints whose config names none (older ones)
 _OUR_WEIGHTS = re.compile(r"model-[0-9a-f]{12}\.safetensors")   # what save_quantized names its weights
 _BUFFER_PREFIX = "__buffer__."   # non-persistent buffers (e.g. rotary inv_freq) saved under this prefix
 FORMAT_VERSION = 1
-_FUSED_SCHEMES = ("w8a8", "w8a8-fp8")
 METHODS = ("rtn", "gptq", "awq", "awq+gptq")
 
 
-def _scheme_error(scheme: str, device: torch.device) -> str | None:
+def _scheme_error(scheme: Scheme, device: torch.device) -> str | None:
     """Why `scheme` cannot run on `device` (None when it can)."""
-    if scheme not in SCHEMES:
-        return f"scheme must be one of {SCHEMES}, got {scheme!r}"
-    if scheme == "w8a8-fp8" and device.type == "cuda":
+    if not scheme.weight_only and scheme.fp8 and device.type == "cuda":
         from .._runtime import capability, device_name
         cap = capability(device)
         if cap < (8, 9):
@@ -43,12 +41,14 @@ def _scheme_error(scheme: str, device: torch.device) -> str | None:
     return None
 
 
-def _layer_problem(layer: nn.Linear, scheme: str, group_size: int) -> str | None:
+def _layer_problem(layer: nn.Linear, scheme: Scheme) -> str | None:
     """Why this layer's shape cannot take the scheme (it then stays in high precision)."""
     K = layer.in_features
-    if scheme == "w4a16" and group_size != -1 and K % group_size:
-        return f"in_features={K} is not divisible by group_size={group_size}"
-    if scheme == "w8a8":
+    if scheme.weight_only and scheme.group_size != PER_CHANNEL and K % scheme.group_size:
+        return f"in_features={K} is not divisible by group_size={scheme.group_size}"
+    if scheme.weight_only and scheme.bits == 4 and K % 2:
+        return f"in_features={K} is odd (4-bit codes are stored two per byte)"
+    if scheme == W8A8():
         from ..ops.gemm import MAX_K_INT8
         if K > MAX_K_INT8:
             return f"in_features={K} exceeds the exact int32 accumulation limit {MAX_K_INT8}"
@@ -72,16 +72,17 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
-def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, symmetric: bool | None = None,
+def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None = None, symmetric: bool | None = None,
               filter_fn: Callable[[nn.Module, str], bool] | None = None, skip=("lm_head",),
               device=None, dtype: torch.dtype | None = None, calibration=None, smooth_alpha: float = 0.5,
               method: str = "rtn", act_order: bool = False, fuse: bool = True, progress: bool = True) -> nn.Module:
     """Quantize `model` in place: every nn.Linear named `name` for which `filter_fn(module, name)` is
     true (default: all) and whose name does not end in one of `skip` becomes a QuantizedLinear.
 
-    scheme: "w8a8" (int8 weights per channel, dynamic per-token int8 activations), "w8a8-fp8",
-    "w4a16" (group_size, default 128; asymmetric unless symmetric=True) or "w8a16" (per channel
-    unless group_size is given; symmetric unless symmetric=False).
+    scheme: a qkernels.schemes object or the string it parses from: "w8a8" (int8 weights per channel,
+    dynamic per-token int8 activations), "w8a8-fp8", "w4a16" (group_size, default 128; asymmetric unless
+    symmetric=True) or "w8a16" (per channel unless group_size is given; symmetric unless symmetric=False);
+    group and symmetry may also be written into the string ("w4a16-g64-sym", "w4a16-pc").
     Activations are fp16 / bf16: a float32 model needs `dtype` (float16 / bfloat16), to which the
     whole model is cast. Layers the scheme cannot take (e.g. in_features not
     divisible by group_size) stay in high precision and are listed in one warning.
@@ -103,46 +104,37 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    scheme = parse_scheme(scheme, group_size=group_size, symmetric=symmetric)
     if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"dtype must be float16 or bfloat16 (the activation dtype), got {dtype}")
     device = torch.device(device) if device is not None else None
-    bits = WEIGHT_ONLY_BITS.get(scheme)
-    gs = group_size if group_size is not None else (128 if bits == 4 else -1)
-    if bits is not None:
-        from ..packed_weight import _check_group
-        _check_group(gs, max(gs, 64), bits)   # group_size itself valid (pow2 >= 32 or -1)
-    elif group_size not in (None, -1):
-        raise ValueError(f"scheme {scheme!r} quantizes weights per output channel; group_size must be None or -1, "
-                         f"got {group_size!r}")
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method != "rtn":
-        if bits is None:
+        if not scheme.weight_only:
             raise ValueError(f"method {method!r} applies to the weight-only schemes (w4a16, w8a16), got scheme "
-                             f"{scheme!r}")
+                             f"{scheme.name!r}")
         if calibration is None:
             raise ValueError(f"method {method!r} needs calibration: token ids [batch, seq] or an iterable of them")
         from .calibrate import batches_of
         calibration = batches_of(calibration)       # checked before anything changes
     elif calibration is not None:
-        if not scheme.startswith("w8a8"):
+        if scheme.weight_only:
             raise ValueError(f"calibration feeds SmoothQuant (w8a8 schemes) or method='gptq' / 'awq' (weight-only "
-                             f"schemes); got scheme {scheme!r} with method 'rtn'")
+                             f"schemes); got scheme {scheme.name!r} with method 'rtn'")
         from .smooth import smooth_
         smooth_(model, calibration, smooth_alpha)
     if act_order and "gptq" not in method:
         raise ValueError(f"act_order applies to method='gptq' / 'awq+gptq', got method {method!r}")
 
     mlp_layers = []
-    if fuse and scheme in _FUSED_SCHEMES:
+    if fuse and not scheme.weight_only:
         for name, mod in model.named_modules():
             if fusable(mod):
                 names = [f"{name}.mlp.{p}" if name else f"mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
                 if not any(_skipped(n, skip) or (filter_fn is not None and not filter_fn(model.get_submodule(n), n))
-                           or _layer_problem(model.get_submodule(n), scheme, gs) for n in names):
+                           or _layer_problem(model.get_submodule(n), scheme) for n in names):
                     mlp_layers.append(name)
     in_fused = tuple(f"{n}.mlp." if n else "mlp." for n in mlp_layers)
     targets, skipped = [], []
@@ -153,7 +145,7 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
             continue
         if _skipped(name, skip) or (filter_fn is not None and not filter_fn(mod, name)):
             continue
-        why = _layer_problem(mod, scheme, gs)
+        why = _layer_problem(mod, scheme)
         if why:
             skipped.append(f"{name} ({why})")
         else:
@@ -174,18 +166,19 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     packed = {}
     if targets and method != "rtn":
         chosen = set(targets)
-        sym = symmetric if symmetric is not None else bits == 8
         sdt = dtype or model.get_submodule(targets[0]).weight.dtype
         sdt = sdt if sdt in (torch.float16, torch.bfloat16) else torch.float16
         if "awq" in method:
             from .awq import awq_
             # before GPTQ, whose per-group range search replaces AWQ's clipping (both would shrink the ranges)
-            awq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, clip=method == "awq",
-                 device=device, scale_dtype=sdt, progress=progress)
+            awq_(model, calibration, scheme.bits, scheme.group_size, scheme.symmetric,
+                 wanted=lambda n, m: n in chosen, clip=method == "awq", device=device, scale_dtype=sdt,
+                 progress=progress)
         if "gptq" in method:
             from .gptq import gptq_
-            packed = gptq_(model, calibration, bits, gs, sym, wanted=lambda n, m: n in chosen, act_order=act_order,
-                           device=device, scale_dtype=sdt, progress=progress)
+            packed = gptq_(model, calibration, scheme.bits, scheme.group_size, scheme.symmetric,
+                           wanted=lambda n, m: n in chosen, act_order=act_order, device=device, scale_dtype=sdt,
+                           progress=progress)
     if mlp_layers:
         err = _scheme_error(scheme, device or model.get_submodule(mlp_layers[0]).mlp.gate_proj.weight.device)
         if err:
@@ -206,7 +199,7 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
     if progress:
         try:
             from tqdm.auto import tqdm
-            it = tqdm(targets, desc=f"quantize_ {scheme}", unit="layer", leave=False)
+            it = tqdm(targets, desc=f"quantize_ {scheme.name}", unit="layer", leave=False)
         except ImportError:
             pass
     for name in it:
@@ -220,13 +213,13 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
         if name in packed:
             q = QuantizedLinear.from_packed(packed.pop(name).to(dev), src.bias)
         else:
-            q = QuantizedLinear.from_linear(src, scheme, group_size=gs if bits else None, symmetric=symmetric)
+            q = QuantizedLinear.from_linear(src, scheme)
         _set_module(model, name, q)
         del src, lin, w                      # the float weight goes now, not at the end
     if device is not None or dtype is not None:
         model.to(device=device, dtype=dtype)   # QuantizedLinear keeps its codes' and fp32 scales' dtypes
     if skipped:
-        warnings.warn(f"quantize_({scheme!r}): {len(skipped)} linear layer(s) left in high precision: "
+        warnings.warn(f"quantize_({scheme.name!r}): {len(skipped)} linear layer(s) left in high precision: "
                       + "; ".join(skipped), stacklevel=2)
     return model
 
@@ -236,14 +229,26 @@ def quantize_(model: nn.Module, scheme: str, *, group_size: int | None = None, s
 
 
 def _layer_entry(q: QuantizedLinear) -> dict:
-    e = {"scheme": q.scheme, "in_features": q.in_features, "out_features": q.out_features,
+    e = {"scheme": q.scheme.name, "in_features": q.in_features, "out_features": q.out_features,
          "bias": q.bias is not None}
-    if q.scheme in WEIGHT_ONLY_BITS:
+    if q.scheme.weight_only:
         e.update(group_size=q.group_size, symmetric=q.zeros is None, act_order=q.perm is not None,
                  dtype=str(q.scales.dtype).replace("torch.", ""))
     else:
         e.update(dtype=str(q.bias.dtype).replace("torch.", "") if q.bias is not None else "float16")
     return e
+
+
+def _layer_from_entry(e: dict) -> QuantizedLinear:
+    """The empty (meta) QuantizedLinear a layer entry describes (_layer_entry's inverse)."""
+    scheme = parse_scheme(e["scheme"])
+    if scheme.weight_only:
+        scheme = parse_scheme(scheme.name, group_size=e.get("group_size"), symmetric=e.get("symmetric", False))
+    q = QuantizedLinear(e["in_features"], e["out_features"], e["bias"], scheme, device="meta",
+                        dtype=getattr(torch, e["dtype"]))
+    if scheme.weight_only and e.get("act_order"):
+        q.perm = torch.empty(e["in_features"], dtype=torch.int64, device="meta")
+    return q
 
 
 def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
@@ -286,7 +291,7 @@ def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
     replace_atomically(out / weights, lambda tmp: save_file(tensors, str(tmp)))
     digest = file_digest(out / weights)
     fused = {"mlps": {n: {"hidden": m.hidden_size, "intermediate": m.intermediate_size,
-                          "eps": m.norm.variance_epsilon, "scheme": m.scheme, "bias": m.down_proj.bias is not None}
+                          "eps": m.norm.variance_epsilon, "scheme": m.scheme.name, "bias": m.down_proj.bias is not None}
                       for n, m in model.named_modules() if isinstance(m, QuantizedMLP)},
              "norms": {n: {"hidden": m.weight.shape[0], "eps": m.variance_epsilon}
                        for n, m in model.named_modules()
@@ -354,8 +359,8 @@ def _read_config(file: Path) -> dict:
             if not isinstance(e[key], typ) or (typ is int and (isinstance(e[key], bool) or e[key] <= 0)):
                 raise ValueError(f"{where}: {key!r} must be a{' positive' if typ is int else ''} {typ.__name__}, "
                                  f"got {e[key]!r}")
-        if e["scheme"] not in SCHEMES:
-            raise ValueError(f"{where}: scheme must be one of {SCHEMES}, got {e['scheme']!r}")
+        if e["scheme"] not in SCHEME_NAMES:
+            raise ValueError(f"{where}: scheme must be one of {SCHEME_NAMES}, got {e['scheme']!r}")
         if e["dtype"] not in _ENTRY_DTYPES:
             raise ValueError(f"{where}: dtype must be one of {_ENTRY_DTYPES}, got {e['dtype']!r}")
     return cfg
@@ -399,7 +404,7 @@ def _check_tensors(file: Path, state: dict, expected: dict, aliases: dict) -> No
 def _check_values(file: Path, state: dict, layers: dict) -> None:
     """Scales finite and positive, act-order permutations a permutation of range(in_features)."""
     for name, e in layers.items():
-        if e["scheme"] in WEIGHT_ONLY_BITS:
+        if parse_scheme(e["scheme"]).weight_only:
             scales = state[f"{name}.scale_zero"][..., 0].float()
             what = "scale"
         else:
@@ -449,15 +454,10 @@ def load_quantized(model_or_config, path, *, device="cpu") -> nn.Module:
     for name, e in cfg["layers"].items():
         if not any(name.startswith(p + ".") for p in in_mlp):
             _check_target(model, name, e, src / CONFIG_NAME)
-        dt = getattr(torch, e["dtype"])
-        wo = e["scheme"] in WEIGHT_ONLY_BITS
         try:
-            q = QuantizedLinear(e["in_features"], e["out_features"], e["bias"], e["scheme"], device="meta", dtype=dt,
-                                group_size=e.get("group_size") if wo else None, symmetric=e.get("symmetric", False))
+            q = _layer_from_entry(e)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{src / CONFIG_NAME}, layer {name!r}: {err}") from None
-        if wo and e.get("act_order"):
-            q.perm = torch.empty(e["in_features"], dtype=torch.int64, device="meta")
         mlp = next(((p, m) for p, m in staged if p in in_mlp and name.startswith(p + ".")), None)
         if mlp is None:
             staged.append((name, q))

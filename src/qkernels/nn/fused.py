@@ -21,9 +21,8 @@ from torch import nn
 
 from .. import reference as ref
 from .._runtime import runs_kernels
+from ..schemes import W8A8, Scheme, parse_scheme
 from .linear import QuantizedLinear
-
-_ACT_FORMAT = {"w8a8": "int8", "w8a8-fp8": "fp8_e4m3"}
 
 
 class RMSNorm(nn.Module):
@@ -55,18 +54,19 @@ class QuantizedMLP(nn.Module):
     """post-attention RMSNorm -> gate|up W8A8 GEMM -> SiLU(gate) * up -> down W8A8 GEMM, with the
     activations quantized per token inside the norm and SwiGLU kernels."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, eps: float = 1e-6, scheme: str = "w8a8",
+    def __init__(self, hidden_size: int, intermediate_size: int, eps: float = 1e-6, scheme: str | W8A8 = "w8a8",
                  bias: bool = False, device=None, dtype: torch.dtype = torch.float16):
         super().__init__()
-        if scheme not in _ACT_FORMAT:
-            raise ValueError(f"scheme must be one of {tuple(_ACT_FORMAT)}, got {scheme!r}")
+        scheme = parse_scheme(scheme)
+        if scheme.weight_only:
+            raise ValueError(f"scheme must be a W8A8 scheme ('w8a8' or 'w8a8-fp8'), got {scheme.name!r}")
         self.scheme, self.hidden_size, self.intermediate_size = scheme, hidden_size, intermediate_size
         self.norm = RMSNorm(hidden_size, eps, device=device, dtype=dtype)
         self.gate_up_proj = QuantizedLinear(hidden_size, 2 * intermediate_size, bias, scheme, device, dtype)
         self.down_proj = QuantizedLinear(intermediate_size, hidden_size, bias, scheme, device, dtype)
 
     @classmethod
-    def from_modules(cls, norm: nn.Module, mlp: nn.Module, scheme: str, device=None,
+    def from_modules(cls, norm: nn.Module, mlp: nn.Module, scheme: str | Scheme, device=None,
                      dtype: torch.dtype | None = None) -> "QuantizedMLP":
         """From a model's post-attention RMSNorm and its gate/up/down nn.Linear MLP (see fusable)."""
         g, u, d = mlp.gate_proj, mlp.up_proj, mlp.down_proj
@@ -90,7 +90,7 @@ class QuantizedMLP(nn.Module):
         return mod
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        fmt = _ACT_FORMAT[self.scheme]
+        fmt = self.scheme.format
         eps = self.norm.variance_epsilon
         if runs_kernels(h):
             from ..ops.fused import rms_norm, silu_and_mul
@@ -102,7 +102,7 @@ class QuantizedMLP(nn.Module):
         return self.down_proj.forward_quantized(q2, s2, h.dtype)
 
     def extra_repr(self) -> str:
-        return f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, scheme={self.scheme!r}"
+        return f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, scheme={self.scheme.name!r}"
 
 
 # ---------------------------------------------------------------------------------------------

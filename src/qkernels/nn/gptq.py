@@ -34,6 +34,7 @@ from torch import nn
 from .. import reference as ref
 from ..formats import get_format
 from ..packed_weight import PackedWeight, _check_group, num_groups
+from ..schemes import PER_CHANNEL
 
 
 class Hessian:
@@ -144,7 +145,7 @@ def gptq_weight(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size
         else:
             Z[g], LO[g], HI[g] = z, -z, (2 ** bits - 1) - z
 
-    dynamic = not (static_groups or group_size == -1)
+    dynamic = not (static_groups or group_size == PER_CHANNEL)
     if not dynamic:       # every group's grid from the original weights, input order
         for g in range(ng):
             set_group(g, W[:, g * G:(g + 1) * G])

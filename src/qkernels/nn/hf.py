@@ -14,30 +14,30 @@ used on this path: transformers' own decoder layers stay in place.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from .linear import SCHEMES, WEIGHT_ONLY_BITS, QuantizedLinear
+from ..schemes import parse_scheme
+from .linear import QuantizedLinear
 
 METHOD = "qkernels"
 
 
 class QKernelsConfig(QuantizationConfigMixin):
-    """scheme: "w4a16" | "w8a16" | "w8a8" | "w8a8-fp8"; group_size / symmetric as for quantize_ (weight-only
-    schemes); skip: linears left in float (names or name suffixes; default lm_head). `layers` is filled when a
-    model is quantized: {name: {scheme, in_features, out_features, bias, group_size, symmetric, act_order,
+    """scheme: "w4a16" | "w8a16" | "w8a8" | "w8a8-fp8" (or a qkernels.schemes string such as "w4a16-g64-sym");
+    group_size / symmetric as for quantize_ (weight-only schemes; stored resolved, defaults filled in); skip:
+    linears left in float (names or name suffixes; default lm_head). `layers` is filled when a model is
+    quantized: {name: {scheme, in_features, out_features, bias, group_size, symmetric, act_order,
     dtype}}, what a saved directory needs to be rebuilt."""
 
     def __init__(self, scheme: str = "w4a16", group_size: int | None = None, symmetric: bool | None = None,
                  skip=("lm_head",), layers: dict | None = None, **kwargs):
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-        if group_size is not None and scheme not in WEIGHT_ONLY_BITS and group_size != -1:
-            raise ValueError(f"group_size applies to the weight-only schemes, got {group_size!r} with {scheme!r}")
+        parsed = parse_scheme(scheme, group_size=group_size, symmetric=symmetric)   # JSON keeps the plain values
         self.quant_method = METHOD
-        self.scheme, self.group_size, self.symmetric = scheme, group_size, symmetric
+        self.scheme = parsed.name
+        self.group_size = parsed.group_size if parsed.weight_only else None
+        self.symmetric = parsed.symmetric if parsed.weight_only else None
         self.skip = list(skip)
         self.layers = layers
 
@@ -54,7 +54,7 @@ class QKernelsHfQuantizer(HfQuantizer):
         layers = self.quantization_config.layers
         if not self.pre_quantized or not layers:
             return model
-        from .convert import _set_module
+        from .convert import _layer_from_entry, _set_module
         for name, e in layers.items():
             try:
                 old = model.get_submodule(name)
@@ -64,13 +64,7 @@ class QKernelsHfQuantizer(HfQuantizer):
                                                                                           e["out_features"]):
                 raise ValueError(f"quantization_config's layer {name!r} ({e['out_features']} x {e['in_features']}) "
                                  f"does not match the model's {old}")
-            wo = e["scheme"] in WEIGHT_ONLY_BITS
-            q = QuantizedLinear(e["in_features"], e["out_features"], e["bias"], e["scheme"], device="meta",
-                                dtype=getattr(torch, e["dtype"]), group_size=e.get("group_size") if wo else None,
-                                symmetric=e.get("symmetric", False))
-            if wo and e.get("act_order"):
-                q.perm = torch.empty(e["in_features"], dtype=torch.int64, device="meta")
-            _set_module(model, name, q)
+            _set_module(model, name, _layer_from_entry(e))
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
@@ -81,7 +75,7 @@ class QKernelsHfQuantizer(HfQuantizer):
                       fuse=False, progress=False)
         else:
             for n, m in model.named_modules():
-                if isinstance(m, QuantizedLinear) and m.scheme in WEIGHT_ONLY_BITS:
+                if isinstance(m, QuantizedLinear) and m.scheme.weight_only:
                     from ..packed_weight import integer_zeros
                     m.int_zeros = m.symmetric or integer_zeros(m.scale_zero[..., 1], m.bits)
         cfg.layers = _layer_entries(model)

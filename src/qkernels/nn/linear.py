@@ -6,21 +6,19 @@ from torch import nn
 
 from .. import reference as ref
 from .._runtime import runs_kernels
-
-SCHEMES = ("w8a8", "w8a8-fp8", "w4a16", "w8a16")
-WEIGHT_ONLY_BITS = {"w4a16": 4, "w8a16": 8}
+from ..schemes import Scheme, WeightOnly, parse_scheme
 
 
 class QuantizedLinear(nn.Module):
     """y = x @ W.T + b with W stored quantized.
 
-    Schemes:
-      "w8a8"      int8 weights per output channel, per-token dynamic int8 activations.
-      "w8a8-fp8"  float8_e4m3fn weights and activations.
+    scheme: a qkernels.schemes object or the string it parses from (group_size / symmetric beside it).
+      W8A8 ("w8a8")                int8 weights per output channel, per-token dynamic int8 activations.
+      W8A8(fp8=True) ("w8a8-fp8")  float8_e4m3fn weights and activations.
         Buffers: `weight` [N, K] codes, `weight_scale` [N] float32, `bias`.
-      "w4a16"     4-bit weights, group-wise (group_size; -1 = per channel), symmetric or with zero
-                  points; fp16/bf16 activations (weight-only).
-      "w8a16"     8-bit weights (default per output channel), fp16/bf16 activations.
+      WeightOnly(4) ("w4a16")      4-bit weights, group-wise (PER_CHANNEL = -1: one group per row),
+                                   symmetric or with zero points; fp16/bf16 activations.
+      WeightOnly(8) ("w8a16")      8-bit weights (default per output channel), fp16/bf16 activations.
         Buffers: `qweight`, `scale_zero` (scales and zero points side by side; `scales` and `zeros`
         are views of it), `perm` (act-order), `bias`, in the PackedWeight layout
         (qkernels.packed_weight). State dicts with separate `scales` / `zeros` entries (before
@@ -31,62 +29,54 @@ class QuantizedLinear(nn.Module):
     a quantized model can be evaluated on a machine without a GPU.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, scheme: str = "w8a8",
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, scheme: str | Scheme = "w8a8",
                  device=None, dtype: torch.dtype = torch.float16, group_size: int | None = None,
-                 symmetric: bool = False):
+                 symmetric: bool | None = None):
         super().__init__()
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        scheme = parse_scheme(scheme, group_size=group_size, symmetric=symmetric)
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        if scheme in WEIGHT_ONLY_BITS:
+        if scheme.weight_only:
             from ..packed_weight import _check_group, num_groups, qweight_width
-            bits = WEIGHT_ONLY_BITS[scheme]
-            group_size = group_size if group_size is not None else (128 if bits == 4 else -1)
-            _check_group(group_size, in_features, bits)
-            self.bits, self.group_size = bits, group_size
-            ng = num_groups(group_size, in_features)
-            self.register_buffer("qweight", torch.zeros(out_features, qweight_width(in_features, bits), dtype=torch.uint8,
-                                                        device=device))
-            self.symmetric = symmetric
+            bits = scheme.bits
+            _check_group(scheme.group_size, in_features, bits)
+            self.bits, self.group_size, self.symmetric = bits, scheme.group_size, scheme.symmetric
+            ng = num_groups(scheme.group_size, in_features)
+            self.register_buffer("qweight", torch.zeros(out_features, qweight_width(in_features, bits),
+                                                        dtype=torch.uint8, device=device))
             self.int_zeros = True      # the zero points below; from_packed and loads set it from the data
             sz = torch.ones(out_features, ng, 2, dtype=dtype, device=device)
-            sz[..., 1] = 2 ** (bits - 1) if symmetric else 0
+            sz[..., 1] = 2 ** (bits - 1) if scheme.symmetric else 0
             self.register_buffer("scale_zero", sz)
             self.register_buffer("perm", None)
             self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
             return
-        wdt = torch.int8 if scheme == "w8a8" else torch.float8_e4m3fn
+        wdt = torch.float8_e4m3fn if scheme.fp8 else torch.int8
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=wdt, device=device))
         self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, scheme: str = "w8a8", group_size: int | None = None,
+    def from_linear(cls, linear: nn.Linear, scheme: str | Scheme = "w8a8", group_size: int | None = None,
                     symmetric: bool | None = None) -> "QuantizedLinear":
-        """Quantize an nn.Linear. group_size / symmetric apply to the weight-only schemes (w4a16:
-        default group 128, asymmetric; w8a16: default per channel, symmetric)."""
+        """Quantize an nn.Linear. group_size / symmetric apply to the weight-only schemes (defaults in
+        qkernels.schemes: w4a16 groups of 128 with zero points, w8a16 per channel and symmetric)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        scheme = parse_scheme(scheme, group_size=group_size, symmetric=symmetric)
         w = linear.weight.detach()
         dtype = w.dtype if w.dtype in (torch.float16, torch.bfloat16) else torch.float16
-        if scheme in WEIGHT_ONLY_BITS:
+        if scheme.weight_only:
             from ..packed_weight import PackedWeight
-            bits = WEIGHT_ONLY_BITS[scheme]
-            gs = group_size if group_size is not None else (128 if bits == 4 else -1)
-            sym = symmetric if symmetric is not None else bits == 8
-            pw = PackedWeight.from_float(w, bits, gs, sym, scale_dtype=dtype)
+            pw = PackedWeight.from_float(w, scheme.bits, scheme.group_size, scheme.symmetric, scale_dtype=dtype)
             b = linear.bias.detach().to(dtype) if linear.bias is not None else None
             return cls.from_packed(pw, b)
         mod = cls(linear.in_features, linear.out_features, linear.bias is not None, scheme, w.device, dtype)
-        fmt = "int8" if scheme == "w8a8" else "fp8_e4m3"
         if runs_kernels(w):
             from ..ops.quant import quantize
-            qt = quantize(w, fmt, "row")
+            qt = quantize(w, scheme.format, "row")
             data, scale = qt.data, qt.scale
         else:
-            data, scale, _ = ref.quantize(w, fmt, "row")
+            data, scale, _ = ref.quantize(w, scheme.format, "row")
         mod.weight.copy_(data)
         mod.weight_scale.copy_(scale.reshape(-1))
         if linear.bias is not None:
@@ -97,9 +87,8 @@ class QuantizedLinear(nn.Module):
     def from_packed(cls, packed, bias: torch.Tensor | None = None) -> "QuantizedLinear":
         """Wrap a PackedWeight (e.g. from PackedWeight.from_gptq / from_awq) as a weight-only layer."""
         N, K = packed.shape
-        scheme = {4: "w4a16", 8: "w8a16"}[packed.bits]
-        mod = cls(K, N, bias is not None, scheme, packed.device, packed.scales.dtype, packed.group_size,
-                  packed.symmetric)
+        mod = cls(K, N, bias is not None, WeightOnly(packed.bits, packed.group_size, packed.symmetric),
+                  packed.device, packed.scales.dtype)
         mod.qweight.copy_(packed.qweight)
         mod.scale_zero.copy_(packed.scale_zero)
         mod.perm = packed.perm
@@ -133,14 +122,14 @@ class QuantizedLinear(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         # state dicts from before scale_zero: separate `scales` and `zeros`
-        if self.scheme in WEIGHT_ONLY_BITS and prefix + "scales" in state_dict and \
+        if self.scheme.weight_only and prefix + "scales" in state_dict and \
                 prefix + "scale_zero" not in state_dict:
             from ..packed_weight import pack_scale_zero
             state_dict[prefix + "scale_zero"] = pack_scale_zero(state_dict.pop(prefix + "scales"),
                                                                 state_dict.pop(prefix + "zeros", None), self.bits)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        if self.scheme in WEIGHT_ONLY_BITS:    # the loaded zero points decide (float ones: HQQ); rebuild the view
+        if self.scheme.weight_only:    # the loaded zero points decide (float ones: HQQ); rebuild the view
             from ..packed_weight import integer_zeros
             self.int_zeros = self.symmetric or integer_zeros(self.scale_zero[..., 1], self.bits)
             self.__dict__.pop("_packed", None)
@@ -148,19 +137,20 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not runs_kernels(x):
             return self._reference_forward(x)
-        if self.scheme in WEIGHT_ONLY_BITS:
+        if self.scheme.weight_only:
             from ..ops.weight_only import _weight_only
-            return _weight_only(x, self.packed_weight(), self.bias, self.bits, f"{self.scheme} QuantizedLinear")
+            return _weight_only(x, self.packed_weight(), self.bias, self.bits, f"{self.scheme.name} QuantizedLinear")
         from ..ops.gemm import w8a8_linear
         return w8a8_linear(x, self.weight, self.weight_scale, self.bias,
-                           dtype="int8" if self.scheme == "w8a8" else "fp8")
+                           dtype=self.scheme.gemm_dtype)
 
     def forward_quantized(self, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """w8a8 schemes: forward from activations already quantized per row (codes `q` [..., K] and
         fp32 scales [..., 1], e.g. from a fused norm or silu_and_mul), output in out_dtype."""
-        if self.scheme in WEIGHT_ONLY_BITS:
-            raise TypeError(f"forward_quantized takes quantized activations: scheme {self.scheme!r} is weight-only")
-        dtype = "int8" if self.scheme == "w8a8" else "fp8"
+        if self.scheme.weight_only:
+            raise TypeError(f"forward_quantized takes quantized activations: scheme {self.scheme.name!r} is "
+                            f"weight-only")
+        dtype = self.scheme.gemm_dtype
         if not runs_kernels(q):
             return ref.w8a8_linear(q, self.weight, self.weight_scale, self.bias, dtype=dtype, x_scale=scale,
                                    out_dtype=out_dtype)
@@ -183,14 +173,14 @@ class QuantizedLinear(nn.Module):
         return self
 
     def _reference_forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.scheme in WEIGHT_ONLY_BITS:
+        if self.scheme.weight_only:
             return ref.weight_only_linear(x, self.qweight, self.scales, self.zeros, self.bits, self.group_size,
                                           self.perm, self.bias)
         return ref.w8a8_linear(x, self.weight, self.weight_scale, self.bias,
-                               dtype="int8" if self.scheme == "w8a8" else "fp8")
+                               dtype=self.scheme.gemm_dtype)
 
     def extra_repr(self) -> str:
-        s = f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme!r}"
-        if self.scheme in WEIGHT_ONLY_BITS:
+        s = f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name!r}"
+        if self.scheme.weight_only:
             s += f", group_size={self.group_size}, symmetric={self.symmetric}, act_order={self.perm is not None}"
         return s
