@@ -27,6 +27,11 @@ def _with_config(cfg, fn):
         return fn()
 
 
+def _forced(path, x, pw):
+    with WO.force_path(path):
+        return WO._weight_only(x, pw, None, pw.bits, path)
+
+
 def cases(n: int, k: int, dev: str = "cuda"):
     w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
     pw4 = qkernels.PackedWeight.from_float(w, bits=4, group_size=128, symmetric=False)
@@ -40,13 +45,13 @@ def cases(n: int, k: int, dev: str = "cuda"):
         "wo2": lambda: qkernels.w4a16_linear(xs[2], pw4),
         "wo16": lambda: qkernels.w4a16_linear(xs[16], pw4),
         # the Gluon tc kernel at M = 1: its default config (split-K) and one program column per row block
-        "tc1": lambda: WO._weight_only(xs[1], pw4, None, 4, "tc1", path="tc"),
+        "tc1": lambda: _forced("tc", xs[1], pw4),
         "tc1-nosplit": lambda: _with_config(dict(path="tc", BLOCK_N=32, BLOCK_M=8, num_warps=2),
                                             lambda: qkernels.w4a16_linear(xs[1], pw4)),
         "wo128": lambda: qkernels.w4a16_linear(xs[128], pw4),
         "w8": lambda: qkernels.w8a16_linear(xs[1], pw8),
         # the Gluon wgmma kernel (WG_DEFAULT tiles) and cuBLAS at M = 1024
-        "wg1024": lambda: WO._weight_only(xs[1024], pw4, None, 4, "wg1024", path="wg"),
+        "wg1024": lambda: _forced("wg", xs[1024], pw4),
         "fp16-1024": lambda: torch.nn.functional.linear(xs[1024], w),
         "fp16-1": lambda: torch.nn.functional.linear(xs[1], w),
         "fp16-16": lambda: torch.nn.functional.linear(xs[16], w),

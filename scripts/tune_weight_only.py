@@ -121,7 +121,7 @@ def from_log(log: Path, table: dict, bits_list: list) -> None:
     for kind in [k for k in ("w4a16", "w8a16") if k in table]:
         tab = table[kind]      # the overrides take their bucket's fallback (or the bucket's config itself)
         for bucket in [k for k in tab if ":" not in k]:
-            fb = tab[bucket].get("fallback") or (tab[bucket] if tab[bucket]["path"] not in WO._GLUON else None)
+            fb = tab[bucket].get("fallback") or (tab[bucket] if tab[bucket]["path"] not in WO.SUPPORTED else None)
             if fb is not None:
                 _attach_fallback(tab, bucket, fb)
 
@@ -130,7 +130,7 @@ def _attach_fallback(tab: dict, bucket, fallback: dict) -> None:
     """Gluon-path configs (tc, wg) of a bucket and its shape overrides carry `fallback`, which runs where their
     kernels do not (GPU, group size, K)."""
     fallback = {k: v for k, v in fallback.items() if k != "fallback"}
-    for k in [k for k in tab if k.split(":")[0] == str(bucket) and tab[k]["path"] in WO._GLUON]:
+    for k in [k for k in tab if k.split(":")[0] == str(bucket) and tab[k]["path"] in WO.SUPPORTED]:
         tab[k] = dict(tab[k], fallback=fallback)
 
 
@@ -171,7 +171,7 @@ def main():
                 print(f"budget spent: {key} M={m} and later keep their configs", flush=True)
                 break
             results = []
-            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in WO._GLUON]    # tc, wg: 4-bit only
+            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in WO.SUPPORTED]    # tc, wg: 4-bit only
             if args.paths:
                 cands = [c for c in cands if c["path"] in args.paths]
                 # the table's bucket config, its fallback and its shape overrides compete too
@@ -200,7 +200,7 @@ def main():
             times, cfg = min(results, key=score)
             tab[str(m)] = cfg
             configs.set_shape_overrides(tab, key, m, SHAPES, results, cfg)
-            others = [r for r in results if r[1]["path"] not in WO._GLUON]
+            others = [r for r in results if r[1]["path"] not in WO.SUPPORTED]
             if others:
                 _attach_fallback(tab, m, min(others, key=score)[1])
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "

@@ -106,7 +106,7 @@ def test_ops_autotune_on_a_gpu_without_table(cache_dir, monkeypatch):
     for mod in (G, WO):
         monkeypatch.setattr(mod, "gpu_slug", lambda name: "no-such-gpu")     # no configs/no-such-gpu.json
     G._gemm_config_bucket.cache_clear()
-    WO._config_bucket.cache_clear()
+    WO.dispatch._config_bucket.cache_clear()
     try:
         a = torch.randint(-128, 128, (40, 512), dtype=torch.int8, device=DEVICE)
         b = torch.randint(-128, 128, (384, 512), dtype=torch.int8, device=DEVICE)
@@ -125,4 +125,4 @@ def test_ops_autotune_on_a_gpu_without_table(cache_dir, monkeypatch):
         assert torch.equal(qk.w4a16_linear(x, pw), y)
     finally:
         G._gemm_config_bucket.cache_clear()
-        WO._config_bucket.cache_clear()
+        WO.dispatch._config_bucket.cache_clear()

@@ -1,6 +1,8 @@
 """W4A16 / W8A16 linears vs qkernels.reference.weight_only_linear (fp32 matmul with the dequantized
 weight). Each of the three paths (gemv, mm, dequant+cuBLAS) is forced at every M tested, besides
 the M-dispatched default."""
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given
@@ -15,7 +17,7 @@ from ..conftest import DEVICE, ON_GPU
 from ..helpers import assert_bit_exact, graph_replay, rel_err
 
 gpu = pytest.mark.gpu
-PATHS = [p for p in WO.PATHS if ON_GPU or p.split("-")[0] not in WO._GLUON]   # tc, wg: Gluon, no interpreter
+PATHS = [p for p in WO.PATHS if ON_GPU or p.split("-")[0] not in WO.SUPPORTED]   # tc, wg: Gluon, no interpreter
 # fp32 accumulation, weights rounded to x's dtype once ((u - z) * s), output rounded once: a few units
 # of the dtype's epsilon, relative to |x| @ |W|.T
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
@@ -35,9 +37,10 @@ def _ref(x, pw, bias=None):
     return want, mag.reshape(want.shape)
 
 
-def _run(x, pw, bias=None, path=""):
-    with qk.poison_outputs():
-        return WO._weight_only(x, pw, bias, pw.bits, "test", path)
+def _run(x, pw, bias=None, path=None):
+    """The op with outputs poisoned, on `path` (WO.force_path) or the path the table picks (None)."""
+    with qk.poison_outputs(), WO.force_path(path) if path else contextlib.nullcontext():
+        return WO._weight_only(x, pw, bias, pw.bits, "test")
 
 
 def _check(got, want_mag, dtype):
@@ -239,10 +242,11 @@ def test_opcheck():
     pw = _weight(24, 64, 4, 32, False)
     x = torch.randn(5, 64, device=DEVICE, dtype=torch.float16)
     b = torch.randn(24, device=DEVICE, dtype=torch.float16)
-    for path in ("", "gemv", "mm"):
-        torch.library.opcheck(WO._weight_only_op, (x, pw.qweight, pw.scale_zero, b, 4, 32, pw.symmetric, path))
+    for path in (None, "gemv", "mm"):
+        with WO.force_path(path) if path else contextlib.nullcontext():
+            torch.library.opcheck(WO._weight_only_op, (x, pw.qweight, pw.scale_zero, b, 4, 32, pw.symmetric))
     pw8 = _weight(24, 64, 8, -1, True)
-    torch.library.opcheck(WO._weight_only_op, (x, pw8.qweight, pw8.scale_zero, None, 8, 64, pw8.symmetric, ""))
+    torch.library.opcheck(WO._weight_only_op, (x, pw8.qweight, pw8.scale_zero, None, 8, 64, pw8.symmetric))
 
 
 def test_quantized_linear_schemes():
@@ -315,7 +319,7 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype):
     a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, per channel; group 32 and K % 64
     take the fallback. Against the reference."""
     cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
-    cfg["fallback"] = WO._path_config(None, "mm", 4, 200, 320, DEVICE)
+    cfg["fallback"] = WO.dispatch.path_config(None, "mm", 4, 200, 320, DEVICE)
     for M, N, k, group_size, sym in ((1, 200, 320, 64, True), (130, 200, 640, 128, False), (300, 72, 512, -1, True),
                                      (77, 300, 384, 128, True), (64, 96, 256, 32, False), (5, 64, 352, -1, False)):
         pw = _weight(N, k, 4, group_size, sym, dtype)
@@ -323,7 +327,7 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype):
         x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
         bias = torch.randn(N, device=DEVICE, dtype=dtype)
         with qk.poison_outputs():
-            got = WO._run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_len, pw.symmetric, cfg)
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.symmetric, cfg)
         _check(got, _ref(x, pw, bias), dtype)
     assert WO.wg_supported(4, 384, 128, pw.qweight) == (torch.cuda.get_device_capability() == (9, 0))
     assert not WO.wg_supported(4, 384, 32, pw.qweight) and not WO.wg_supported(4, 352, 352, pw.qweight)
@@ -343,7 +347,7 @@ def test_splitk_fixup_counters_and_graphs(path):
         for _ in range(3 if ON_GPU else 1):
             assert_bit_exact(_run(x, pw, path=path), first, "repeat")
         if ON_GPU:
-            assert_bit_exact(graph_replay(lambda: WO._weight_only(x, pw, None, 4, "t", path)), first, "graph")
+            assert_bit_exact(graph_replay(lambda: _run(x, pw, None, path)), first, "graph")
         assert all(not buf.any() for buf in _runtime._COUNTERS.values()), "split-K counters left non-zero"
 
 
@@ -355,3 +359,19 @@ def test_real_sizes(M, N, K, bits, group_size, path):
     pw = _weight(N, K, bits, group_size, bits == 4 and group_size == 64)
     x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
     _check(_run(x, pw, path=path), _ref(x, pw), torch.float16)
+
+
+def test_force_path_is_scoped_and_checked():
+    assert WO.dispatch.forced_path() is None
+    with WO.force_path("mm-splitk"):
+        assert WO.dispatch.forced_path() == "mm-splitk"
+        cfg = WO.dispatch.path_config(None, "mm-splitk", 4, 64, 256, DEVICE)
+        assert cfg["path"] == "mm" and cfg["SPLIT_K"] == WO.dispatch.FORCED_SPLIT_K
+        with WO.force_path("gemv"):
+            assert WO.dispatch.forced_path() == "gemv"
+        assert WO.dispatch.forced_path() == "mm-splitk"
+    assert WO.dispatch.forced_path() is None
+    with pytest.raises(ValueError, match=r"path must be one of \('gemv', 'mm'.*got 'gemm'"):
+        WO.force_path("gemm")
+    tc = WO.dispatch.path_config(None, "tc", 4, 64, 256, DEVICE)     # a Gluon path carries its fallback
+    assert tc["path"] == "tc" and tc["fallback"]["path"] == "gemv"

@@ -75,7 +75,7 @@ def _k_slice(K, pid_k, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, pid_k, SPLIT_K: tl.constexpr):
-    """Split-K inside the kernel (no second launch; the Gluon kernels' twin is _weight_only_tc._splitk_fixup):
+    """Split-K inside the kernel (no second launch; Gluon twin: weight_only/gluon_shared.py):
     every program stores its partial tile (fp32, or int32 for exact integer GEMVs) to ws_ptr
     [SPLIT_K, M, N] at offs (m * N + n) of its slice pid_k; the last of a tile's SPLIT_K programs to finish
     (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice order

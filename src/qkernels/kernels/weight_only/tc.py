@@ -1,6 +1,6 @@
 """Gluon kernel for small-M weight-only linears (W4A16, M <= 16 per program): tensor cores at decode.
-Launcher: ops/weight_only.py (path "tc"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
-The Triton-language kernels in _weight_only.py compute the same thing and are its CPU twin (Gluon has no
+Launcher: ops/weight_only/launch.py (path "tc"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
+The Triton-language kernels (gemv.py, mm.py) compute the same thing and are its CPU twin (Gluon has no
 interpreter); the tests run this one on GPUs against the reference.
 
 Why Gluon. The Triton-language tensor-core kernel moves every dequantized tile into the MMA's operand layout
@@ -20,7 +20,7 @@ the B operand is checked trivial at compile time). Low and high nibbles (k and k
 chunk layout) are two MMAs per step, each with its own x tile.
 
 The loop carries the next step's x (and with STAGES 1 its codes) as 32-bit words (bytes would cost a register
-each); `_bytes_of` / `_halves_of` turn them back into byte / half tensors with identity asm (no instructions).
+each); `gluon_shared._bytes_of` / `_halves_of` turn them back into byte / half tensors with identity asm (no instructions).
 STAGES > 1 streams the codes through a shared-memory ring of async copies instead. SPLIT_K > 1: the last
 program of each output tile adds the slices' fp32 partials in order, in this kernel.
 
@@ -36,7 +36,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from ._weight_only import _NIBBLES_RAW_BF16
+from .dequant import _NIBBLES_RAW_BF16
+from .gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _splitk_fixup
 
 TILE_K: gl.constexpr = gl.constexpr(128)     # k per step: two 64-k chunks = 64 code bytes per row
 BYTES: gl.constexpr = gl.constexpr(64)
@@ -60,34 +61,6 @@ def _k_layout(rows, V, num_warps, weights):
         warp = [[0, 0] for _ in range(num_warps.bit_length() - 1)]
     lane = [[0, V], [0, 2 * V], [1, 0], [2, 0], [4, 0]]
     return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, 4 * V])
-
-
-@gluon.jit
-def _bytes_of(w, layout: gl.constexpr):
-    """int32 words [R, C] -> their bytes [R, 4 C] (little endian) in `layout`: each word joined with itself
-    twice (the new axes become register bits 0, 1), then an identity asm whose 4 inputs are those 4 copies and
-    whose packed uint8 output is the word itself: no instructions."""
-    R: gl.constexpr = w.shape[0]
-    C: gl.constexpr = w.shape[1]
-    w4 = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [R, 4 * C])
-    b = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4], dtype=gl.uint8,
-                                  is_pure=True, pack=4)
-    return gl.convert_layout(b, layout, assert_trivial=True)
-
-
-@gluon.jit
-def _halves_of(w, dt: gl.constexpr, layout: gl.constexpr):
-    """int32 words [R, C] -> the 16-bit values they hold [R, 2 C] as dt, in `layout` (no instructions)."""
-    R: gl.constexpr = w.shape[0]
-    C: gl.constexpr = w.shape[1]
-    w2 = gl.reshape(gl.join(w, w), [R, 2 * C])
-    if dt == gl.bfloat16:
-        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.bfloat16,
-                                      is_pure=True, pack=2)
-    else:
-        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.float16,
-                                      is_pure=True, pack=2)
-    return gl.convert_layout(h, layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -145,9 +118,9 @@ def _tc_load_w(w_p, k0):
 
 @gluon.jit
 def _tc_load_sx(s_p, x_p, k0, sz, GROUP: gl.constexpr):
-    """One step's (scale, zero) words [BLOCK_N] (GROUP 0: sz, loaded once) and x pairs for the low and high
+    """One step's (scale, zero) words [BLOCK_N] (per channel: sz, loaded once) and x pairs for the low and high
     nibbles [BLOCK_M, 32] each (word pointers), x kept in L1 for the other programs."""
-    if GROUP != 0:
+    if GROUP != PER_CHANNEL:
         sz = gl.load(s_p + k0 // GROUP)
     return sz, gl.load(x_p + k0 // 2, eviction_policy="evict_last"), \
         gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
@@ -156,7 +129,7 @@ def _tc_load_sx(s_p, x_p, k0, sz, GROUP: gl.constexpr):
 @gluon.jit
 def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: gl.constexpr, GROUP: gl.constexpr,
              INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr):
-    """acc + this step's sum over k of (u - z) x, times the step's scale per row (GROUP 0: the caller scales at
+    """acc + this step's sum over k of (u - z) x, times the step's scale per row (per channel: the caller scales at
     the end). Products exact in fp32; the high nibbles' factor HI (a power of two) is divided out in fp32."""
     if dt == gl.bfloat16:
         MAGIC: gl.constexpr = 128.0
@@ -178,7 +151,7 @@ def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: 
         part = part * (1.0 / HI)
     part = mma_v2(gl.convert_layout(_kprime(d_lo), a_l), gl.convert_layout(_kprime_t(x_lo), b_l, assert_trivial=True),
                   part)
-    if GROUP == 0:
+    if GROUP == PER_CHANNEL:
         acc += part
     else:
         s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
@@ -191,7 +164,7 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr = 1):
-    """W4A16, K a multiple of 128, GROUP 0 (per channel) or a multiple of 128. Program (n, k-slice, m):
+    """W4A16, K a multiple of 128, GROUP PER_CHANNEL or a multiple of 128. Program (n, k-slice, m):
     BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: program column z covers slice z of K and
     writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32
     counter per (n, m) program, zero between launches). INT_Z: integer zero points, the conversion's magic
@@ -231,7 +204,7 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         k_lo = gl.program_id(1) * k_per
         k_hi = gl.minimum(K, k_lo + k_per)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    sz = gl.load(s_p)     # per channel (GROUP 0): the one scale per row, applied at the end
+    sz = gl.load(s_p)     # per channel: the one scale per row, applied at the end
     # the next step's (scale, zero) words and x in registers, a step ahead; the codes either the same way
     # (STAGES 1) or through a ring of STAGES shared-memory buffers filled by async copies STAGES - 1 steps ahead
     # (many more bytes in flight, without registers). Steps past the slice's end read its first step again:
@@ -266,7 +239,7 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                        _halves_of(xwl_, dt, xl), _halves_of(xwh_, dt, xl), a_l, b_l, mma, GROUP, INT_Z, dt, st)
     if STAGES > 1:
         async_copy.wait_group(0)
-    if GROUP == 0:
+    if GROUP == PER_CHANNEL:
         s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
         acc = acc * gl.convert_layout(s, gl.SliceLayout(1, mma))[:, None]
 
@@ -280,26 +253,6 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             _tc_store(acc, bias_ptr, out_ptr, on, om, mask, N, stride_om, HAS_BIAS)
     else:
         _tc_store(acc, bias_ptr, out_ptr, on, om, mask, N, stride_om, HAS_BIAS)
-
-
-@gluon.jit
-def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, on, om, mask, M, N, SPLIT_K: gl.constexpr):
-    """Split-K fix-up inside the kernel (no second launch), shared by the tc and wg kernels: every program
-    stores its fp32 partial tile to ws_ptr [SPLIT_K, M, N] (slice = program_id(1)); the last of a tile's SPLIT_K
-    programs to finish (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice
-    order (deterministic) and resets the counter for the next launch. Returns (the sum, whether this program
-    is the tile's last: only then is the sum complete)."""
-    offs = om.to(gl.int64)[None, :] * N + on[:, None]
-    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + offs, acc, mask=mask)
-    gl.thread_barrier()     # the whole tile is stored before the counter says so
-    done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    last = done == SPLIT_K - 1
-    if last:
-        acc = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        for sk in range(1, SPLIT_K):
-            acc += gl.load(ws_ptr + sk * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
-    return acc, last
 
 
 @gluon.jit

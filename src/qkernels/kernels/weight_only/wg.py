@@ -1,7 +1,7 @@
 """Gluon kernel for weight-only linears on Hopper (sm_90): wgmma fed by in-register dequantization, for large
 M (x tiles up to 256 rows) and, with split-K, small M (x tiles of 8-32 rows: the wgmma's n).
-Launcher: ops/weight_only.py (path "wg"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
-The Triton-language kernels in _weight_only.py compute the same thing and are its CPU twin (Gluon has no
+Launcher: ops/weight_only/launch.py (path "wg"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
+The Triton-language kernels (gemv.py, mm.py) compute the same thing and are its CPU twin (Gluon has no
 interpreter); the tests run this one on Hopper GPUs against the reference.
 
 Why. In the Triton-language mm kernel Triton waits for each wgmma before it dequantizes the next tile, so
@@ -28,7 +28,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ._weight_only_tc import _halves_of, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _halves_of, _splitk_fixup
 
 
 BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row)
@@ -118,7 +118,7 @@ def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr):
 def _wg_sz(s_p, step, steps, s0, GROUP: gl.constexpr):
     """The (scale, zero) words of the slice's step `step` (clamped to its last step; s0: the slice's first step
     in K), one per row."""
-    if GROUP == 0:
+    if GROUP == PER_CHANNEL:
         return gl.load(s_p)
     return gl.load(s_p + (s0 + gl.minimum(step, steps - 1)) * BK // GROUP)
 
@@ -140,7 +140,7 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
     (after the last step: the last one again, unused; sz: its words, loaded a step ago) while this step's
     wgmmas run. Returns (acc in flight, next lo, next hi, the words for the step after next)."""
     acc = _wg_mma(acc, lo, hi, x_ring.index(step % STAGES))
-    if GROUP == 0:      # per channel: the same words every step
+    if GROUP == PER_CHANNEL:      # per channel: the same words every step
         sz_after = sz
     else:
         sz_after = _wg_sz(s_p, step + 2, steps, s0, GROUP)
@@ -159,7 +159,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    SPLIT_K: gl.constexpr = 1):
-    """W4A16 on Hopper, K a multiple of 64, GROUP 0 (per channel) or a multiple of 64. One program per output
+    """W4A16 on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per output
     tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share each
     weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
     [N, K / 2], blocks [BLOCK_N, 32] (rows past M / N read as zeros). BLOCK_N: a multiple of 16 x num_warps
@@ -202,7 +202,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, (s0 + p) * BK, p < steps)
     sz = _wg_sz(s_p, 0, steps, s0, GROUP)
     lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES), sz, INT_Z, dt, st, al)
-    if GROUP != 0:
+    if GROUP != PER_CHANNEL:
         sz = _wg_sz(s_p, 1, steps, s0, GROUP)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     # Two steps per iteration, so that the tile in flight and the one being dequantized are different values

@@ -1,0 +1,56 @@
+"""What the Gluon weight-only kernels (tc.py, wg.py) share: free views of 32-bit words as bytes or 16-bit halves
+(identity asm: no instructions), and the split-K fix-up (the Gluon twin of _common._splitk_fixup)."""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ... import schemes
+
+PER_CHANNEL: gl.constexpr = gl.constexpr(schemes.PER_CHANNEL)   # GROUP of one group per row
+
+
+@gluon.jit
+def _bytes_of(w, layout: gl.constexpr):
+    """int32 words [R, C] -> their bytes [R, 4 C] (little endian) in `layout`: each word joined with itself
+    twice (the new axes become register bits 0, 1), then an identity asm whose 4 inputs are those 4 copies and
+    whose packed uint8 output is the word itself: no instructions."""
+    R: gl.constexpr = w.shape[0]
+    C: gl.constexpr = w.shape[1]
+    w4 = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [R, 4 * C])
+    b = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4], dtype=gl.uint8,
+                                  is_pure=True, pack=4)
+    return gl.convert_layout(b, layout, assert_trivial=True)
+
+
+@gluon.jit
+def _halves_of(w, dt: gl.constexpr, layout: gl.constexpr):
+    """int32 words [R, C] -> the 16-bit values they hold [R, 2 C] as dt, in `layout` (no instructions)."""
+    R: gl.constexpr = w.shape[0]
+    C: gl.constexpr = w.shape[1]
+    w2 = gl.reshape(gl.join(w, w), [R, 2 * C])
+    if dt == gl.bfloat16:
+        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.bfloat16,
+                                      is_pure=True, pack=2)
+    else:
+        h = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r", args=[w2], dtype=gl.float16,
+                                      is_pure=True, pack=2)
+    return gl.convert_layout(h, layout, assert_trivial=True)
+
+
+@gluon.jit
+def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, on, om, mask, M, N, SPLIT_K: gl.constexpr):
+    """Split-K fix-up inside the kernel (no second launch), shared by the tc and wg kernels: every program
+    stores its fp32 partial tile to ws_ptr [SPLIT_K, M, N] (slice = program_id(1)); the last of a tile's SPLIT_K
+    programs to finish (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice
+    order (deterministic) and resets the counter for the next launch. Returns (the sum, whether this program
+    is the tile's last: only then is the sum complete)."""
+    offs = om.to(gl.int64)[None, :] * N + on[:, None]
+    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + offs, acc, mask=mask)
+    gl.thread_barrier()     # the whole tile is stored before the counter says so
+    done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = done == SPLIT_K - 1
+    if last:
+        acc = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        for sk in range(1, SPLIT_K):
+            acc += gl.load(ws_ptr + sk * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+    return acc, last

@@ -1,0 +1,119 @@
+"""Which kernel and config run a weight-only call: the rules, as data where they can be.
+
+Paths (the "path" of a config-table entry; tables per GPU in configs/<gpu>.json, keys "w4a16" / "w8a16",
+M-bucketed, shape overrides; defaults in configs/__init__.py):
+  "gemv"     Triton-language GEMV, fp32 FMA reduction (decode)
+  "tc"       Gluon tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of TC_K or per channel
+  "mm"       Triton-language tensor-core GEMM with in-register dequantization
+  "wg"       Gluon Hopper kernel (wgmma on in-register dequantized weights, overlapped with the next tile's
+             dequantization): 4-bit weights, groups of a multiple of WG_K or per channel
+  "dequant"  dequantize to x's dtype, then cuBLAS
+A "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run (SUPPORTED). A GPU
+without a table autotunes once per shape (qkernels.autotune). Tests and tuners pin a path with force_path() or a
+whole config with use_config(): scoped, never by assigning module globals.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ... import configs
+from ..._runtime import device_name, gpu_slug, is_interpreter, next_pow2, scoped_value
+from ...schemes import PER_CHANNEL
+
+# "tc" (kernels/weight_only/tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
+# or per channel, CUDA GPUs of sm_80+. "wg" (kernels/weight_only/wg.py, Gluon, wgmma): 4-bit weights, K a
+# multiple of WG_K, groups of a multiple of WG_K or per channel, sm_90 (Hopper) only.
+TC_K = 128
+WG_K = 64
+TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048)
+WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
+_GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT}
+_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm"}    # the Triton-language path a forced Gluon path falls back to
+# what force_path takes: a path, or "<path>-splitk" (K split 3 ways, whatever the grid)
+PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gemv-splitk", "mm-splitk", "tc-splitk", "wg-splitk")
+FORCED_SPLIT_K = 3
+
+
+def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor) -> bool:
+    """Whether the Gluon tensor-core kernel runs this case: NVIDIA sm_80+ (mma.sync, cp.async); it has no
+    interpreter twin (the Triton-language kernels are its CPU stand-ins). It reads code rows as 16-byte
+    vectors: rows must be 16-byte aligned."""
+    return (bits == 4 and K % TC_K == 0 and (group_size == PER_CHANNEL or group_size % TC_K == 0) and not is_interpreter()
+            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) >= (8, 0)
+            and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
+
+
+def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor) -> bool:
+    """Whether the Gluon wgmma kernel runs this case: sm_90 (wgmma is Hopper's; no interpreter twin), code
+    rows 16-byte aligned (TMA descriptors need 16-byte aligned bases and row strides)."""
+    return (bits == 4 and K % WG_K == 0 and (group_size == PER_CHANNEL or group_size % WG_K == 0) and not is_interpreter()
+            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) == (9, 0)
+            and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
+
+
+# the Gluon paths: which cases their kernels run (elsewhere their configs' "fallback" runs)
+SUPPORTED = {"tc": tc_supported, "wg": wg_supported}
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple:
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.cache
+def _config_bucket(bits: int, m_bucket: int, N: int, K: int, device: torch.device) -> dict | None:
+    """The shipped config for this GPU, M bucket and shape (configs.lookup: a shape override if the table
+    has one); None for a GPU without a table (autotuned)."""
+    if is_interpreter():
+        return configs.pick(configs.INTERPRETER_WEIGHT_ONLY, m_bucket)
+    table = configs.load(gpu_slug(device_name(device))).get(f"w{bits}a16")
+    return configs.lookup(table, m_bucket, N, K) if table else None
+
+
+_FORCED_CONFIG: list = [None]    # set only inside use_config()
+
+
+def config_for(bits: int, M: int, N: int, K: int, device: torch.device) -> dict | None:
+    forced = _FORCED_CONFIG[0]
+    if forced is not None:
+        return forced
+    return _config_bucket(bits, next_pow2(max(M, 1)), N, K, device)
+
+
+def use_config(cfg: dict):
+    """Every weight-only call inside the block runs `cfg` (a config-table entry, e.g. {"path": "gemv",
+    "BLOCK_N": 16, ...}) whatever M and shape: the scoped override the tuner and profilers use."""
+    if not isinstance(cfg, dict) or "path" not in cfg:
+        raise ValueError(f"cfg must be a config-table entry with a 'path' key, got {cfg!r}")
+    return scoped_value(_FORCED_CONFIG, cfg)
+
+
+_FORCED_PATH: list = [None]      # set only inside force_path()
+
+
+def force_path(path: str):
+    """Every weight-only call inside the block runs `path` (one of PATHS) whatever M: the config the table has
+    for that path at the nearest M bucket, or the default one. The tests run every path at every M with it."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return scoped_value(_FORCED_PATH, path)
+
+
+def forced_path() -> str | None:
+    return _FORCED_PATH[0]
+
+
+def path_config(cfg: dict | None, path: str, bits: int, N: int, K: int, device) -> dict:
+    """The config that runs `path` (see force_path); cfg: the table's config for this call."""
+    base, _, split = path.partition("-")
+    if cfg is not None and cfg["path"] == base:
+        chosen = cfg
+    elif base in _GLUON_DEFAULTS:
+        chosen = dict(_GLUON_DEFAULTS[base], fallback=path_config(cfg, _GLUON_FALLBACK[base], bits, N, K, device))
+    else:
+        table = (_config_bucket(bits, m, N, K, device) for m in (1 << i for i in range(17)))
+        chosen = next((c for c in table if c is not None and c["path"] == base), None) or configs.pick(
+            {k: v for k, v in configs.DEFAULT_WEIGHT_ONLY.items() if v["path"] == base}, 1)
+    return dict(chosen, SPLIT_K=FORCED_SPLIT_K, MIN_PROGRAMS=1 << 30) if split else chosen

@@ -1,0 +1,145 @@
+"""Launching the weight-only kernels (kernels/weight_only/) for a config that dispatch.py chose: a launch
+plan per (config, shape) worked out once, split-K workspaces and tile counters, TMA descriptors for "wg"."""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from ... import configs
+from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, tile_counters
+from .dispatch import SUPPORTED, TC_K, WG_K
+
+
+@functools.cache
+def _kernels(name: str):
+    """kernels/weight_only/<name>.py, imported on first use (Gluon modules only where they run)."""
+    return importlib.import_module(f"...kernels.weight_only.{name}", __package__)
+
+
+# (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros) -> (cfg, launch plan); cfg kept alive: ids stay unique
+_PLANS: dict = {}
+
+
+def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool):
+    """kernel, grid, split and constexprs of a gemv / mm launch: worked out once per shape and config, so
+    an eager call does no dict building beyond the lookup."""
+    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros)
+    hit = _PLANS.get(key)
+    if hit is not None:
+        return hit[1]
+    p = {k: v for k, v in cfg.items() if k not in ("path", "fallback")}
+    if cfg["path"] not in SUPPORTED and p["BLOCK_K"] % 64:
+        raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
+    split = int(p.pop("SPLIT_K", 1))
+    if cfg["path"] in SUPPORTED:
+        # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
+        # whole steps (none empty); the kernels add the partials up themselves
+        tiles = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
+        split = k_splits(split, K // (TC_K if cfg["path"] == "tc" else WG_K), tiles, int(p.pop("MIN_PROGRAMS", 0)))
+        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
+        if cfg["path"] == "tc":
+            grid = (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"]))
+            return _keep_plan(key, cfg, (_kernels("tc")._wo_tc_kernel, grid, split, constexprs))
+        return _keep_plan(key, cfg, (_kernels("wg")._wo_wg_kernel, (tiles, split), split, constexprs))
+    if cfg["path"] == "gemv":
+        # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
+        split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
+        kernel, grid = _kernels("gemv")._wo_gemv_kernel, (cdiv(N, p["BLOCK_N"]), M)
+    else:
+        tiles = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])   # SPLIT_K ways, or fewer with MIN_PROGRAMS
+        split = k_splits(split, cdiv(K, p["BLOCK_K"]), tiles, p.pop("MIN_PROGRAMS", None))
+        kernel, grid = _kernels("mm")._wo_mm_kernel, (tiles,)
+    if split == 1:
+        grid = grid + (1,)
+    else:
+        grid = (grid[0], grid[1], split) if cfg["path"] == "gemv" else (grid[0], split)
+    constexprs = dict(BITS=bits, GROUP=group_size, HAS_BIAS=has_bias,
+                      EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p)
+    if cfg["path"] == "gemv":
+        constexprs["INT_Z"] = int_zeros
+    return _keep_plan(key, cfg, (kernel, grid, split, constexprs))
+
+
+def _keep_plan(key, cfg, plan):
+    if len(_PLANS) >= 4096:      # many distinct M (prefill lengths): start over rather than grow
+        _PLANS.clear()
+    _PLANS[key] = (cfg, plan)
+    return plan
+
+
+def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg):
+    """out [M, N] written by one kernel. x2 rows are contiguous; scale_zero is [N, G, 2] contiguous, read as one
+    32-bit word per group (stride in words: G). With split-K the kernels add the partials up themselves: an fp32
+    workspace [split, M, N] and one counter per output tile (_runtime.tile_counters)."""
+    M, K = x2.shape
+    N = qweight.shape[0]
+    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros)
+    bias_arg = bias if bias is not None else scale_zero
+    if split > 1:
+        ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
+        cnt = tile_counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else
+                            grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
+    else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
+        ws = cnt = out
+    if cfg["path"] == "tc":
+        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
+               scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs)
+    elif cfg["path"] == "wg":
+        # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
+        # descriptor only by its class: its dtype follows out's, its blocks the constexprs
+        x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
+        launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
+               ws, cnt, **constexprs)
+    else:      # gemv / mm: only the GEMV starts early under PDL (it prefetches its first weight step)
+        launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
+               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs,
+               **(pdl_options(x2.device) if cfg["path"] == "gemv" else {}))
+    return out
+
+
+@functools.cache
+def _wg_layouts():
+    """TensorDescriptor and the shared layouts of its two blocks: x 128-byte swizzled (wgmma's B operand as
+    is), code bytes unswizzled. Built once: the launcher runs per call."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor, gl.NVMMASharedLayout(128, 16, rank=2), gl.NVMMASharedLayout(0, 8, rank=2)
+
+
+def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
+    """TMA descriptors of x [M, K] (blocks [block_m, 64]) and of the code bytes [N, K / 2] (blocks
+    [block_n, 32])."""
+    desc, x_layout, w_layout = _wg_layouts()
+    ensure_context(x2.device)
+    return (desc.from_tensor(x2, [block_m, WG_K], x_layout),
+            desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
+
+
+def _dequant_into(qweight, scale_zero, w, bits, group_size, cfg):
+    N, K = w.shape
+    p = {k: v for k, v in cfg.items() if k != "path"}
+    launch(_kernels("dequant")._wo_dequant_kernel, (cdiv(N, p["BLOCK_N"]), cdiv(K, p["BLOCK_K"])),
+           qweight, scale_zero, w, N, K, qweight.stride(0), scale_zero.shape[1], w.stride(0), BITS=bits,
+           GROUP=group_size, EVEN_K=K % p["BLOCK_K"] == 0, **p)
+    return w
+
+
+def run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg):
+    """out = x @ W.T (+ bias) through the kernel `cfg` names (a "tc" / "wg" config whose kernel does not run this
+    case runs its "fallback")."""
+    M, K = x.shape
+    N = qweight.shape[0]
+    if cfg["path"] in SUPPORTED:
+        if not SUPPORTED[cfg["path"]](bits, K, group_size, qweight):
+            cfg = cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(M))
+        elif x.data_ptr() % 16 or x.stride(0) % 8:
+            x = x.clone(memory_format=torch.contiguous_format)    # x rows are read as 16-byte vectors too
+    if cfg["path"] == "dequant":
+        w = _dequant_into(qweight, scale_zero, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group_size,
+                          cfg)
+        # cuBLAS picks its kernel (and summation order) by layout: a row-sliced x must give the bits of
+        # the contiguous x
+        return torch.nn.functional.linear(x.contiguous(), w, bias.to(x.dtype) if bias is not None else None)
+    return _launch(x, qweight, scale_zero, bias, alloc((M, N), x.dtype, x.device), bits, group_size, int_zeros, cfg)
