@@ -103,7 +103,7 @@ def test_ops_autotune_on_a_gpu_without_table(cache_dir, monkeypatch):
     from qkernels import reference as ref
     from qkernels.ops import gemm as G
     from qkernels.ops import weight_only as WO
-    for mod in (G, WO):
+    for mod in (G, WO, WO.dispatch):     # the table lookup (dispatch) and the autotune cache's name (WO)
         monkeypatch.setattr(mod, "gpu_slug", lambda name: "no-such-gpu")     # no configs/no-such-gpu.json
     G._gemm_config_bucket.cache_clear()
     WO.dispatch._config_bucket.cache_clear()

@@ -243,6 +243,7 @@ def tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 _THREAD = threading.local()
+_INTERPRETER_LOCK = threading.Lock()
 
 
 def ensure_context(device: torch.device) -> None:
@@ -278,8 +279,13 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     slow host). Here the first launch for a given set of argument facts goes through Triton (which compiles
     or finds the kernel) and the CompiledKernel it returns is kept; later launches with the same facts
     (_arg_facts: a refinement of Triton's specialization key) call its launcher directly. Launch hooks
-    (profilers), the interpreter and QKERNELS_FAST_LAUNCH=0 take Triton's path every time."""
-    if is_interpreter() or not _FAST_LAUNCH[0]:
+    (profilers), the interpreter and QKERNELS_FAST_LAUNCH=0 take Triton's path every time; under the interpreter
+    one launch runs at a time (its grid state is global), so ops called from several threads stay correct."""
+    if is_interpreter():
+        with _INTERPRETER_LOCK:     # the interpreter keeps a launch's grid state in module globals
+            kernel[grid](*args, **constexprs)
+        return
+    if not _FAST_LAUNCH[0]:
         kernel[grid](*args, **constexprs)
         return
     get_device, get_stream, knobs = _triton_runtime()

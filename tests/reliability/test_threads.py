@@ -1,6 +1,8 @@
-"""Ops called from several Python threads at once, on the default stream and on a stream per thread, give the
-bits they give alone: the launch caches, plan caches and split-K counters are shared safely. GPU only: the
-Triton interpreter keeps its grid state in module globals, so on the CPU kernels run one thread at a time."""
+"""Ops called from several Python threads at once (on a GPU: on the default stream and on a stream per thread) give
+the bits they give alone: the launch caches, plan caches and split-K counters are shared safely. Real sizes on a
+GPU; small ones under the interpreter, which runs one launch at a time (_runtime.launch holds a lock: its grid
+state is global), so there the test covers the Python-side caches."""
+import contextlib
 import threading
 
 import pytest
@@ -9,28 +11,29 @@ import torch
 import qkernels as qk
 from qkernels.ops.attention import decode_attention
 
-from ..conftest import DEVICE
+from ..conftest import DEVICE, ON_GPU
 
-pytestmark = pytest.mark.gpu
 THREADS = 8
+K = 4096 if ON_GPU else 256      # hidden size
+N = 4096 if ON_GPU else 128      # output features
 
 
 def _calls():
     """(name, fn) pairs covering every kernel family at decode and prefill sizes, split-K paths included."""
     g = torch.Generator(device=DEVICE).manual_seed(0)
-    x1 = torch.randn(1, 4096, device=DEVICE, dtype=torch.float16, generator=g)
-    x16 = torch.randn(16, 4096, device=DEVICE, dtype=torch.float16, generator=g)
-    w = torch.randn(4096, 4096, device=DEVICE, generator=g)
+    x1 = torch.randn(1, K, device=DEVICE, dtype=torch.float16, generator=g)
+    x16 = torch.randn(16, K, device=DEVICE, dtype=torch.float16, generator=g)
+    w = torch.randn(N, K, device=DEVICE, generator=g)
     pw4 = qk.PackedWeight.from_float(w, 4, 128)
     pw8 = qk.PackedWeight.from_float(w, 8, -1, symmetric=True)
     q8 = qk.quantize(w.half(), "int8", "row")
-    a8 = torch.randint(-128, 128, (1, 4096), device=DEVICE, dtype=torch.int8, generator=g)
-    gamma = torch.rand(4096, device=DEVICE, dtype=torch.float16, generator=g)
+    a8 = torch.randint(-128, 128, (1, K), device=DEVICE, dtype=torch.int8, generator=g)
+    gamma = torch.rand(K, device=DEVICE, dtype=torch.float16, generator=g)
     q = torch.randn(2, 32, 128, device=DEVICE, dtype=torch.float16, generator=g)
     kc = torch.randn(2, 8, 300, 128, device=DEVICE, dtype=torch.float16, generator=g)
     vc = torch.randn(2, 8, 300, 128, device=DEVICE, dtype=torch.float16, generator=g)
     lengths = torch.tensor([300, 77], device=DEVICE, dtype=torch.int32)
-    gu = torch.randn(16, 2 * 4096, device=DEVICE, dtype=torch.float16, generator=g)
+    gu = torch.randn(16, 2 * K, device=DEVICE, dtype=torch.float16, generator=g)
     return [
         ("w4a16 M=1", lambda: qk.w4a16_linear(x1, pw4)),
         ("w4a16 M=16", lambda: qk.w4a16_linear(x16, pw4)),
@@ -45,23 +48,26 @@ def _calls():
     ]
 
 
-@pytest.mark.parametrize("streams", [False, True], ids=["default stream", "a stream per thread"])
+@pytest.mark.parametrize("streams", [False, pytest.param(True, marks=pytest.mark.gpu)],
+                         ids=["default stream", "a stream per thread"])
 def test_ops_from_threads_match_alone(streams):
     calls = _calls()
     want = {name: fn().clone() for name, fn in calls}
-    torch.cuda.synchronize()
+    if ON_GPU:
+        torch.cuda.synchronize()
     errors: list = []
     start = threading.Barrier(THREADS)
 
     def worker(i):
         try:
-            stream = torch.cuda.Stream() if streams else torch.cuda.current_stream()
+            stream = torch.cuda.Stream() if streams else torch.cuda.current_stream() if ON_GPU else None
             start.wait()
-            with torch.cuda.stream(stream):
-                for _ in range(3):
+            with torch.cuda.stream(stream) if ON_GPU else contextlib.nullcontext():
+                for _ in range(3 if ON_GPU else 1):
                     for name, fn in calls[i % len(calls):] + calls[:i % len(calls)]:
                         got = fn()
-                        stream.synchronize()
+                        if ON_GPU:
+                            stream.synchronize()
                         if not torch.equal(got, want[name]):
                             errors.append(f"thread {i}: {name} differs from its single-thread result")
         except Exception as e:          # noqa: BLE001  (reported below, with the thread)
