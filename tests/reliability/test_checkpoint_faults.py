@@ -80,6 +80,58 @@ def test_save_interrupted_at_every_step_keeps_old_or_new(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [cfg["weights"]], "old weights left behind"
 
 
+def test_gptq_save_interrupted_at_every_step_never_loads_a_mix(tmp_path, monkeypatch):
+    """save_gptq replaces two files (weights, then config.json with their checksum): interrupted anywhere, the
+    directory loads to the old or the new model, or load_pretrained refuses it naming the interruption."""
+    transformers = pytest.importorskip("transformers")
+    from qkernels.nn.checkpoints import load_pretrained, save_gptq
+
+    def model(seed, group):
+        torch.manual_seed(seed)
+        cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        m = transformers.LlamaForCausalLM(cfg).half().eval()
+        quantize_(m, f"w4a16-g{group}", progress=False, fuse=False)
+        return m
+
+    old, new = model(0, 32), model(1, 64)        # another group size: a mix would still have loadable shapes
+    save_gptq(old, tmp_path)
+    real_replace, real_fsync = os.replace, files._fsync
+    outcomes = []
+    for k in range(1, 40):
+        calls = [0]
+
+        def step(fn, *a):
+            calls[0] += 1
+            if calls[0] == k:
+                raise _Crash()
+            return fn(*a)
+        monkeypatch.setattr(files.os, "replace", lambda *a: step(real_replace, *a))
+        monkeypatch.setattr(files, "_fsync", lambda p: step(real_fsync, p))
+        try:
+            save_gptq(new, tmp_path)
+            finished = True
+        except _Crash:
+            finished = False
+        monkeypatch.setattr(files.os, "replace", real_replace)
+        monkeypatch.setattr(files, "_fsync", real_fsync)
+        try:
+            got = load_pretrained(tmp_path, dtype=torch.float16)
+            sd = {k: v for k, v in got.state_dict().items() if "rotary" not in k}
+            which = [n for n, m in (("old", old), ("new", new))
+                     if all(torch.equal(v, m.state_dict()[k]) for k, v in sd.items())]
+            assert len(which) == 1, "the directory loaded to neither the old nor the new model"
+            outcomes.append(which[0])
+        except ValueError as err:
+            assert "a save was interrupted" in str(err), err
+            outcomes.append("refused")
+        if finished:
+            break
+        save_gptq(old, tmp_path)
+    assert outcomes[-1] == "new" and "old" in outcomes and "refused" in outcomes, outcomes
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
 def _save_forever(path: str, seed: int) -> None:
     torch.set_num_threads(1)
     models = [_quantized(seed), _quantized(seed + 1)]

@@ -15,16 +15,18 @@ Each becomes a PackedWeight (PackedWeight.from_gptq / from_awq) without a float 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .._files import file_digest, replace_atomically, write_text_atomically
 from ..packed_weight import PackedWeight
 from ..schemes import PER_CHANNEL, check_group_size
 from .linear import QuantizedLinear
+
+DIGEST_KEY = "qkernels_weights_blake2b"    # config.json key: {weights file: BLAKE2b} (save_gptq writes it)
 
 
 class SafetensorsDir:
@@ -56,6 +58,16 @@ class SafetensorsDir:
         if not files:
             raise FileNotFoundError(f"{path} has no *.safetensors weights (.bin / .pth checkpoints are not read: "
                                     f"they would need unpickling)")
+        digests = self.config.get(DIGEST_KEY)
+        if digests is not None:          # written by save_gptq: the weights must be the ones config.json records
+            if not isinstance(digests, dict) or set(digests) != set(files):
+                said = sorted(digests) if isinstance(digests, dict) else digests
+                raise ValueError(f"{cfg_file} records weights {said} but {path} holds {files}: a save was "
+                                 f"interrupted; save the checkpoint again")
+            for f, d in digests.items():
+                if file_digest(path / f) != d:
+                    raise ValueError(f"{path / f} does not match the checksum {cfg_file} records for it: a save was "
+                                     f"interrupted or the file is damaged; save the checkpoint again")
         self.path = path
         self._files = {f: safe_open(str(path / f), framework="pt", device="cpu") for f in files}
         self._where = weight_map or {k: f for f, h in self._files.items() for k in h.keys()}
@@ -276,8 +288,10 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
     directory (config.json with quantization_config, model.safetensors) that GPTQ loaders read. Every
     quantized layer must share bits, group size, symmetry and act-order (one quantization_config holds
     them). checkpoint_format: "gptq" (zeros minus one: every zero point >= 1, true of symmetric weights) or
-    "gptq_v2"; default "gptq" when it can hold the zeros. Files are written under temporary names and
-    renamed when complete: an interrupted save leaves no checkpoint that looks whole."""
+    "gptq_v2"; default "gptq" when it can hold the zeros. The weights and then config.json are each replaced in
+    one step, config.json recording the weights' BLAKE2b checksum: a save interrupted between the two leaves
+    a directory that load_pretrained / from_pretrained refuse with a clear error (other GPTQ loaders do not
+    check it), never a half-written file."""
     from safetensors.torch import save_file
     qs = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     if not qs:
@@ -317,9 +331,10 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
                                   "desc_act": act, "checkpoint_format": checkpoint_format}
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    tmp_w, tmp_c = out / "model.safetensors.partial", out / "config.json.partial"
-    save_file(tensors, str(tmp_w), metadata={"format": "pt"})
-    tmp_c.write_text(json.dumps(cfg, indent=1, default=str))
-    os.replace(tmp_w, out / "model.safetensors")
-    os.replace(tmp_c, out / "config.json")
+    # the weights, then config.json recording their checksum (each replaced in one step): a save interrupted
+    # between the two leaves new weights beside the old config, which SafetensorsDir refuses by the checksum
+    replace_atomically(out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    cfg[DIGEST_KEY] = {"model.safetensors": file_digest(out / "model.safetensors")}
+    write_text_atomically(out / "config.json", json.dumps(cfg, indent=1, default=str))
+    (out / "model.safetensors.index.json").unlink(missing_ok=True)     # a sharded save's index would win
     return out
