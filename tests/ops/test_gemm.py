@@ -128,6 +128,26 @@ def test_use_config_scopes_the_gemv():
             pass
 
 
+@NEEDS_FP8
+@pytest.mark.parametrize("M", [1, 129])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fp8_cublas_path_matches_reference_or_falls_back(M, out_dtype):
+    """The "cublas" path (torch._scaled_mm, rowwise scales) gives the reference within fp32-accumulation rounding
+    where it runs; calls it does not take (an activation, odd N, the interpreter) run the fallback config."""
+    from qkernels.ops import gemm as G
+    cfg = dict(path="cublas", fallback=dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=4, num_warps=4, num_stages=1))
+    for N, act in ((256, None), (255, None), (256, "silu")):
+        K = 512
+        a = (torch.randn(M, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+        w = (torch.randn(N, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+        sa, sb = torch.rand(M, device=DEVICE) + 0.1, torch.rand(N, device=DEVICE) + 0.1
+        bias = torch.randn(N, device=DEVICE, dtype=out_dtype)
+        with G.use_config(cfg), qk.poison_outputs():
+            got = qk.fp8_matmul(a, w.t(), sa, sb, bias=bias, activation=act, out_dtype=out_dtype)
+        want = ref.scaled_mm(a.float(), w.t().float(), sa, sb, 1.0, bias, act, torch.float64)
+        assert rel_err(got, want) < (2e-3 if out_dtype == torch.float16 else 1e-2), (N, act)
+
+
 @pytest.mark.parametrize("M", [0, 1, 17, 129])
 def test_int4_exact(M):
     for N, K in [(40, 72), (255, 514)]:

@@ -1,5 +1,9 @@
 """Integer / FP8 GEMM launchers with fused dequant + bias + activation epilogues, and the W8A8 linear.
 
+The per-GPU table (configs/<gpu>.json) picks per M bucket: tile sizes for kernels/_gemm._scaled_mm_kernel,
+"path": "gemv" (the 8-bit GEMV, decode) or, for FP8 where cuBLAS is measured faster, "path": "cublas"
+(torch._scaled_mm with rowwise scales); both carry a "fallback" tile config for calls they do not take.
+
 Kernel: kernels/_gemm.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8a8_linear.
 """
 from __future__ import annotations
@@ -40,9 +44,10 @@ def _gemm_config(kind: str, M: int, N: int, K: int, device: torch.device) -> dic
 
 def use_config(cfg: dict):
     """Every int8 / fp8 / int4 GEMM inside the block runs `cfg` (a config-table entry: tile sizes, or
-    {"path": "gemv", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
-    if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") == "gemv"):
-        raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' path), got {cfg!r}")
+    {"path": "gemv" | "cublas", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
+    if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") in ("gemv", "cublas")):
+        raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' / 'cublas' path), got "
+                         f"{cfg!r}")
     return scoped_value(_FORCED_CONFIG, cfg)
 
 
@@ -74,6 +79,10 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
 
 
 def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
+    if cfg.get("path") == "cublas":
+        if kind == "fp8" and _cublas_fp8(a2, b, c, sa, sb, bias, scale_c, act):
+            return c
+        cfg = cfg["fallback"]
     if cfg.get("path") == "gemv":
         if kind in ("int8", "fp8") and _gemv_ok(a2, b, K):
             return _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg)
@@ -87,6 +96,36 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
            HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
            SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
            ACC_INT=kind != "fp8", INT4=kind == "int4", **cfg)
+
+
+def _cublas_fp8(a2, b, c, sa, sb, bias, scale_c, act) -> bool:
+    """c = a2 @ b * sa[m] * sb[n] (+ bias) through torch._scaled_mm (cuBLAS, rowwise scales), where a table says
+    cuBLAS is the faster kernel (prefill sizes on Hopper) and the call is one it takes: per-row and per-column
+    fp32 scales, no activation, scale_c 1, 16-byte aligned rows of a and columns of b (a2 / b: uint8 views of
+    the e4m3 codes). Returns False where it does not run (the table's fallback config runs instead)."""
+    M, N = c.shape
+    K = a2.shape[1]
+    if (act is not None or scale_c != 1.0 or sa is None or sb is None or sa.numel() != M or sb.numel() != N
+            or not c.is_cuda or not c.is_contiguous() or K % 16 or N % 16 or a2.stride(1) != 1 or b.stride(0) != 1
+            or a2.stride(0) % 16 or b.stride(1) % 16 or a2.data_ptr() % 16 or b.data_ptr() % 16
+            or not _scaled_mm_takes(c.device, c.dtype, bias.dtype if bias is not None else None)):
+        return False
+    torch._scaled_mm(a2.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn), sa.reshape(M, 1), sb.reshape(1, N),
+                     bias=bias, out_dtype=c.dtype, out=c)
+    return True
+
+
+@functools.cache
+def _scaled_mm_takes(device: torch.device, out_dtype: torch.dtype, bias_dtype: torch.dtype | None) -> bool:
+    """Whether this torch / cuBLAS runs rowwise-scaled FP8 with this output and bias dtype (asked once)."""
+    a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+    bias = torch.zeros(16, device=device, dtype=bias_dtype) if bias_dtype is not None else None
+    try:
+        torch._scaled_mm(a, a.t(), torch.ones(16, 1, device=device), torch.ones(1, 16, device=device), bias=bias,
+                         out_dtype=out_dtype, out=torch.empty(16, 16, device=device, dtype=out_dtype))
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
 
 
 def _gemv_ok(a2: torch.Tensor, b: torch.Tensor, K: int) -> bool:
