@@ -47,3 +47,17 @@ def test_decode_gemv_table_and_targets(tmp_path):
     assert "- qkernels w4a16, M = 1, 6144x4096 and larger: ≥ 90% of fp16's bytes/s: 92% at worst — met" in text
     assert "- qkernels w4a16, M = 1, 4096x4096: ≥ 75% of fp16's bytes/s: 70% at worst — **not met**" in text
     assert "- qkernels w4a16, one kernel per call at M = 1: 2 at most — **not met**" in text
+
+
+def test_gemm_targets_from_graph_rows():
+    row = lambda p, M, N, K, us, mode="graph": dict(op="gemm_linear", provider=p, mode=mode, M=M, N=N, K=K,  # noqa
+                                                     median_us=us)
+    rows = [row("qkernels w8a8 fp8", 1, 4096, 4096, 10.0), row("torch._scaled_mm fp8 +act quant", 1, 4096, 4096, 12.0),
+            row("qkernels w8a8 fp8", 128, 4096, 4096, 10.0),
+            row("torch._scaled_mm fp8 +act quant", 128, 4096, 4096, 9.0),
+            row("torch._scaled_mm fp8 +act quant", 128, 4096, 4096, 1.0, "eager"),     # eager rows do not count
+            row("qkernels w8a8 int8", 4096, 14336, 4096, 100.0), row("fp16 cuBLAS", 4096, 14336, 4096, 180.0)]
+    text = "\n".join(report._gemm_targets(rows))
+    assert "every M: ≥ 1.0x: 0.90x at worst (M = 128, 4096x4096) — **not met**" in text
+    assert "M <= 16: ≥ 1.1x: 1.20x at worst (M = 1, 4096x4096) — met" in text
+    assert "M = 4096 on the large shapes: ≥ 1.7x: 1.80x at worst (14336x4096) — met" in text
