@@ -287,8 +287,9 @@ def _gemm_targets(rows) -> list[str]:
         got = [r for r in ratios if sel(r[1])]
         if got:
             worst = min(got)
-            lines.append(f"- FP8 linear vs torch.compile quant + `_scaled_mm`, {label}: ≥ {want:.1f}x: {worst[0]:.2f}x "
-                         f"at worst (M = {worst[1]}, {worst[2]}) — {'met' if worst[0] >= want else '**not met**'}")
+            lines.append(f"- FP8 linear vs torch.compile quant + `_scaled_mm`, {label}: ≥ {want:.1f}x: "
+                         f"{worst[0]:.2f}x at worst (M = {worst[1]}, {worst[2]}) — "
+                         f"{'met' if worst[0] >= want else '**not met**'}")
     int8 = [(t[("fp16 cuBLAS", M, N, K)] / us, f"{N}x{K}") for (p, M, N, K), us in t.items()
             if p == "qkernels w8a8 int8" and M == 4096 and N * K > 4096 * 4096 and ("fp16 cuBLAS", M, N, K) in t]
     if int8:
