@@ -126,3 +126,29 @@ def test_ops_autotune_on_a_gpu_without_table(cache_dir, monkeypatch):
     finally:
         G._gemm_config_bucket.cache_clear()
         WO.dispatch._config_bucket.cache_clear()
+
+
+def _hammer(cache: str, who: int, n: int, go) -> None:
+    import os
+    os.environ["QKERNELS_CACHE_DIR"] = cache
+    go.wait()
+    mine = {}
+    for j in range(n):              # as tuned() does: the in-memory cache grows, each result saved at once
+        mine[f"p{who}:k{j}"] = {"id": j}
+        autotune._save("gpu-x", mine)
+
+
+def test_two_processes_hammering_the_cache_lose_nothing(cache_dir):
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    go = ctx.Event()
+    procs = [ctx.Process(target=_hammer, args=(str(cache_dir), who, 150, go)) for who in range(2)]
+    for p in procs:
+        p.start()
+    go.set()                        # both write at once
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    saved = json.loads((cache_dir / "autotune-gpu-x.json").read_text())
+    assert saved == {f"p{w}:k{j}": {"id": j} for w in range(2) for j in range(150)}
+    assert not list(cache_dir.glob("*.partial"))

@@ -4,6 +4,7 @@ directory entry is flushed too. A crash at any point leaves the old file or the 
 `*.partial` leftover that the next write of that file removes."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -60,3 +61,21 @@ def file_digest(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Exclusive between processes for the block (an advisory lock on `<path>.lock`; POSIX): a read-merge-write
+    of a shared file (the autotune cache) loses nothing to a concurrent writer. Where there is no fcntl, no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path = Path(path)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -51,17 +51,18 @@ def _cache(slug: str) -> dict:
 
 def _save(slug: str, cache: dict) -> None:
     """Write the cache, merged into what the file holds now (another process may have tuned other shapes since
-    this one read it), replacing the file in one step (qkernels._files)."""
-    from ._files import write_text_atomically
+    this one read it) under an inter-process lock, replacing the file in one step (qkernels._files)."""
+    from ._files import locked, write_text_atomically
     path = cache_path(slug)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            on_disk = json.loads(path.read_text()) if path.exists() else {}
-        except (OSError, ValueError):
-            on_disk = {}
-        merged = {**on_disk, **cache} if isinstance(on_disk, dict) else dict(cache)
-        write_text_atomically(path, json.dumps(merged, indent=1, sort_keys=True) + "\n")
+        with locked(path):            # no other process between this read and the write
+            try:
+                on_disk = json.loads(path.read_text()) if path.exists() else {}
+            except (OSError, ValueError):
+                on_disk = {}
+            merged = {**on_disk, **cache} if isinstance(on_disk, dict) else dict(cache)
+            write_text_atomically(path, json.dumps(merged, indent=1, sort_keys=True) + "\n")
     except OSError as e:                          # read-only home: keep the in-memory result only
         log.warning("qkernels: could not write autotune cache %s (%s)", path, e)
 

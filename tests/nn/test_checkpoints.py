@@ -188,6 +188,13 @@ def test_bad_checkpoints_are_named(tmp_path):
         load_pretrained(d3)
     with pytest.raises(TypeError, match="float16 / bfloat16"):
         load_pretrained(d2, dtype=torch.float32)
+    (tmp_path / "nan").mkdir()
+    d4, _ = write_checkpoint(tmp_path / "nan", "gptq")          # a damaged scale: refused, not computed with
+    sd = load_file(str(d4 / "model.safetensors"))
+    sd["model.layers.1.self_attn.o_proj.scales"][0, 3] = float("nan")
+    save_file(sd, str(d4 / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="scales of 'model.layers.1.self_attn.o_proj' are not all finite"):
+        load_pretrained(d4)
     # save_gptq refuses what one quantization_config cannot describe
     model = transformers.LlamaForCausalLM(tiny_config()).to(torch.float16)
     with pytest.raises(ValueError, match="no QuantizedLinear"):

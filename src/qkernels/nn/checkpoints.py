@@ -107,6 +107,8 @@ class SafetensorsDir:
         except (ValueError, TypeError) as e:
             raise ValueError(f"{self.path}: the {q.method.upper()} tensors of {name!r} do not fit the format: {e}") \
                 from None
+        if not bool(torch.isfinite(pw.scale_zero).all()):
+            raise ValueError(f"{self.path}: the scales of {name!r} are not all finite: the checkpoint is damaged")
         if q.group_size != PER_CHANNEL and pw.group_len != q.group_size:
             raise ValueError(f"{self.path}: {name!r} has groups of {pw.group_len} input channels, quantization_config "
                              f"says group_size={q.group_size}")
