@@ -45,28 +45,35 @@ class _Crash(BaseException):
     """Stands for the process dying: not an Exception, so nothing on the way catches it as an error."""
 
 
+def _interrupted_at(k: int, save, monkeypatch) -> bool:
+    """Run save() with the process 'dying' at its k-th write step (a file flush or a rename in qkernels._files);
+    returns whether it finished (it has fewer than k steps)."""
+    real_replace, real_fsync = os.replace, files._fsync
+    calls = [0]
+
+    def step(fn, *a):
+        calls[0] += 1
+        if calls[0] == k:
+            raise _Crash()
+        return fn(*a)
+    monkeypatch.setattr(files.os, "replace", lambda *a: step(real_replace, *a))
+    monkeypatch.setattr(files, "_fsync", lambda p: step(real_fsync, p))
+    try:
+        save()
+        return True
+    except _Crash:
+        return False
+    finally:
+        monkeypatch.setattr(files.os, "replace", real_replace)
+        monkeypatch.setattr(files, "_fsync", real_fsync)
+
+
 def test_save_interrupted_at_every_step_keeps_old_or_new(tmp_path, monkeypatch):
     old, new = _quantized(0), _quantized(1)
     save_quantized(old, tmp_path)
-    real_replace, real_fsync = os.replace, files._fsync
     steps, outcomes = 0, []
     for k in range(1, 40):
-        calls = [0]
-
-        def step(fn, *a):
-            calls[0] += 1
-            if calls[0] == k:
-                raise _Crash()
-            return fn(*a)
-        monkeypatch.setattr(files.os, "replace", lambda *a: step(real_replace, *a))
-        monkeypatch.setattr(files, "_fsync", lambda p: step(real_fsync, p))
-        try:
-            save_quantized(new, tmp_path)
-            finished = True
-        except _Crash:
-            finished = False
-        monkeypatch.setattr(files.os, "replace", real_replace)
-        monkeypatch.setattr(files, "_fsync", real_fsync)
+        finished = _interrupted_at(k, lambda: save_quantized(new, tmp_path), monkeypatch)
         outcomes.append(_which(tmp_path, old, new))
         if finished:
             steps = k - 1
@@ -96,25 +103,9 @@ def test_gptq_save_interrupted_at_every_step_never_loads_a_mix(tmp_path, monkeyp
 
     old, new = model(0, 32), model(1, 64)        # another group size: a mix would still have loadable shapes
     save_gptq(old, tmp_path)
-    real_replace, real_fsync = os.replace, files._fsync
     outcomes = []
     for k in range(1, 40):
-        calls = [0]
-
-        def step(fn, *a):
-            calls[0] += 1
-            if calls[0] == k:
-                raise _Crash()
-            return fn(*a)
-        monkeypatch.setattr(files.os, "replace", lambda *a: step(real_replace, *a))
-        monkeypatch.setattr(files, "_fsync", lambda p: step(real_fsync, p))
-        try:
-            save_gptq(new, tmp_path)
-            finished = True
-        except _Crash:
-            finished = False
-        monkeypatch.setattr(files.os, "replace", real_replace)
-        monkeypatch.setattr(files, "_fsync", real_fsync)
+        finished = _interrupted_at(k, lambda: save_gptq(new, tmp_path), monkeypatch)
         try:
             got = load_pretrained(tmp_path, dtype=torch.float16)
             sd = {k: v for k, v in got.state_dict().items() if "rotary" not in k}
