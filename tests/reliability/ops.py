@@ -80,7 +80,7 @@ OPS = [
     OpSpec("w8a8_linear", lambda M, K, N: (_f16(M, K), _ql(K, N, "w8a8")),
            lambda x, ql: ql(x)),
     OpSpec("w8a8_fp8_linear", lambda M, K, N: (_f16(M, K), _ql(K, N, "w8a8-fp8")),
-           lambda x, ql: ql(x), needs_fp8=True),
+           lambda x, ql: ql(x), needs_fp8=True, exact_batch=False, tags=("M-dispatch: cuBLAS at prefill sizes",)),
     OpSpec("w4a16_linear", lambda M, K, N: (_f16(M, K), _weight(N, K, 4, 32, False)),
            lambda x, w: qk.w4a16_linear(x, w), ks=(64, 288), exact_batch=False, tags=("M-dispatch",)),
     OpSpec("w8a16_linear", lambda M, K, N: (_f16(M, K), _weight(N, K, 8, -1, True)),
