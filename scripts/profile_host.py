@@ -21,6 +21,8 @@ pw8 = qk.PackedWeight.from_float(w, 8, -1, symmetric=True)
 wq = qk.quantize(w, "int8", "row")
 xq = qk.quantize(x16, "int8", "row")
 ws = wq.scale.reshape(-1)
+wf8 = qk.quantize(w, "fp8_e4m3", "row")
+wf8s = wf8.scale.reshape(-1)
 calls = {
     "F.linear fp16 M=1": lambda: F.linear(x, w),
     "torch.add (one tiny kernel)": lambda: torch.add(x, x),
@@ -28,6 +30,10 @@ calls = {
     "w4a16_linear M=16": lambda: qk.w4a16_linear(x16, pw4),
     "w8a16_linear M=1": lambda: qk.w8a16_linear(x, pw8),
     "w8a8_linear M=16": lambda: qk.w8a8_linear(x16, wq.data, ws),
+    "w8a8_linear M=1": lambda: qk.w8a8_linear(x, wq.data, ws),
+    "w8a8_linear fp8 M=1": lambda: qk.w8a8_linear(x, wf8.data, wf8s, dtype="fp8"),
+    "fp8_matmul M=1 scaled": lambda: qk.fp8_matmul(wf8.data[:1], wf8.data.t(), wf8s[:1], wf8s,
+                                                   out_dtype=torch.float16),
     "int8_matmul M=16 (exact)": lambda: qk.int8_matmul(xq.data, wq.data.t()),
     "int8_matmul M=16 scaled": lambda: qk.int8_matmul(xq.data, wq.data.t(), xq.scale, ws),
     "quantize row int8 M=16": lambda: qk.quantize(x16, "int8", "row"),
@@ -40,7 +46,7 @@ for name, fn in calls.items():
     with R.fast_launch(False):
         slow = host_us(fn)
     print(f"{name:32s} {fast:14.1f} {slow:14.1f}", flush=True)
-for name in ("w4a16_linear M=1", "w8a8_linear M=16"):
+for name in ("w4a16_linear M=1", "w8a8_linear M=1", "w8a8_linear fp8 M=1"):
     fn = calls[name]
     pr = cProfile.Profile()
     pr.enable()
