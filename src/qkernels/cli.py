@@ -220,16 +220,17 @@ def main(argv=None) -> int:
                    help="a benchmark, 'all' (the kernel ones) or 'report' (regenerate RESULTS.md from --out's JSON)")
     b.add_argument("--out", default="benchmarks/results", help="results root (default: benchmarks/results)")
     b.add_argument("--models", default="", help="model bench: comma-separated (llama3-8b, qwen3-1.7b; default both)")
-    b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
+    b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,"
+                                                  "w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.set_defaults(fn=cmd_bench)
     e = sub.add_parser("eval", help="accuracy of quantized models")
     e.add_argument("what", choices=("ppl",))
     e.add_argument("--model", default="smollm2", choices=("smollm2",))
     e.add_argument("--schemes", default="",
-                   help="comma-separated (default: eval.ppl.DEFAULT_SCHEMES): w8a8[-sq] (-sq: SmoothQuant "
-                        "calibration), w8a8-fp8[-sq], w4a16[-g<group>][-sym|-asym][-gptq|-gptq-act|-awq|-awq+gptq[-act]], "
-                        "w8a16[...]")
+                   help="comma-separated (default: eval.ppl.DEFAULT_SCHEMES): a scheme (w8a8, w8a8-fp8, "
+                        "w4a16[-g<group>][-sym|-asym], w8a16[...]), then -sq (w8a8: SmoothQuant calibration) or "
+                        "-rtn / -gptq[-act] / -awq / -awq+gptq[-act] (weight-only)")
     e.add_argument("--tokens", type=int, default=4096)
     e.add_argument("--text", default=None, help="UTF-8 text file to evaluate on (default: gensim 4.4.0's "
                    "lee_background.cor, from the eval extra)")

@@ -173,7 +173,8 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
     dtype = dtype or (torch.float16 if on_gpu else torch.bfloat16)
-    print(f"device: {device} ({'kernels' if on_gpu else 'no GPU: quantized layers run qkernels.reference, the kernels twin'})")
+    how = "kernels" if on_gpu else "no GPU: quantized layers run qkernels.reference, the kernels twin"
+    print(f"device: {device} ({how})")
     base, tok = load_smollm2(torch.float32, device)
     all_ids = tok(load_text(text), return_tensors="pt").input_ids
     need = max(tokens, sum(CALIBRATION), sum(CALIBRATION_WO))
