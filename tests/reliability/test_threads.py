@@ -1,5 +1,5 @@
 """Ops called from several Python threads at once (on a GPU: on the default stream and on a stream per thread) give
-the bits they give alone: the launch caches, plan caches and split-K counters are shared safely. Real sizes on a
+the bits they give alone (every op of the reliability table, plus the decode-size linears and attention): the launch caches, plan caches and split-K counters are shared safely. Real sizes on a
 GPU; small ones under the interpreter, which runs one launch at a time (_runtime.launch holds a lock: its grid
 state is global), so there the test covers the Python-side caches."""
 import contextlib
@@ -12,6 +12,7 @@ import qkernels as qk
 from qkernels.ops.attention import decode_attention
 
 from ..conftest import DEVICE, ON_GPU
+from .ops import OPS, as_tuple, available
 
 THREADS = 8
 K = 4096 if ON_GPU else 256      # hidden size
@@ -45,14 +46,29 @@ def _calls():
         ("rms_norm", lambda: qk.rms_norm(x16, gamma)),
         ("silu_and_mul", lambda: qk.silu_and_mul(gu)),
         ("decode_attention", lambda: decode_attention(q, kc, vc, lengths)),
-    ]
+    ] + [(spec.name, _table_call(spec)) for spec in OPS if available(spec)]
+
+
+def _table_call(spec):
+    """Every op of the reliability table (tests/reliability/ops.py) on one case of its own."""
+    args = spec.make(257 if ON_GPU else 17, spec.ks[-1] if ON_GPU else spec.ks[0], spec.n)
+    return lambda: as_tuple(spec.run(*args))
+
+
+def _clone(out):
+    return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+
+
+def _equal(a, b) -> bool:
+    a, b = as_tuple(a), as_tuple(b)
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("streams", [False, pytest.param(True, marks=pytest.mark.gpu)],
                          ids=["default stream", "a stream per thread"])
 def test_ops_from_threads_match_alone(streams):
     calls = _calls()
-    want = {name: fn().clone() for name, fn in calls}
+    want = {name: _clone(fn()) for name, fn in calls}
     if ON_GPU:
         torch.cuda.synchronize()
     errors: list = []
@@ -68,7 +84,7 @@ def test_ops_from_threads_match_alone(streams):
                         got = fn()
                         if ON_GPU:
                             stream.synchronize()
-                        if not torch.equal(got, want[name]):
+                        if not _equal(got, want[name]):
                             errors.append(f"thread {i}: {name} differs from its single-thread result")
         except Exception as e:          # noqa: BLE001  (reported below, with the thread)
             errors.append(f"thread {i}: {type(e).__name__}: {e}")
