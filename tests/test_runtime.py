@@ -188,3 +188,19 @@ def test_pdl_chain_same_bits():
     with R.pdl(True):
         assert_bit_exact(chain(), want, "eager")
         assert_bit_exact(graph_replay(chain), want, "graph")
+
+
+def test_splitk_scratch_is_kept_per_stream_and_grows():
+    """Split-K calls reuse the stream's workspace and counters (nothing allocated per call); a larger request
+    grows them (the old buffers are kept: captured graphs may point at them); above WORKSPACE_KEPT_MAX the
+    workspace is a fresh allocation."""
+    from qkernels import _runtime as R
+    dev = torch.device(DEVICE)
+    ws, cnt = R.splitk_scratch(dev, 1000, 10)
+    ws2, cnt2 = R.splitk_scratch(dev, 500, 5)
+    assert ws2.data_ptr() == ws.data_ptr() and cnt2.data_ptr() == cnt.data_ptr()
+    assert ws.dtype == torch.float32 and cnt.dtype == torch.int32 and not cnt[:10].any()
+    big, _ = R.splitk_scratch(dev, ws.numel() + 1, 10)
+    assert big.numel() > ws.numel() and R.splitk_scratch(dev, 10, 10)[0].data_ptr() == big.data_ptr()
+    huge, _ = R.splitk_scratch(dev, R.WORKSPACE_KEPT_MAX + 1, 10)
+    assert huge.numel() == R.WORKSPACE_KEPT_MAX + 1 and huge.data_ptr() != big.data_ptr()

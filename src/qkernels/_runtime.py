@@ -231,15 +231,37 @@ def tile_counters(device: torch.device, n: int) -> torch.Tensor:
     its zeroing is recorded once in that graph; it is kept for the capture stream, so the graph's other
     launches (and later graphs captured on that stream) reuse it without a memset per launch: graphs captured
     on one stream must not be replayed concurrently on two."""
-    cuda = device.type == "cuda"
+    return _stream_buffer(_COUNTERS, _stream_key(device), n, torch.zeros, torch.int32, device)
+
+
+def _stream_key(device: torch.device) -> tuple:
     # the raw stream Triton's launch reads too (the interpreter runs programs one after another: one buffer)
-    key = (device.index, _triton_runtime()[1](device.index)) if cuda else (device.type, None)
-    buf = _COUNTERS.get(key)
+    return (device.index, _triton_runtime()[1](device.index)) if device.type == "cuda" else (device.type, None)
+
+
+def _stream_buffer(buffers: dict, key: tuple, n: int, make, dtype: torch.dtype, device: torch.device):
+    buf = buffers.get(key)
     if buf is None or buf.numel() < n:
         if buf is not None:     # captured graphs may still point at it: never freed
             _RETIRED.append(buf)
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+        buf = buffers[key] = make(max(n, 1 << 16), dtype=dtype, device=device)
     return buf
+
+
+_WORKSPACES: dict = {}
+WORKSPACE_KEPT_MAX = 1 << 22     # fp32 elements (16 MB): larger split-K workspaces are allocated per call
+
+
+def splitk_scratch(device: torch.device, numel: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 workspace of at least numel elements for split-K partials, the tile counters (tile_counters)) of the
+    current stream. The workspace is reused like the counters, for the same reason (a kernel writes its partials
+    only after the kernel before it on the stream has completed, and reads them back before it completes), so a
+    split-K call allocates nothing; above WORKSPACE_KEPT_MAX elements it is a fresh allocation."""
+    key = _stream_key(device)
+    cnt = _stream_buffer(_COUNTERS, key, counters, torch.zeros, torch.int32, device)
+    if numel > WORKSPACE_KEPT_MAX:
+        return torch.empty(numel, dtype=torch.float32, device=device), cnt
+    return _stream_buffer(_WORKSPACES, key, numel, torch.empty, torch.float32, device), cnt
 
 
 _THREAD = threading.local()

@@ -16,7 +16,7 @@ import torch
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
                         device_name, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, scoped_value,
-                        tile_counters)
+                        splitk_scratch)
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
 
@@ -159,8 +159,9 @@ def _gemv_plan(cfg: dict, M: int, N: int, K: int, kind: str):
 def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
     if split > 1:
-        ws = torch.empty((split, M, N), dtype=torch.int32 if kind == "int8" else torch.float32, device=c.device)
-        cnt = tile_counters(c.device, grid[0] * grid[1])
+        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[1])
+        if kind == "int8":
+            ws = ws.view(torch.int32)      # exact int32 partials
     else:
         ws = cnt = c
     unused = c

@@ -8,7 +8,7 @@ import importlib
 import torch
 
 from ... import configs
-from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, tile_counters
+from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, splitk_scratch
 from .dispatch import SUPPORTED, TC_K, WG_K
 
 
@@ -72,15 +72,14 @@ def _keep_plan(key, cfg, plan):
 def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg):
     """out [M, N] written by one kernel. x2 rows are contiguous; scale_zero is [N, G, 2] contiguous, read as one
     32-bit word per group (stride in words: G). With split-K the kernels add the partials up themselves: an fp32
-    workspace [split, M, N] and one counter per output tile (_runtime.tile_counters)."""
+    workspace [split, M, N] and one counter per output tile (_runtime.splitk_scratch: both kept per stream)."""
     M, K = x2.shape
     N = qweight.shape[0]
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros)
     bias_arg = bias if bias is not None else scale_zero
     if split > 1:
-        ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-        cnt = tile_counters(x2.device, grid[0] * grid[2] if cfg["path"] == "tc" else
-                            grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
+        ws, cnt = splitk_scratch(x2.device, split * M * N, grid[0] * grid[2] if cfg["path"] == "tc" else
+                                 grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
     if cfg["path"] == "tc":
