@@ -195,7 +195,7 @@ def test_splitk_scratch_is_kept_per_stream_and_grows():
     grows them (the old buffers are kept: captured graphs may point at them); above WORKSPACE_KEPT_MAX the
     workspace is a fresh allocation."""
     from qkernels import _runtime as R
-    dev = torch.device(DEVICE)
+    dev = torch.empty(1, device=DEVICE).device      # with its index, as a tensor passes it
     ws, cnt = R.splitk_scratch(dev, 1000, 10)
     ws2, cnt2 = R.splitk_scratch(dev, 500, 5)
     assert ws2.data_ptr() == ws.data_ptr() and cnt2.data_ptr() == cnt.data_ptr()
