@@ -236,7 +236,10 @@ def tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def _stream_key(device: torch.device) -> tuple:
     # the raw stream Triton's launch reads too (the interpreter runs programs one after another: one buffer)
-    return (device.index, _triton_runtime()[1](device.index)) if device.type == "cuda" else (device.type, None)
+    if device.type != "cuda":
+        return (device.type, None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (index, _triton_runtime()[1](index))
 
 
 def _stream_buffer(buffers: dict, key: tuple, n: int, make, dtype: torch.dtype, device: torch.device):
