@@ -217,21 +217,29 @@ def pdl(enabled: bool):
     return scoped_value(_PDL, bool(enabled))
 
 
-# (device index, stream) -> int32 counters, zero between launches (the kernels that reduce across programs - split-K
-# GEMVs / GEMMs, decode attention - have the last program of a tile reset its counter); one buffer per stream, so
-# concurrent launches on two streams do not share counters
+# (device index, stream) -> the split-K scratch of that stream: int32 tile counters, zero between launches (the
+# last program of a tile resets its counter), and fp32 workspaces for the partials; one set per stream, so
+# concurrent launches on two streams do not share them
 _COUNTERS: dict = {}
+_WORKSPACES: dict = {}
 _RETIRED: list = []
+WORKSPACE_KEPT_MAX = 1 << 22     # fp32 elements (16 MB): larger split-K workspaces are allocated per call
 
 
-def tile_counters(device: torch.device, n: int) -> torch.Tensor:
-    """The counters of the current stream (at least n). Kernels on one stream run one after another (with
-    programmatic dependent launch, a kernel touches its counters only after the one before has completed),
-    so they share the buffer. Made inside a CUDA-graph capture, the buffer comes from the graph's pool and
-    its zeroing is recorded once in that graph; it is kept for the capture stream, so the graph's other
-    launches (and later graphs captured on that stream) reuse it without a memset per launch: graphs captured
-    on one stream must not be replayed concurrently on two."""
-    return _stream_buffer(_COUNTERS, _stream_key(device), n, torch.zeros, torch.int32, device)
+def splitk_scratch(device: torch.device, numel: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 workspace of at least numel elements, at least `counters` tile counters) of the current stream, for
+    the kernels that add split-K partials themselves. Kernels on one stream run one after another (with
+    programmatic dependent launch, a kernel writes its partials and touches its counters only after the one
+    before has completed), so they share the buffers and a split-K call allocates nothing; a workspace above
+    WORKSPACE_KEPT_MAX elements is a fresh allocation. Made inside a CUDA-graph capture, the buffers come from
+    the graph's pool (the counters' zeroing recorded once in that graph) and are kept for the capture stream,
+    so the graph's other launches and later graphs captured on that stream reuse them without a memset per
+    launch: graphs captured on one stream must not be replayed concurrently on two."""
+    key = _stream_key(device)
+    cnt = _stream_buffer(_COUNTERS, key, counters, torch.zeros, torch.int32, device)
+    if numel > WORKSPACE_KEPT_MAX:
+        return torch.empty(numel, dtype=torch.float32, device=device), cnt
+    return _stream_buffer(_WORKSPACES, key, numel, torch.empty, torch.float32, device), cnt
 
 
 def _stream_key(device: torch.device) -> tuple:
@@ -249,22 +257,6 @@ def _stream_buffer(buffers: dict, key: tuple, n: int, make, dtype: torch.dtype, 
             _RETIRED.append(buf)
         buf = buffers[key] = make(max(n, 1 << 16), dtype=dtype, device=device)
     return buf
-
-
-_WORKSPACES: dict = {}
-WORKSPACE_KEPT_MAX = 1 << 22     # fp32 elements (16 MB): larger split-K workspaces are allocated per call
-
-
-def splitk_scratch(device: torch.device, numel: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace of at least numel elements for split-K partials, the tile counters (tile_counters)) of the
-    current stream. The workspace is reused like the counters, for the same reason (a kernel writes its partials
-    only after the kernel before it on the stream has completed, and reads them back before it completes), so a
-    split-K call allocates nothing; above WORKSPACE_KEPT_MAX elements it is a fresh allocation."""
-    key = _stream_key(device)
-    cnt = _stream_buffer(_COUNTERS, key, counters, torch.zeros, torch.int32, device)
-    if numel > WORKSPACE_KEPT_MAX:
-        return torch.empty(numel, dtype=torch.float32, device=device), cnt
-    return _stream_buffer(_WORKSPACES, key, numel, torch.empty, torch.float32, device), cnt
 
 
 _THREAD = threading.local()
