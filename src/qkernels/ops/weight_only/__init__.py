@@ -37,8 +37,8 @@ X_DTYPES = (torch.float16, torch.bfloat16)
 
 def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
                       bias: torch.Tensor | None, bits: int, group_size: int, int_zeros: bool) -> torch.Tensor:
-    """x [M, K] with contiguous rows, qweight / scale_zero in the PackedWeight layout (contiguous),
-    group_size: the PackedWeight's (PER_CHANNEL: one group per row); int_zeros: every zero point an integer in [0, 2**bits]
+    """x [M, K] with contiguous rows, qweight / scale_zero in the PackedWeight layout (contiguous), group_size:
+    the PackedWeight's (PER_CHANNEL: one group per row); int_zeros: every zero point an integer in [0, 2**bits]
     (PackedWeight.int_zeros: lets the kernels fold their conversion constant into them). The config comes from
     the table by M (dispatch.config_for), or from force_path / use_config where a test or tuner pinned one."""
     M, K = x.shape
