@@ -121,7 +121,8 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature: fl
     input_ids: a tensor [B, T] (returned as a tensor [B, T + n], sequences that stopped early padded
     with their stop token) or lists of ids of any lengths (returned as lists). stop: token ids that end
     a sequence (included in its output). on_tokens(list of B new ids or None per sequence) is called
-    after every step (streaming). stats (a Stats) receives TTFT, decode time and peak memory."""
+    after every step (streaming). stats (a Stats) receives TTFT, decode time and peak memory. A tensor-parallel
+    model: every rank calls generate with the same arguments and gets the same ids (rank 0's seed)."""
     prompts, as_tensor = _as_batch(input_ids)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
@@ -147,6 +148,8 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature: fl
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
         torch.cuda.synchronize(dev)
+    if model.tp is not None and temperature > 0:     # tensor parallel: every rank draws the same tokens
+        seed = model.tp.broadcast_seed(seed)
     gen = None
     if seed is not None:
         gen = torch.Generator(device=dev)

@@ -14,6 +14,10 @@ Attention: one kernel after the qkv GEMM applies the rotary embedding (and Qwen3
 writes k, v into the static cache; decode (one token per sequence) runs the flash-decoding kernel on the
 cache in place; a prompt (prefill) runs PyTorch's scaled_dot_product_attention.
 
+Tensor parallel (parallel.py): built with a Parallel, each rank holds its heads' and its intermediate slice's
+rows / columns and a slice of the vocabulary; the attention and MLP outputs are summed over the ranks by one
+all-reduce each, the logits gathered.
+
 Where kernels cannot run (a CPU without TRITON_INTERPRET=1) every op runs its reference twin.
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .. import reference as ref
 from .._runtime import runs_kernels
 from ..nn.linear import QuantizedLinear
 from .config import ModelArgs
+from .parallel import Parallel, all_reduce
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,13 +101,14 @@ class KVCache(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: Parallel | None = None):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.eps = args.norm_eps
-        self.wqkv = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=args.qkv_bias,
+        q, kv = tp.heads(args.n_heads, args.n_kv_heads) if tp else (range(args.n_heads), range(args.n_kv_heads))
+        self.n_heads, self.n_kv_heads, self.head_dim = len(q), len(kv), args.head_dim    # this rank's
+        self.eps, self.tp = args.norm_eps, tp
+        self.wqkv = nn.Linear(args.dim, (self.n_heads + 2 * self.n_kv_heads) * args.head_dim, bias=args.qkv_bias,
                               device="meta")
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias, device="meta")
+        self.wo = nn.Linear(self.n_heads * args.head_dim, args.dim, bias=args.o_bias, device="meta")
         self.q_norm = nn.Parameter(torch.empty(args.head_dim, device="meta")) if args.qk_norm else None
         self.k_norm = nn.Parameter(torch.empty(args.head_dim, device="meta")) if args.qk_norm else None
         self.cache: KVCache | None = None
@@ -139,7 +145,7 @@ class Attention(nn.Module):
                 mask = torch.arange(start + T, device=q.device)[None, :] <= i + start
                 o = F.scaled_dot_product_attention(qt, k, v, attn_mask=mask, enable_gqa=True)
             o = o.transpose(1, 2)
-        return project(self.wo, o.reshape(B * T, -1), dtype)
+        return all_reduce(project(self.wo, o.reshape(B * T, -1), dtype), self.tp)
 
 
 def _qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=None, k_norm=None, eps=1e-6):
@@ -153,21 +159,23 @@ def _decode_attention(q, kc, vc, lengths, scale):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: Parallel | None = None):
         super().__init__()
-        self.w_gate_up = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False, device="meta")
-        self.w_down = nn.Linear(args.intermediate_size, args.dim, bias=False, device="meta")
+        inter = args.intermediate_size // (tp.world if tp else 1)     # this rank's slice
+        self.w_gate_up = nn.Linear(args.dim, 2 * inter, bias=False, device="meta")
+        self.w_down = nn.Linear(inter, args.dim, bias=False, device="meta")
+        self.tp = tp
 
     def forward(self, x, dtype: torch.dtype) -> torch.Tensor:
         h = silu_and_mul(project(self.w_gate_up, x, dtype), quantize=act_format(self.w_down))
-        return project(self.w_down, h, dtype)
+        return all_reduce(project(self.w_down, h, dtype), self.tp)
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: Parallel | None = None):
         super().__init__()
-        self.attention = Attention(args)
-        self.feed_forward = FeedForward(args)
+        self.attention = Attention(args, tp)
+        self.feed_forward = FeedForward(args, tp)
         self.attention_norm = nn.Parameter(torch.empty(args.dim, device="meta"))
         self.ffn_norm = nn.Parameter(torch.empty(args.dim, device="meta"))
         self.eps = args.norm_eps
@@ -180,15 +188,17 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The decoder. Built empty (meta device) from ModelArgs; qkernels.models.from_pretrained fills it."""
+    """The decoder. Built empty (meta device) from ModelArgs (and a Parallel: this rank's share of a
+    tensor-parallel model); qkernels.models.from_pretrained fills it."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: Parallel | None = None):
         super().__init__()
-        self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device="meta")
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.args, self.tp = args, tp
+        vocab = tp.vocab_part(args.vocab_size).size if tp else args.vocab_size     # this rank's rows
+        self.tok_embeddings = nn.Embedding(vocab, args.dim, device="meta")
+        self.layers = nn.ModuleList(Block(args, tp) for _ in range(args.n_layers))
         self.norm = nn.Parameter(torch.empty(args.dim, device="meta"))
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device="meta")
+        self.output = nn.Linear(args.dim, vocab, bias=False, device="meta")
         self.max_batch = self.max_seq_len = 0
 
     @property
@@ -210,11 +220,13 @@ class Transformer(nn.Module):
             layer.attention.cache = None                 # release the old caches before allocating new ones
         try:
             for layer in self.layers:
-                layer.attention.cache = KVCache(max_batch, a.n_kv_heads, max_seq_len, a.head_dim, dtype, self.device)
+                att = layer.attention
+                att.cache = KVCache(max_batch, att.n_kv_heads, max_seq_len, a.head_dim, dtype, self.device)
         except torch.OutOfMemoryError as e:
             for layer in self.layers:
                 layer.attention.cache = None
-            need = 2 * a.n_layers * max_batch * a.n_kv_heads * max_seq_len * a.head_dim * dtype.itemsize
+            kv = self.layers[0].attention.n_kv_heads
+            need = 2 * a.n_layers * max_batch * kv * max_seq_len * a.head_dim * dtype.itemsize
             raise torch.OutOfMemoryError(f"the KV cache for batch {max_batch} x {max_seq_len} tokens needs "
                                          f"{need / 2**30:.2f} GiB on {self.device}: {e}") from None
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
@@ -236,7 +248,8 @@ class Transformer(nn.Module):
         B, T = input_ids.shape
         rope = self._rope(max(T if pos is None else self.max_seq_len, 1))
         step = Step(B, T, pos, pos + 1 if isinstance(pos, torch.Tensor) else None, rope)
-        x = self.tok_embeddings(input_ids).view(B * T, -1)
+        x = (self.tp.embed(input_ids, self.tok_embeddings.weight, self.args.vocab_size) if self.tp else
+             self.tok_embeddings(input_ids)).view(B * T, -1)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, step)
@@ -244,7 +257,8 @@ class Transformer(nn.Module):
         y = y.view(B, T, -1)
         if logits_at is not None:
             y = y[torch.arange(B, device=y.device), logits_at]
-        return self.output(y)
+        logits = self.output(y)
+        return self.tp.gather_vocab(logits, self.args.vocab_size) if self.tp else logits
 
     def generate(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, stop=None, **kwargs):

@@ -2,7 +2,8 @@
 save_quantized checkpoint, with projections merged (q|k|v, gate|up) and, with a scheme, quantized.
 
 Loading is a loading concern, not a model concern: the decoder in llama.py only sees one merged linear
-per role. Weights go to the target device one decoder layer at a time (a float layer is merged, then
+per role. Tensor parallel (parallel.py): each linear is cut to the rank's Part as it is read (float
+weights read shard-only from safetensors; quantized layers cut on their codes), before merging. Weights go to the target device one decoder layer at a time (a float layer is merged, then
 quantized, then released), so no second copy of the model is ever held. Everything is read and checked
 into a fresh model that is returned only when complete: an error leaves nothing half-loaded.
 """
@@ -20,6 +21,7 @@ from ..nn.linear import QuantizedLinear
 from ..schemes import Scheme, parse_scheme
 from .config import ModelArgs
 from .llama import Transformer
+from .parallel import Part, from_group, shard_linear
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -31,14 +33,17 @@ _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 class _DirSource(SafetensorsDir):
     """A Hugging Face model directory (float, or with GPTQ / AWQ quantized layers)."""
 
-    def linear(self, name: str, bias: bool, dtype: torch.dtype) -> nn.Module:
+    def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None) -> nn.Module:
         if self.is_quantized(name):
-            return self.quantized_linear(name, dtype=dtype if dtype in (torch.float16, torch.bfloat16) else None)
-        w = self.tensor(name + ".weight")
-        lin = nn.Linear(w.shape[1], w.shape[0], bias=bias, device="meta")
+            q = self.quantized_linear(name, dtype=dtype if dtype in (torch.float16, torch.bfloat16) else None)
+            return shard_linear(q, part, name) if part else q
+        w = self.tensor(name + ".weight", part)
+        b = self.tensor(name + ".bias") if bias else None
+        b = part.bias(b) if part else b
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
         lin.weight = nn.Parameter(w, requires_grad=False)
-        if bias:
-            lin.bias = nn.Parameter(self.tensor(name + ".bias"), requires_grad=False)
+        if b is not None:
+            lin.bias = nn.Parameter(b, requires_grad=False)
         return lin
 
 
@@ -60,17 +65,17 @@ class _ModuleSource:
         except AttributeError:
             return None
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def tensor(self, name: str, part: Part | None = None) -> torch.Tensor:
         t = self._names.get(name)
         if t is None:
             raise ValueError(f"the model has no tensor {name!r}")
-        return t.detach()
+        return part.take(t.detach()) if part else t.detach()
 
-    def linear(self, name: str, bias: bool, dtype: torch.dtype) -> nn.Module:
+    def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None) -> nn.Module:
         mod = self._module(name)
         if mod is None:
             raise ValueError(f"the model has no module {name!r}")
-        return mod
+        return shard_linear(mod, part, name) if part else mod
 
     def mlp(self, prefix: str):
         """A fused QuantizedMLP (quantize_ with fuse=True on a w8a8 scheme), or None."""
@@ -179,7 +184,7 @@ def _source(src):
 
 def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, device=None,
                     dtype: torch.dtype | None = None, quantize_lm_head: bool = False, progress: bool = False,
-                    **quantize_kwargs) -> Transformer:
+                    tp_group=None, **quantize_kwargs) -> Transformer:
     """Build the decoder from a Hugging Face model directory (config.json + safetensors; transformers not
     needed), an already-loaded Hugging Face model, or a save_quantized checkpoint directory.
 
@@ -187,7 +192,12 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
     or string ("w4a16", "w8a16", "w8a8", "w8a8-fp8", "w4a16-g64-sym", ...); quantize_kwargs (group_size,
     symmetric) as for quantize_. lm_head stays in float unless
     quantize_lm_head. device: default CUDA when there is one; dtype: default the checkpoint's torch_dtype
-    (float16 / bfloat16; float32 is accepted for checking small models on the CPU)."""
+    (float16 / bfloat16; float32 is accepted for checking small models on the CPU).
+
+    Tensor parallel: when torch.distributed is initialized with more than one rank, the model is split over
+    the default process group, or over tp_group (every rank calls from_pretrained with the same arguments;
+    device: each rank's own, default the current CUDA device). Every rank then returns the full logits and
+    generates the same tokens (models.parallel)."""
     unknown = set(quantize_kwargs) - {"group_size", "symmetric"}
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)} (quantize options: group_size, symmetric)")
@@ -201,6 +211,7 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         err = _scheme_error(scheme, device)
         if err:
             raise RuntimeError(err)
+    tp = from_group(tp_group)
     src = _source(path_or_hf_model)
     args = ModelArgs.from_hf(src.config)
     if dtype is None:
@@ -214,11 +225,25 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         what = f"scheme {scheme.name!r}" if scheme is not None else f"the checkpoint's {quant.method.upper()} layers"
         raise TypeError(f"{what} take(s) float16 / bfloat16 activations: pass dtype=torch.float16 or torch.bfloat16")
 
-    model = Transformer(args)
+    if tp is not None:
+        groups = [(scheme.group_size, f" (scheme {scheme.name!r})")] if scheme is not None and scheme.weight_only \
+            else []
+        if quant is not None:
+            groups.append((quant.group_size, f" (the checkpoint's {quant.method.upper()} groups)"))
+        tp.check(args)
+        for g, what in groups:
+            tp.check(args, g, what)
+    # each rank's part of every weight (None: the whole weight)
+    qkv_parts = tp.qkv_parts(args) if tp else (None,) * 3
+    o_part = tp.o_part(args) if tp else None
+    up_part, down_part = tp.mlp_parts(args) if tp else (None, None)
+    vocab_part = tp.vocab_part(args.vocab_size) if tp else None
+
+    model = Transformer(args, tp)
     skipped: list[str] = []
-    get = lambda n: src.tensor(n).to(device, dtype)  # noqa: E731
+    get = lambda n, part=None: src.tensor(n, part).to(device, dtype)  # noqa: E731
     param = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
-    model.tok_embeddings.weight = param(get("model.embed_tokens.weight"))
+    model.tok_embeddings.weight = param(get("model.embed_tokens.weight", vocab_part))
     layers = range(args.n_layers)
     if progress:
         try:
@@ -230,9 +255,9 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         p = f"model.layers.{i}."
         blk = model.layers[i]
         att = blk.attention
-        qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias, dtype) for n in "qkv"]
+        qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias, dtype, part) for n, part in zip("qkv", qkv_parts)]
         att.wqkv = _quantize(merge_linears(qkv, device, dtype), p + "self_attn.qkv", scheme, skipped)
-        att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias, dtype), device, dtype),
+        att.wo = _quantize(_to(src.linear(p + "self_attn.o_proj", args.o_bias, dtype, o_part), device, dtype),
                            p + "self_attn.o_proj", scheme, skipped)
         if args.qk_norm:
             att.q_norm = param(get(p + "self_attn.q_norm.weight"))
@@ -240,19 +265,23 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         blk.attention_norm = param(get(p + "input_layernorm.weight"))
         fused = src.mlp(p) if isinstance(src, _ModuleSource) else None
         if fused is not None:
-            blk.feed_forward.w_gate_up = fused.gate_up_proj.to(device)
-            blk.feed_forward.w_down = fused.down_proj.to(device)
+            gate_up, down = fused.gate_up_proj, fused.down_proj
+            if tp:
+                gate_up = shard_linear(gate_up, tp.gate_up_part(args), p + "mlp.gate_up_proj")
+                down = shard_linear(down, down_part, p + "mlp.down_proj")
+            blk.feed_forward.w_gate_up = gate_up.to(device)
+            blk.feed_forward.w_down = down.to(device)
             blk.ffn_norm = param(fused.norm.weight.detach().to(device, dtype))
         else:
-            gu = [src.linear(p + f"mlp.{n}_proj", False, dtype) for n in ("gate", "up")]
+            gu = [src.linear(p + f"mlp.{n}_proj", False, dtype, up_part) for n in ("gate", "up")]
             blk.feed_forward.w_gate_up = _quantize(merge_linears(gu, device, dtype), p + "mlp.gate_up", scheme,
                                                    skipped)
-            blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False, dtype), device, dtype),
-                                                p + "mlp.down_proj", scheme, skipped)
+            blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False, dtype, down_part), device,
+                                                    dtype), p + "mlp.down_proj", scheme, skipped)
             blk.ffn_norm = param(get(p + "post_attention_layernorm.weight"))
     model.norm = param(get("model.norm.weight"))
     if src.has("lm_head.weight") and not args.tie_word_embeddings:
-        head = _to(src.linear("lm_head", False, dtype), device, dtype)
+        head = _to(src.linear("lm_head", False, dtype, vocab_part), device, dtype)
     else:
         head = _float_linear(model.tok_embeddings.weight, None, device, dtype)
         head.weight = model.tok_embeddings.weight                      # tied: one tensor

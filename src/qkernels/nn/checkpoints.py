@@ -79,10 +79,14 @@ class SafetensorsDir:
     def keys(self):
         return self._where.keys()
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def tensor(self, name: str, part=None) -> torch.Tensor:
+        """Tensor `name`; with part (an object whose take(t) indexes t, as models.parallel.Part), only that
+        slice of it is read from the file."""
         f = self._where.get(name)
         if f is None:
             raise ValueError(f"{self.path}: tensor {name!r} is missing from the checkpoint")
+        if part is not None:
+            return part.take(self._files[f].get_slice(name))
         return self._files[f].get_tensor(name)
 
     def is_quantized(self, name: str) -> bool:

@@ -1,0 +1,265 @@
+"""Tensor parallelism over torch.distributed: the decoder's layers split over the ranks of a process group
+(NCCL on GPUs, gloo on CPUs), with one all-reduce per attention block and one per MLP block.
+
+    q|k|v, gate|up    column-parallel: a rank holds the output rows of its query heads (and of the KV heads
+                      they read) and its slice of the intermediate size, computed from the full input
+    o, down           row-parallel: a rank holds the input columns matching those rows; the partial
+                      outputs are summed by one all-reduce (a bias is added by rank 0 only)
+    embedding, head   vocab-parallel: a rank holds a slice of the vocabulary; the lookups are summed by one
+                      all-reduce and the logits gathered, so every rank returns all of them
+
+With fewer KV heads than ranks, each rank keeps the one KV head its query heads share (replicated). The
+norms, the residual stream and the sampling are replicated: every rank computes the same tokens.
+
+Weights are cut while they load (loading.py): a Part names the rows or columns of a [out, in] weight a
+rank keeps; float weights are read shard-only from safetensors; quantized layers are cut on their codes
+(shard_linear), on group boundaries, so a shard holds exactly the codes and scales TP=1 holds for it.
+A row-parallel layer quantized while loading gets per-channel scales over its own slice of K.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..nn.linear import QuantizedLinear
+from ..schemes import PER_CHANNEL
+
+
+@dataclass(frozen=True)
+class Part:
+    """The slice of a weight [out, in] one rank keeps: rows (dim 0, column-parallel) or columns (dim 1,
+    row-parallel) in the index ranges `spans` (concatenated), and whether it keeps the bias (a row-parallel
+    bias is added once, by rank 0)."""
+    dim: int
+    spans: tuple[tuple[int, int], ...]
+    keep_bias: bool = True
+
+    @property
+    def size(self) -> int:
+        return sum(b - a for a, b in self.spans)
+
+    def take(self, t):
+        """The part of t (a tensor, or a safetensors slice: read shard-only) along dim."""
+        pieces = [t[a:b] if self.dim == 0 else t[:, a:b] for a, b in self.spans]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=self.dim)
+
+    def bias(self, b: torch.Tensor | None) -> torch.Tensor | None:
+        if b is None or not self.keep_bias:
+            return None
+        return self.take(b) if self.dim == 0 else b
+
+
+class Parallel:
+    """A process group the decoder is split over: its rank and size, the parts each layer keeps and the
+    collectives of a forward."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+
+    def __repr__(self) -> str:
+        return f"Parallel(rank={self.rank}, world={self.world})"
+
+    # ---- which heads / rows a rank keeps --------------------------------------------------------
+    def check(self, args, group_size: int | None = None, what: str = "") -> None:
+        """Refuse a split the decoder cannot run, before anything loads. group_size: the quantization groups
+        along K (None / PER_CHANNEL: no constraint), which a row-parallel shard must not cut."""
+        w = self.world
+        if args.n_heads % w:
+            raise ValueError(f"tp={w}: num_attention_heads={args.n_heads} must be a multiple of the number of ranks")
+        if args.n_kv_heads % w and w % args.n_kv_heads:
+            raise ValueError(f"tp={w}: num_key_value_heads={args.n_kv_heads} must divide or be a multiple of the "
+                             f"number of ranks")
+        if args.intermediate_size % w:
+            raise ValueError(f"tp={w}: intermediate_size={args.intermediate_size} must be a multiple of the number "
+                             f"of ranks")
+        if group_size not in (None, PER_CHANNEL):
+            for name, k in (("intermediate_size", args.intermediate_size // w),
+                            ("num_attention_heads * head_dim", args.n_heads // w * args.head_dim)):
+                if k % group_size:
+                    raise ValueError(f"tp={w}: a rank's slice of {name} ({k}) must be a multiple of "
+                                     f"group_size={group_size}{what}: a row-parallel shard would cut a group")
+
+    def heads(self, n_heads: int, n_kv: int) -> tuple[range, range]:
+        """This rank's query heads and the KV heads they read."""
+        hq = n_heads // self.world
+        q = range(self.rank * hq, (self.rank + 1) * hq)
+        if n_kv % self.world == 0:
+            hk = n_kv // self.world
+            return q, range(self.rank * hk, (self.rank + 1) * hk)
+        kv = q.start // (n_heads // n_kv)       # fewer KV heads than ranks: the one this rank's queries share
+        return q, range(kv, kv + 1)
+
+    def qkv_parts(self, args) -> tuple[Part, Part, Part]:
+        q, kv = self.heads(args.n_heads, args.n_kv_heads)
+        d = args.head_dim
+        kv_part = Part(0, ((kv.start * d, kv.stop * d),))
+        return Part(0, ((q.start * d, q.stop * d),)), kv_part, kv_part
+
+    def o_part(self, args) -> Part:
+        q, _ = self.heads(args.n_heads, args.n_kv_heads)
+        return Part(1, ((q.start * args.head_dim, q.stop * args.head_dim),), keep_bias=self.rank == 0)
+
+    def _slice(self, n: int) -> tuple[int, int]:
+        s = n // self.world
+        return self.rank * s, (self.rank + 1) * s
+
+    def mlp_parts(self, args) -> tuple[Part, Part]:
+        """(gate or up rows, down columns)."""
+        a, b = self._slice(args.intermediate_size)
+        return Part(0, ((a, b),)), Part(1, ((a, b),), keep_bias=self.rank == 0)
+
+    def gate_up_part(self, args) -> Part:
+        """The rows of an already merged gate|up weight."""
+        a, b = self._slice(args.intermediate_size)
+        i = args.intermediate_size
+        return Part(0, ((a, b), (i + a, i + b)))
+
+    def vocab_part(self, vocab: int) -> Part:
+        """Rows [rank * n, (rank + 1) * n) of the vocabulary (n = ceil(vocab / world); the last one shorter)."""
+        n = -(-vocab // self.world)
+        return Part(0, ((min(vocab, self.rank * n), min(vocab, (self.rank + 1) * n)),))
+
+    # ---- the collectives of a forward -----------------------------------------------------------
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def embed(self, ids: torch.Tensor, weight: torch.Tensor, vocab: int) -> torch.Tensor:
+        """Vocab-parallel lookup: each rank its own rows, zeros elsewhere, summed (exactly: one rank adds
+        a non-zero row)."""
+        lo = self.vocab_part(vocab).spans[0][0]
+        local = ids - lo
+        inside = (local >= 0) & (local < weight.shape[0])
+        x = F.embedding(local.clamp(0, max(weight.shape[0] - 1, 0)), weight)
+        return self.all_reduce(torch.where(inside[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device)))
+
+    def gather_vocab(self, logits: torch.Tensor, vocab: int) -> torch.Tensor:
+        """[..., this rank's vocab slice] -> [..., vocab], the same on every rank."""
+        import torch.distributed as dist
+        n = -(-vocab // self.world)
+        lead = logits.shape[:-1]
+        x = logits.reshape(-1, logits.shape[-1])
+        if x.shape[1] < n:
+            x = F.pad(x, (0, n - x.shape[1]))
+        x = x.contiguous()
+        out = x.new_empty(self.world * x.numel())
+        _all_gather(out, x.view(-1), group=self.group)
+        return out.view(self.world, -1, n).permute(1, 0, 2).reshape(*lead, self.world * n)[..., :vocab]
+
+    def broadcast_seed(self, seed: int | None) -> int:
+        """One seed for every rank (rank 0's, drawn there when None): sampling then draws the same tokens."""
+        import torch.distributed as dist
+        t = torch.tensor([seed if seed is not None else int(torch.randint(0, 2 ** 62, ()))], dtype=torch.int64)
+        if dist.get_backend(self.group) == "nccl":
+            t = t.cuda()
+        dist.broadcast(t, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
+        return int(t.item())
+
+
+def _all_gather(out, x, group):
+    import torch.distributed as dist
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, x, group=group)
+
+
+def from_group(tp_group) -> Parallel | None:
+    """The Parallel of tp_group (a ProcessGroup), of the default group when tp_group is None and
+    torch.distributed is initialized with more than one rank; None (one device) otherwise."""
+    import torch.distributed as dist
+    if tp_group is None:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return None
+        return Parallel(None)
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("tp_group was given but torch.distributed is not initialized")
+    p = Parallel(tp_group)
+    return p if p.world > 1 else None
+
+
+def all_reduce(x: torch.Tensor, tp: Parallel | None) -> torch.Tensor:
+    return x if tp is None else tp.all_reduce(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# cutting a loaded linear
+
+
+def shard_linear(lin: nn.Module, part: Part, name: str = "linear") -> nn.Module:
+    """The part of a float nn.Linear or a QuantizedLinear a rank keeps (a new module; lin is left as it was).
+    Quantized codes are cut as stored: rows with their scales; columns on group boundaries, with their
+    groups' scales (per-channel scales apply to every column). Act-order layers keep their permutation's
+    columns: cut by input channel, a rank's channels must form whole groups."""
+    if type(lin) is nn.Linear:
+        w = part.take(lin.weight.detach()).contiguous()
+        out = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+        out.weight = nn.Parameter(w, requires_grad=False)
+        b = part.bias(lin.bias.detach() if lin.bias is not None else None)
+        if b is not None:
+            out.bias = nn.Parameter(b.contiguous(), requires_grad=False)
+        return out
+    if not isinstance(lin, QuantizedLinear):
+        raise TypeError(f"{name}: tensor parallelism splits nn.Linear and QuantizedLinear layers, got "
+                        f"{type(lin).__name__}")
+    bias = part.bias(lin.bias.detach() if lin.bias is not None else None)
+    if not lin.scheme.weight_only:
+        w = part.take(lin.weight).contiguous()
+        s = part.take(lin.weight_scale[:, None])[:, 0].contiguous() if part.dim == 0 else lin.weight_scale
+        out = QuantizedLinear(w.shape[1], w.shape[0], bias is not None, lin.scheme, "meta",
+                              bias.dtype if bias is not None else torch.float16)
+        out.weight, out.weight_scale = w, s.clone()
+        if bias is not None:
+            out.bias = bias.contiguous()
+        return out
+    from ..packed_weight import PackedWeight
+    from ..reference import pack_weight_codes
+    pw = lin.packed_weight()
+    N, K = pw.shape
+    if part.dim == 0:
+        qweight, sz, perm, k = part.take(pw.qweight), part.take(pw.scale_zero), pw.perm, K
+    else:
+        order = pw.perm if pw.perm is not None else torch.arange(K, device=pw.device)
+        keep = torch.zeros(K, dtype=torch.bool, device=pw.device)
+        for a, b in part.spans:
+            keep |= (order >= a) & (order < b)
+        cols = keep.nonzero().squeeze(1)            # stored columns of this rank's input channels, in order
+        k = cols.numel()
+        if pw.group_size == PER_CHANNEL:
+            sz = pw.scale_zero
+        else:
+            g = cols.view(-1, pw.group_size) if k % pw.group_size == 0 else None
+            if g is None or not bool((g == g[:, :1] + torch.arange(pw.group_size, device=g.device)).all()) \
+                    or not bool((g[:, 0] % pw.group_size == 0).all()):
+                raise ValueError(f"{name}: its input channels {list(part.spans)} do not form whole groups of "
+                                 f"{pw.group_size}" + (" in its act-order (desc_act) order: a row-parallel "
+                                                       "split of this layer would cut groups; use tp=1 or a "
+                                                       "checkpoint without act-order" if pw.perm is not None
+                                                       else ""))
+            sz = pw.scale_zero[:, g[:, 0] // pw.group_size]
+        qweight = pack_weight_codes(pw.codes()[:, cols], pw.bits)
+        perm = None
+        if pw.perm is not None:
+            local = order[cols] + _rank_offsets(order[cols], part)
+            perm = None if torch.equal(local, torch.arange(k, device=local.device)) else local
+    n = qweight.shape[0]
+    packed = PackedWeight(qweight.contiguous(), sz.contiguous(), pw.bits, pw.group_size, (n, k), perm,
+                          pw.symmetric, pw.int_zeros)
+    return QuantizedLinear.from_packed(packed, bias.contiguous() if bias is not None else None)
+
+
+def _rank_offsets(channels: torch.Tensor, part: Part) -> torch.Tensor:
+    """Per input channel of the part: its index in the part's concatenated spans minus the channel itself
+    (channel + offset = the local index)."""
+    off = torch.zeros_like(channels)
+    base = 0
+    for a, b in part.spans:
+        inside = (channels >= a) & (channels < b)
+        off = torch.where(inside, base - a, off)
+        base += b - a
+    return off
