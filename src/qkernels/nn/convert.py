@@ -82,7 +82,7 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
     scheme: a qkernels.schemes object or the string it parses from: "w8a8" (int8 weights per channel,
     dynamic per-token int8 activations), "w8a8-fp8", "w4a16" (group_size, default 128; asymmetric unless
     symmetric=True) or "w8a16" (per channel unless group_size is given; symmetric unless symmetric=False);
-    group and symmetry may also be written into the string ("w4a16-g64-sym", "w4a16-pc").
+    group and symmetry may also be written into the string ("w4a16-g64-sym", "w4a16-g-1": per channel).
     Activations are fp16 / bf16: a float32 model needs `dtype` (float16 / bfloat16), to which the
     whole model is cast. Layers the scheme cannot take (e.g. in_features not
     divisible by group_size) stay in high precision and are listed in one warning.
