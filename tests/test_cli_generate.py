@@ -8,7 +8,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from qkernels import cli  # noqa: E402
 
 
-def test_generate_streams_and_reports(tmp_path, capsys):
+def _model_dir(path):
     words = ["hello", "world", "quantized", "kernels", "run", "fast", "on", "gpus", "and", "cpus"]
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(["[UNK]"] + words)},
                                                            unk_token="[UNK]"))
@@ -18,8 +18,13 @@ def test_generate_streams_and_reports(tmp_path, capsys):
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
                                    eos_token_id=None)
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path, safe_serialization=True)
-    tok.save(str(tmp_path / "tokenizer.json"))
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_generate_streams_and_reports(tmp_path, capsys):
+    _model_dir(tmp_path)
     assert cli.main(["generate", str(tmp_path), "--prompt", "hello world", "--max-new-tokens", "5",
                      "--dtype", "float32"]) == 0
     out = capsys.readouterr()
@@ -31,3 +36,25 @@ def test_generate_streams_and_reports(tmp_path, capsys):
 def test_generate_needs_a_tokenizer(tmp_path, capsys):
     assert cli.main(["generate", str(tmp_path), "--prompt", "x"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="--tp 2 needs 2 GPUs")
+def test_generate_tensor_parallel_under_torchrun(tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+    _model_dir(tmp_path)
+    args = ["generate", str(tmp_path), "--prompt", "hello world", "--max-new-tokens", "6", "--dtype", "float32"]
+    assert cli.main(args) == 0
+    alone = capsys.readouterr().out
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "qkernels.cli", *args, "--tp", "2"], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout == alone                      # the same greedy text, printed once (by rank 0)
+    assert "tensor parallel over 2" in run.stderr and run.stderr.count("tok/s") == 1
+
+
+def test_generate_tp_needs_torchrun(tmp_path):
+    with pytest.raises(SystemExit, match="torchrun --nproc-per-node 2"):
+        cli.main(["generate", str(_model_dir(tmp_path)), "--prompt", "x", "--tp", "2"])

@@ -53,12 +53,48 @@ def cmd_env(_args) -> int:
     return 0
 
 
+def _init_tp(tp: int, command: str) -> int:
+    """--tp N: join the process group torchrun set up (NCCL on GPUs, gloo on CPUs; GPU = LOCAL_RANK); the rank,
+    or 0 without tensor parallelism. Refuses a launch that did not start N processes."""
+    if tp <= 1:
+        return 0
+    import torch
+    import torch.distributed as dist
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != tp:
+        raise SystemExit(f"error: --tp {tp} runs in {tp} processes, this launch has {world}: start it with "
+                         f"torchrun --nproc-per-node {tp} -m qkernels.cli {command} ... --tp {tp}")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
+def _end_tp(tp: int) -> None:
+    if tp > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
 def cmd_bench(args) -> int:
     if args.name == "report":
         from qkernels.bench import report
         report.run(args.out)
         return 0
+    if args.tp > 1 and args.name not in ("runtime", "model"):
+        print(f"error: --tp applies to bench runtime (the decoder runtime split over GPUs), got bench {args.name}",
+              file=sys.stderr)
+        return 2
     has_gpu = _ensure_backend()
+    if args.tp > 1:                 # the runtime over --tp GPUs beside one GPU (bench/tp.py)
+        rank = _init_tp(args.tp, f"bench {args.name}")
+        from qkernels.bench import tp
+        if rank == 0 and not has_gpu:
+            print("NOTE: no CUDA GPU in use: a tiny model over gloo in the Triton interpreter.")
+        tp.run(args.out, models=args.models.split(",") if args.models else None, layers=args.layers,
+               schemes=tuple(args.schemes.split(",")) if args.schemes else tp.SCHEMES, tp=args.tp)
+        _end_tp(args.tp)
+        return 0
     from qkernels._runtime import is_interpreter
     if not has_gpu or is_interpreter():
         print("NOTE: no CUDA GPU in use: running the kernels in the Triton interpreter on the CPU at small sizes. "
@@ -158,34 +194,39 @@ def cmd_generate(args) -> int:
     if not tok_file.exists():
         print(f"error: {args.model} has no tokenizer.json (the tokenizers package reads it)", file=sys.stderr)
         return 2
+    rank = _init_tp(args.tp, "generate")
+    say = (lambda *a, **k: print(*a, **k)) if rank == 0 else (lambda *a, **k: None)   # rank 0 speaks
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(str(tok_file))
     dtype = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     if dtype is None and not has_gpu:
         dtype = torch.float32 if args.scheme is None else torch.bfloat16
     t0 = time.perf_counter()
-    model = from_pretrained(args.model, args.scheme, dtype=dtype, progress=True)
-    print(f"[loaded {args.model} ({args.scheme or 'float'}, {model.dtype}, {model.device}) in "
-          f"{time.perf_counter() - t0:.1f} s]", file=sys.stderr)
+    model = from_pretrained(args.model, args.scheme, dtype=dtype, progress=rank == 0)
+    say(f"[loaded {args.model} ({args.scheme or 'float'}, {model.dtype}, {model.device}"
+        + (f", tensor parallel over {args.tp}" if args.tp > 1 else "") + f") in {time.perf_counter() - t0:.1f} s]",
+        file=sys.stderr)
     ids = tokenizer.encode(args.prompt).ids
     stop = _stop_ids(Path(args.model), tokenizer)
     shown = []
-    print(args.prompt, end="", flush=True)
+    say(args.prompt, end="", flush=True)
 
     def stream(new):
         if new[0] is None:
             return
         before = tokenizer.decode(shown)
         shown.append(new[0])
-        print(tokenizer.decode(shown)[len(before):], end="", flush=True)
+        say(tokenizer.decode(shown)[len(before):], end="", flush=True)
 
     stats = Stats()
     model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, stop, seed=args.seed,
                    on_tokens=stream, stats=stats)
-    print()
+    say()
     mem = f", peak memory {stats.peak_memory_bytes / 2**30:.2f} GiB" if stats.peak_memory_bytes else ""
-    print(f"[{stats.prompt_tokens} prompt tokens, {stats.new_tokens} new; TTFT {stats.ttft_s * 1e3:.0f} ms, "
-          f"decode {stats.tokens_per_s:.1f} tok/s, graph capture {stats.capture_s:.1f} s{mem}]", file=sys.stderr)
+    say(f"[{stats.prompt_tokens} prompt tokens, {stats.new_tokens} new; TTFT {stats.ttft_s * 1e3:.0f} ms, "
+        f"decode {stats.tokens_per_s:.1f} tok/s, graph capture {stats.capture_s:.1f} s{mem}"
+        + (" per GPU" if mem and args.tp > 1 else "") + "]", file=sys.stderr)
+    _end_tp(args.tp)
     return 0
 
 
@@ -223,6 +264,8 @@ def main(argv=None) -> int:
     b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,"
                                                   "w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
+    b.add_argument("--tp", type=int, default=1, help="bench runtime (or model): tensor parallel over N GPUs, beside "
+                                                     "one (launch: torchrun --nproc-per-node N -m qkernels.cli ...)")
     b.set_defaults(fn=cmd_bench)
     e = sub.add_parser("eval", help="accuracy of quantized models")
     e.add_argument("what", choices=("ppl",))
@@ -269,6 +312,8 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--dtype", default="auto", choices=("auto", "float16", "bfloat16", "float32"),
                    help="auto: the checkpoint's dtype on a GPU; float32 (bfloat16 with a scheme) on the CPU")
+    g.add_argument("--tp", type=int, default=1, help="tensor parallel over N GPUs (launch: torchrun "
+                                                     "--nproc-per-node N -m qkernels.cli generate ... --tp N)")
     g.set_defaults(fn=cmd_generate)
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -39,7 +39,7 @@ DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
 
 def step_bytes(model, batch: int, ctx: int) -> int:
     """Bytes one decode step reads: all weights but the embedding table (one row per token), and the KV cache
-    up to ctx."""
+    up to ctx (of a tensor-parallel model: one rank's)."""
     emb = model.tok_embeddings.weight
     seen, total = set(), 0
     for t in list(model.parameters()) + [b for n, b in model.named_buffers() if not n.endswith((".k", ".v"))]:
@@ -47,9 +47,8 @@ def step_bytes(model, batch: int, ctx: int) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
-    a = model.args
-    cache_dt = model.layers[0].attention.cache.k.element_size()
-    return total + 2 * a.n_layers * batch * a.n_kv_heads * ctx * a.head_dim * cache_dt
+    a, att = model.args, model.layers[0].attention      # a tensor-parallel rank: its own KV heads
+    return total + 2 * a.n_layers * batch * att.n_kv_heads * ctx * a.head_dim * att.cache.k.element_size()
 
 
 def _tied(model) -> bool:

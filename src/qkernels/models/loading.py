@@ -30,7 +30,28 @@ _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 # sources: where a layer's modules / tensors come from
 
 
-class _DirSource(SafetensorsDir):
+class Source:
+    """Where from_pretrained reads a model from: its config.json dict, and tensors and linears by their Hugging
+    Face names, each optionally cut to a Part (tensor parallel). A directory and a loaded model are the two
+    sources from_pretrained builds itself; another (e.g. random weights for a benchmark) may be passed in."""
+    config: dict
+    quant = None                # a GPTQ / AWQ directory's quantization_config (nn.checkpoints.CheckpointQuant)
+
+    def has(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def tensor(self, name: str, part: Part | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None) -> nn.Module:
+        raise NotImplementedError
+
+    def mlp(self, prefix: str):
+        """A fused qkernels.nn.QuantizedMLP at prefix + "mlp", or None."""
+        return None
+
+
+class _DirSource(SafetensorsDir, Source):
     """A Hugging Face model directory (float, or with GPTQ / AWQ quantized layers)."""
 
     def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None) -> nn.Module:
@@ -47,7 +68,7 @@ class _DirSource(SafetensorsDir):
         return lin
 
 
-class _ModuleSource:
+class _ModuleSource(Source):
     """An already-built Hugging Face model (float, or converted by quantize_ / load_quantized)."""
 
     def __init__(self, model: nn.Module):
@@ -161,7 +182,9 @@ def _quantize(lin: nn.Module, name: str, scheme: Scheme | None, skipped: list) -
 # from_pretrained
 
 
-def _source(src):
+def _source(src) -> Source:
+    if isinstance(src, Source):
+        return src
     if isinstance(src, nn.Module):
         if not hasattr(src, "config"):
             raise TypeError(f"a model source must be a Hugging Face model (with .config), got {type(src).__name__}")
@@ -263,7 +286,7 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
             att.q_norm = param(get(p + "self_attn.q_norm.weight"))
             att.k_norm = param(get(p + "self_attn.k_norm.weight"))
         blk.attention_norm = param(get(p + "input_layernorm.weight"))
-        fused = src.mlp(p) if isinstance(src, _ModuleSource) else None
+        fused = src.mlp(p)
         if fused is not None:
             gate_up, down = fused.gate_up_proj, fused.down_proj
             if tp:

@@ -142,7 +142,6 @@ class Parallel:
 
     def gather_vocab(self, logits: torch.Tensor, vocab: int) -> torch.Tensor:
         """[..., this rank's vocab slice] -> [..., vocab], the same on every rank."""
-        import torch.distributed as dist
         n = -(-vocab // self.world)
         lead = logits.shape[:-1]
         x = logits.reshape(-1, logits.shape[-1])

@@ -1,0 +1,206 @@
+"""`qkernels bench runtime --tp N` (launched by `torchrun --nproc-per-node N -m qkernels.cli ...`): the decoder
+runtime split over N GPUs (models.parallel) against the same model on one GPU, in the same run.
+
+Models: random weights with the real configs' shapes (Llama-3-8B; Llama-3-70B, 80 layers), generated on each
+rank for its own shard only (RandomWeights), so a 70B model needs no checkpoint and no full copy anywhere.
+
+Method:
+- decode, batch 1: a 128-token prompt prefilled into the static cache, then one decode step captured as a
+  CUDA graph (models.generate.DecodeGraph; with TP the NCCL all-reduces are captured in it) and replayed:
+  10 warm-up replays, then 100 back to back between CUDA events, every rank in lockstep (a barrier before).
+  Time per step = the span / 100, on rank 0. TP=1 runs on rank 0 alone (the other ranks wait), where the
+  weights fit one GPU.
+- share of the weight-bandwidth floor: bytes one rank's step reads (its weights but the embedding table, its
+  KV cache up to the context) / the step time, over the device-to-device copy bandwidth of one GPU measured
+  in the same run.
+- all-reduce time: one profiled stretch of 20 replays on every rank (torch.profiler on rank 0): GPU time of
+  the kernels whose name holds "nccl", per step.
+On a machine without a GPU a tiny model runs through the Triton interpreter over gloo, to show the path works.
+"""
+from __future__ import annotations
+
+import gc
+import time
+import zlib
+
+import torch
+
+from ..models.loading import Source
+from ..models.parallel import Part
+from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, write_json
+
+SCHEMES = ("fp16", "w4a16")
+CTX, WARMUP, STEPS = 128, 10, 100
+
+
+def configs(tiny: bool) -> dict:
+    import transformers
+    from .model import model_configs
+    cfgs = model_configs(tiny)
+    if tiny:
+        return cfgs
+    return {"llama3-8b": cfgs["llama3-8b"], "llama3-70b": transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False)}
+
+
+class RandomWeights(Source):
+    """Random weights (normal, std 0.02; norms 1) of a Llama-family config, made on `device` for the Part asked
+    for only. The same name gives the same values in every process (seeded by the name)."""
+
+    def __init__(self, config, device):
+        self.config = config.to_dict()
+        c = self.config
+        self.device = device
+        hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        d, i = c["hidden_size"], c["intermediate_size"]
+        q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+        self._shapes = {"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q), "gate_proj": (i, d),
+                        "up_proj": (i, d), "down_proj": (d, i), "embed_tokens": (c["vocab_size"], d),
+                        "lm_head": (c["vocab_size"], d), "q_norm": (hd,), "k_norm": (hd,)}
+
+    def has(self, name: str) -> bool:
+        return not name.endswith(".bias")
+
+    def tensor(self, name: str, part: Part | None = None) -> torch.Tensor:
+        key = name.split(".")[-2]
+        shape = self._shapes.get(key, (self.config["hidden_size"],))
+        if part is not None:
+            shape = (part.size, shape[1]) if part.dim == 0 else (shape[0], part.size)
+        g = torch.Generator(device=self.device).manual_seed(zlib.crc32(name.encode()))
+        if len(shape) == 1:                # norms
+            return torch.ones(shape, dtype=torch.float16, device=self.device)
+        return torch.randn(shape, generator=g, dtype=torch.float16, device=self.device).mul_(0.02)
+
+    def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None):
+        w = self.tensor(name + ".weight", part).to(dtype)
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+        lin.weight = torch.nn.Parameter(w, requires_grad=False)
+        return lin
+
+
+def _weight_bytes(cfg, scheme: str) -> float:
+    """About how many bytes the weights take on one GPU (for the fits-or-not test of TP=1)."""
+    c = cfg.to_dict()
+    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    d, i, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    layer = d * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd + d * c["num_attention_heads"] * hd \
+        + 3 * d * i
+    per = 2.0 if scheme == "fp16" else 0.55
+    return n * layer * per + 2 * c["vocab_size"] * d * 2
+
+
+def _decode_ms(model, gpu: bool, lockstep) -> tuple[float, object]:
+    """ms per decode step of the captured graph; every rank of the model's group runs it in lockstep."""
+    from ..models.generate import DecodeGraph
+    dev = model.device
+    model.setup_caches(1, CTX + 64)
+    g = torch.Generator(device="cpu").manual_seed(0)          # the same prompt on every rank
+    ids = torch.randint(0, model.args.vocab_size, (1, CTX), generator=g).to(dev)
+    with torch.inference_mode():
+        model(ids, 0, logits_at=torch.full((1,), CTX - 1, device=dev))
+    step = DecodeGraph(model, 1, use_graph=gpu)
+    tok = torch.zeros(1, dtype=torch.long, device=dev)
+    pos = torch.full((1,), CTX, device=dev)
+    steps = STEPS if gpu else 2
+    for _ in range(WARMUP if gpu else 1):
+        step(tok, pos)
+    if gpu:
+        torch.cuda.synchronize(dev)
+    lockstep()
+    if gpu:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(steps):
+            step(tok, pos)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / steps, (step, tok, pos)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(tok, pos)
+    return (time.perf_counter() - t0) * 1e3 / steps, (step, tok, pos)
+
+
+def _nccl_us(run, rank: int) -> float:
+    """GPU time per step of the NCCL kernels over 20 replays (profiled on rank 0; every rank replays)."""
+    step, tok, pos = run
+    if rank != 0:
+        for _ in range(20):
+            step(tok, pos)
+        torch.cuda.synchronize()
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            step(tok, pos)
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        if "nccl" in e.key.lower():
+            total += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+    return total / 20
+
+
+def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int = 2) -> list[Row]:
+    import torch.distributed as dist
+
+    from ..models import from_pretrained
+    from .runtime import step_bytes
+    if not dist.is_initialized() or dist.get_world_size() != tp:
+        raise RuntimeError(f"bench --tp {tp} runs in {tp} processes: launch it with "
+                           f"torchrun --nproc-per-node {tp} -m qkernels.cli bench runtime --tp {tp}")
+    rank, gpu = dist.get_rank(), on_gpu()
+    dev = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    single, _ = dist.new_subgroups(1)
+    cfgs = configs(tiny=not gpu)
+    if models:
+        cfgs = {k: v for k, v in cfgs.items() if k in models}
+    bw = copy_bandwidth_gbps(dev) if gpu else float("nan")
+    mem = torch.cuda.get_device_properties(dev).total_memory if gpu else float("inf")
+    rows: list[Row] = []
+    for mname, cfg in cfgs.items():
+        if layers:
+            cfg.num_hidden_layers = layers
+        for scheme in schemes:
+            sizes = {"model": mname, "layers": cfg.num_hidden_layers, "scheme": scheme, "batch": 1, "ctx": CTX}
+            q = None if scheme == "fp16" else scheme
+            t1 = None
+            for world, group in ((1, single), (tp, None)):
+                if world == 1 and _weight_bytes(cfg, scheme) > 0.8 * mem:
+                    if rank == 0:
+                        print(f"{mname} {scheme} tp=1: does not fit one GPU ({_weight_bytes(cfg, scheme) / 2**30:.0f} "
+                              f"GiB of weights)", flush=True)
+                    continue
+                dist.barrier()
+                if world == 1 and rank != 0:
+                    continue
+                t0 = time.perf_counter()
+                kw = {"group_size": 32} if q == "w4a16" and not gpu else {}     # the tiny model's head slices
+                m = from_pretrained(RandomWeights(cfg, dev), q, device=dev, dtype=torch.float16, tp_group=group, **kw)
+                build_s = time.perf_counter() - t0
+                ms, run_ = _decode_ms(m, gpu, dist.barrier if world > 1 else (lambda: None))
+                nccl = _nccl_us(run_, rank) if gpu and world > 1 else float("nan")
+                nbytes = step_bytes(m, 1, CTX)
+                share = nbytes / (ms * 1e-3) / (bw * 1e9) if gpu else float("nan")
+                t1 = ms if world == 1 else t1
+                extra = {"tokens_per_s": 1e3 / ms, "step_bytes_per_rank": nbytes, "bw_share": share,
+                         "allreduce_us": nccl, "capture_s": run_[0].capture_s, "build_s": build_s,
+                         "speedup_vs_tp1": (t1 / ms) if t1 and world > 1 else None}
+                rows.append(Row("decode", "qkernels runtime", ms * 1e3, "graph" if gpu else "eager",
+                                dict(sizes, tp=world), extra))
+                if rank == 0:
+                    print(f"{mname} {scheme} tp={world}: {ms * 1e3:.0f} us/step, {1e3 / ms:.1f} tok/s, "
+                          f"{100 * share:.0f}% of one GPU's floor, all-reduce {nccl:.0f} us/step"
+                          + (f", {t1 / ms:.2f}x tp=1" if t1 and world > 1 else ""), flush=True)
+                del m, run_
+                gc.collect()
+                if gpu:
+                    torch.cuda.empty_cache()
+            dist.barrier()
+    if rank != 0:
+        return rows
+    meta = {"copy_bw_gbps": bw, "tp": tp, "method": method_text(__doc__, gpu, "tiny model over gloo")}
+    path = write_json("tp", rows, root, meta)
+    print(f"wrote {path}")
+    return rows
