@@ -375,3 +375,23 @@ def test_force_path_is_scoped_and_checked():
         WO.force_path("gemm")
     tc = WO.dispatch.path_config(None, "tc", 4, 64, 256, DEVICE)     # a Gluon path carries its fallback
     assert tc["path"] == "tc" and tc["fallback"]["path"] == "gemv"
+
+
+@pytest.mark.parametrize("path", PATHS + [None])
+@pytest.mark.parametrize("bits,group_size", [(4, 32), (4, -1), (8, -1)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_swiglu_equals_product_then_silu_and_mul(path, bits, group_size, dtype):
+    """swiglu=True on a merged [gate; up] weight: the bits of the product followed by silu_and_mul, on every path
+    (the GEMV applies it in its epilogue, split-K included; the others run silu_and_mul after the product); an
+    odd intermediate size leaves a tail program with one valid column pair."""
+    I, K = 37, 128
+    pw = _weight(2 * I, K, bits, group_size, False, dtype)
+    for M in (1, 3, 17):
+        x = torch.randn(M, K, device=DEVICE, dtype=dtype)
+        with qk.poison_outputs(), WO.force_path(path) if path else contextlib.nullcontext():
+            got = WO._weight_only(x, pw, None, bits, "test", swiglu=True)
+            want = qk.silu_and_mul(WO._weight_only(x, pw, None, bits, "test"))
+        assert got.shape == (M, I) and not torch.isnan(got).any()
+        assert_bit_exact(got, want, f"M={M}")
+    with pytest.raises(ValueError, match="even number of rows, got N=37"):
+        qk.w4a16_linear(torch.randn(2, K, device=DEVICE, dtype=torch.float16), _weight(37, K, 4, 32), swiglu=True)

@@ -36,6 +36,13 @@ def _cast(x, ty: tl.constexpr):
 
 
 @triton.jit
+def _silu_mul_narrow(g, u, DT: tl.constexpr):
+    """SwiGLU: silu(g) * u in fp32, rounded to DT (returned in DT); the same bits in every kernel that applies it
+    (silu_and_mul, the weight-only GEMV's SWIGLU epilogue)."""
+    return _cast(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u, DT)
+
+
+@triton.jit
 def _pdl_launch(PDL: tl.constexpr):
     """Programmatic dependent launch (Hopper+; launch option launch_pdl, _runtime.pdl_options): let the next
     kernel in the stream start its programs now. They run up to their own _pdl_wait, which returns only once

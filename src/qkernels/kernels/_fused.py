@@ -14,7 +14,7 @@ row per program, reading the row again for each pass (statistics, then output) f
 import triton
 import triton.language as tl
 
-from ._common import _cast, _finite_or_zero, _pdl_enter
+from ._common import _cast, _finite_or_zero, _pdl_enter, _silu_mul_narrow
 from ._quant import _quantize_values, _scale_and_zero_point
 
 
@@ -186,12 +186,6 @@ def _norm_kernel(
 def _silu_mul(g, u, DT: tl.constexpr):
     """silu(g) * u in fp32, rounded to DT, returned as fp32 values."""
     return _silu_mul_narrow(g, u, DT).to(tl.float32)
-
-
-@triton.jit
-def _silu_mul_narrow(g, u, DT: tl.constexpr):
-    """silu(g) * u in fp32, rounded to DT (returned in DT)."""
-    return _cast(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u, DT)
 
 
 @triton.jit

@@ -167,7 +167,11 @@ class FeedForward(nn.Module):
         self.tp = tp
 
     def forward(self, x, dtype: torch.dtype) -> torch.Tensor:
-        h = silu_and_mul(project(self.w_gate_up, x, dtype), quantize=act_format(self.w_down))
+        gu = self.w_gate_up
+        if isinstance(gu, QuantizedLinear) and gu.scheme.weight_only and act_format(self.w_down) is None:
+            h = gu.forward_swiglu(x)          # SwiGLU in the GEMV's epilogue at decode sizes
+        else:
+            h = silu_and_mul(project(gu, x, dtype), quantize=act_format(self.w_down))
         return all_reduce(project(self.w_down, h, dtype), self.tp)
 
 

@@ -144,6 +144,18 @@ class QuantizedLinear(nn.Module):
         return w8a8_linear(x, self.weight, self.weight_scale, self.bias,
                            dtype=self.scheme.gemm_dtype)
 
+    def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """Weight-only schemes, this layer an MLP's merged [gate; up] projection: silu(gate) * up [..., I], the
+        bits of forward(x) followed by silu_and_mul (at decode sizes in one kernel: the GEMV's epilogue)."""
+        if not self.scheme.weight_only:
+            raise TypeError(f"forward_swiglu runs weight-only layers; scheme {self.scheme.name!r} quantizes the "
+                            f"SwiGLU output for its next GEMM (ops.fused.silu_and_mul(..., quantize=...))")
+        if not runs_kernels(x):
+            return ref.silu_and_mul(self._reference_forward(x))[0]
+        from ..ops.weight_only import _weight_only
+        return _weight_only(x, self.packed_weight(), self.bias, self.bits, f"{self.scheme.name} QuantizedLinear",
+                            swiglu=True)
+
     def forward_quantized(self, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """w8a8 schemes: forward from activations already quantized per row (codes `q` [..., K] and
         fp32 scales [..., 1], e.g. from a fused norm or silu_and_mul), output in out_dtype."""

@@ -1,13 +1,15 @@
 """Weight-only GEMV (decode): one x row per program column, (u - z) times x in an fp32 FMA chain, the scale
 applied once per 32-run and row. K is split over programs when the grid is small (_common._k_slice); the last
 program of a tile adds the partials in slice order (_common._splitk_fixup). On Hopper it is launched with
-programmatic dependent launch and fetches its first weight step before it waits. Launcher:
+programmatic dependent launch and fetches its first weight step before it waits. SWIGLU: the weight is a
+merged [gate; up] projection and the kernel writes silu(gate) * up (the SwiGLU of an MLP) from its epilogue.
+Launcher:
 ops/weight_only/launch.py (path "gemv"). Dequantization: dequant.py.
 """
 import triton
 import triton.language as tl
 
-from .._common import INTERPRET, _cast, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup
+from .._common import INTERPRET, _cast, _k_slice, _pdl_launch, _pdl_wait, _silu_mul_narrow, _splitk_fixup
 from .dequant import CHUNK, HALF, MAGIC_BF16, MAGIC_F16, _bytes_f16, _bytes_f16_raw, _nibbles, _sz_step, _unpack_sz
 
 
@@ -129,7 +131,7 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M,
                     stride_xm, stride_wn, stride_sn, stride_om,
                     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                     EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                    INT_Z: tl.constexpr = False, PDL: tl.constexpr = False):
+                    INT_Z: tl.constexpr = False, SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False):
     """One x row per program column. INT_Z: the zero points are integers (PackedWeight.int_zeros), so the magic
     number of the code conversion folds into them (_codes_t). SPLIT_K > 1: program z covers BLOCK_K-aligned
     slice z of K (none empty); the tile's partial sums are added in slice order by its last program
@@ -140,11 +142,18 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     The first step is peeled: its code bytes and (scale, zero) words are fetched before _pdl_wait (with PDL,
     while the kernel before still runs), and the loop takes the rest. The (scale, zero) words are loaded a step
     ahead (Triton does not pipeline loops without a dot); the code bytes are not: carried across iterations as
-    u8 tensors they cost a byte shuffle each."""
+    u8 tensors they cost a byte shuffle each.
+    SWIGLU: the N = 2 I weight rows are gate (rows < I) then up; a program takes BLOCK_N / 2 columns c of the
+    output h [M, I] and reads weight rows gate c and up c alternately, then writes h = silu(gate) * up with both
+    rounded to out's dtype first: the bits of this GEMV's [M, 2 I] output followed by silu_and_mul."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_n = rows % N                                   # wrapped: loads need no row mask
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)     # index of the tile's outputs (the workspace's too)
+    if SWIGLU:
+        half = N // 2
+        offs_n = (rows // 2) % half + (rows % 2) * half     # gate c, up c, gate c + 1, ...; wrapped
+    else:
+        offs_n = rows % N                               # wrapped: loads need no row mask
     NC: tl.constexpr = BLOCK_K // CHUNK
     dt: tl.constexpr = x_ptr.dtype.element_ty
     st: tl.constexpr = sz_ptr.dtype.element_ty
@@ -178,5 +187,12 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     if last:
         if HAS_BIAS:
             out += tl.load(bias_ptr + offs_n).to(tl.float32)
-        tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=o_mask)
+        if SWIGLU:
+            g, u = tl.split(tl.reshape(out, (BLOCK_N // 2, 2)))
+            ty: tl.constexpr = out_ptr.dtype.element_ty
+            h = _silu_mul_narrow(_cast(g, ty).to(tl.float32), _cast(u, ty).to(tl.float32), ty)
+            cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            tl.store(out_ptr + m * stride_om + cols, h, mask=cols < N // 2)
+        else:
+            tl.store(out_ptr + m * stride_om + rows, _cast(out, out_ptr.dtype.element_ty), mask=o_mask)
 

@@ -36,11 +36,13 @@ X_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
-                      bias: torch.Tensor | None, bits: int, group_size: int, int_zeros: bool) -> torch.Tensor:
+                      bias: torch.Tensor | None, bits: int, group_size: int, int_zeros: bool,
+                      swiglu: bool = False) -> torch.Tensor:
     """x [M, K] with contiguous rows, qweight / scale_zero in the PackedWeight layout (contiguous), group_size:
     the PackedWeight's (PER_CHANNEL: one group per row); int_zeros: every zero point an integer in [0, 2**bits]
     (PackedWeight.int_zeros: lets the kernels fold their conversion constant into them). The config comes from
-    the table by M (dispatch.config_for), or from force_path / use_config where a test or tuner pinned one."""
+    the table by M (dispatch.config_for), or from force_path / use_config where a test or tuner pinned one.
+    swiglu: the weight is a merged [gate; up] projection; the result is silu(gate) * up [M, N / 2] (run_config)."""
     M, K = x.shape
     N = qweight.shape[0]
     if x.stride(1) != 1:
@@ -49,7 +51,11 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
         scale_zero = scale_zero.contiguous().clone()   # the kernels read each (scale, zero) as one 32-bit word
     if M == 0 or N == 0 or K == 0:    # empty product: zeros (+ bias)
         out = torch.zeros((M, N), dtype=torch.float32, device=x.device)
-        return (out + bias.float() if bias is not None else out).to(x.dtype)
+        out = (out + bias.float() if bias is not None else out).to(x.dtype)
+        if swiglu:
+            from ..fused import silu_and_mul
+            out = silu_and_mul(out) if M and N else out[:, :N // 2]
+        return out
     cfg = config_for(bits, M, N, K, x.device)
     path = forced_path()
     if path is not None:
@@ -59,30 +65,31 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
         cfg = autotune.tuned(gpu_slug(device_name(x.device)), f"w{bits}a16:M{bucket}:N{N}:K{K}:g{group_size}",
                              configs.candidates(f"w{bits}a16", bucket, configs.DEFAULT_WEIGHT_ONLY),
                              functools.partial(run_config, x, qweight, scale_zero, bias, bits, group_size, int_zeros))
-    return run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg)
+    return run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg, swiglu)
 
 
 _weight_only_op = torch.library.custom_op("qkernels::weight_only_linear", mutates_args=())(_weight_only_impl)
 
 
 @_weight_only_op.register_fake
-def _(x, qweight, scale_zero, bias, bits, group_size, int_zeros):
-    return x.new_empty((x.shape[0], qweight.shape[0]))
+def _(x, qweight, scale_zero, bias, bits, group_size, int_zeros, swiglu=False):
+    return x.new_empty((x.shape[0], qweight.shape[0] // 2 if swiglu else qweight.shape[0]))
 
 
 # ---------------------------------------------------------------------------------------------
 # public API
 
 
-def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bits: int, name: str) -> torch.Tensor:
+def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bits: int, name: str,
+                 swiglu: bool = False) -> torch.Tensor:
     qweight = getattr(w, "qweight", None)
     if (w.__class__ is PackedWeight and w.bits == bits and bias is None and w.perm is None
             and x.__class__ is torch.Tensor and x.dim() == 2 and x.dtype in X_DTYPES and x.shape[1] == w.shape[1]
-            and x.device == qweight.device and (x.is_cuda or is_interpreter())):
+            and x.device == qweight.device and (x.is_cuda or is_interpreter()) and not (swiglu and w.shape[0] % 2)):
         # the common call (2-D x, no bias, no act-order, where kernels run) validated in a few checks; anything
         # else goes through the full checks below, which name what is wrong
         return call_op(_weight_only_op, _weight_only_impl, x, qweight, w.scale_zero, None, bits, w.group_size,
-                       w.int_zeros)
+                       w.int_zeros, swiglu)
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w_packed must be a qkernels.PackedWeight (see PackedWeight.from_float / from_gptq / "
                         f"from_awq), got {type(w).__name__}")
@@ -99,22 +106,28 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
         if bias.dim() != 1 or bias.shape[0] != N:
             raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
         bias = bias.contiguous()
+    if swiglu and N % 2:
+        raise ValueError(f"swiglu=True takes a merged [gate; up] weight with an even number of rows, got N={N}")
     M = math.prod(x.shape[:-1])
     x2 = x.reshape(M, K)
     if w.perm is not None:
         x2 = x2.index_select(1, w.perm)
     out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, bias, bits, w.group_size,
-                  w.int_zeros)
-    return out.reshape(*x.shape[:-1], N)
+                  w.int_zeros, swiglu)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def w4a16_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def w4a16_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None, *,
+                 swiglu: bool = False) -> torch.Tensor:
     """y = x @ W.T (+ bias) with W a 4-bit PackedWeight (group-wise or per-channel, symmetric or with zero
-    points, optionally act-ordered). x: float16 / bfloat16 [..., K]; output in x's dtype, fp32 accumulation."""
-    return _weight_only(x, w_packed, bias, 4, "w4a16_linear")
+    points, optionally act-ordered). x: float16 / bfloat16 [..., K]; output in x's dtype, fp32 accumulation.
+    swiglu: W is an MLP's merged [gate; up] projection (2 I rows) and the result is silu(gate) * up [..., I]
+    (the bits of y followed by silu_and_mul); at decode sizes the GEMV applies it in its epilogue."""
+    return _weight_only(x, w_packed, bias, 4, "w4a16_linear", swiglu)
 
 
-def w8a16_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def w8a16_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None, *,
+                 swiglu: bool = False) -> torch.Tensor:
     """y = x @ W.T (+ bias) with W an 8-bit PackedWeight (typically per output channel, group_size=-1).
-    x: float16 / bfloat16 [..., K]; output in x's dtype, fp32 accumulation."""
-    return _weight_only(x, w_packed, bias, 8, "w8a16_linear")
+    x: float16 / bfloat16 [..., K]; output in x's dtype, fp32 accumulation. swiglu: as w4a16_linear."""
+    return _weight_only(x, w_packed, bias, 8, "w8a16_linear", swiglu)

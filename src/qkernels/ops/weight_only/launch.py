@@ -22,10 +22,11 @@ def _kernels(name: str):
 _PLANS: dict = {}
 
 
-def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool):
+def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool,
+          swiglu: bool = False):
     """kernel, grid, split and constexprs of a gemv / mm launch: worked out once per shape and config, so
-    an eager call does no dict building beyond the lookup."""
-    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros)
+    an eager call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu)."""
+    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu)
     hit = _PLANS.get(key)
     if hit is not None:
         return hit[1]
@@ -59,6 +60,8 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
                       EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p)
     if cfg["path"] == "gemv":
         constexprs["INT_Z"] = int_zeros
+        if swiglu:
+            constexprs["SWIGLU"] = True
     return _keep_plan(key, cfg, (kernel, grid, split, constexprs))
 
 
@@ -69,13 +72,19 @@ def _keep_plan(key, cfg, plan):
     return plan
 
 
-def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg):
-    """out [M, N] written by one kernel. x2 rows are contiguous; scale_zero is [N, G, 2] contiguous, read as one
+def fused_swiglu(cfg: dict) -> bool:
+    """Whether the config's kernel applies SwiGLU itself (the GEMV, with an even BLOCK_N: pairs of gate / up
+    rows); elsewhere silu_and_mul runs after the product."""
+    return cfg["path"] == "gemv" and cfg["BLOCK_N"] % 2 == 0
+
+
+def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg, swiglu=False):
+    """out [M, N] ([M, N / 2] with swiglu: fused_swiglu(cfg) must hold) written by one kernel. x2 rows are contiguous; scale_zero is [N, G, 2] contiguous, read as one
     32-bit word per group (stride in words: G). With split-K the kernels add the partials up themselves: an fp32
     workspace [split, M, N] and one counter per output tile (_runtime.splitk_scratch: both kept per stream)."""
     M, K = x2.shape
     N = qweight.shape[0]
-    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros)
+    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu)
     bias_arg = bias if bias is not None else scale_zero
     if split > 1:
         ws, cnt = splitk_scratch(x2.device, split * M * N, grid[0] * grid[2] if cfg["path"] == "tc" else
@@ -125,20 +134,32 @@ def _dequant_into(qweight, scale_zero, w, bits, group_size, cfg):
     return w
 
 
-def run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg):
+def run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg, swiglu=False):
     """out = x @ W.T (+ bias) through the kernel `cfg` names (a "tc" / "wg" config whose kernel does not run this
-    case runs its "fallback")."""
+    case runs its "fallback"); swiglu: silu(gate) * up of the merged [gate; up] product, in the GEMV's epilogue
+    (fused_swiglu) or by silu_and_mul after the product."""
+    if swiglu:
+        cfg = _runnable(x, qweight, bits, group_size, cfg)
+        if not fused_swiglu(cfg):
+            from ..fused import silu_and_mul
+            return silu_and_mul(run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg))
     M, K = x.shape
     N = qweight.shape[0]
-    if cfg["path"] in SUPPORTED:
-        if not SUPPORTED[cfg["path"]](bits, K, group_size, qweight):
-            cfg = cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(M))
-        elif x.data_ptr() % 16 or x.stride(0) % 8:
-            x = x.clone(memory_format=torch.contiguous_format)    # x rows are read as 16-byte vectors too
+    cfg = _runnable(x, qweight, bits, group_size, cfg)
+    if cfg["path"] in SUPPORTED and (x.data_ptr() % 16 or x.stride(0) % 8):
+        x = x.clone(memory_format=torch.contiguous_format)    # x rows are read as 16-byte vectors too
     if cfg["path"] == "dequant":
         w = _dequant_into(qweight, scale_zero, torch.empty((N, K), dtype=x.dtype, device=x.device), bits, group_size,
                           cfg)
         # cuBLAS picks its kernel (and summation order) by layout: a row-sliced x must give the bits of
         # the contiguous x
         return torch.nn.functional.linear(x.contiguous(), w, bias.to(x.dtype) if bias is not None else None)
-    return _launch(x, qweight, scale_zero, bias, alloc((M, N), x.dtype, x.device), bits, group_size, int_zeros, cfg)
+    return _launch(x, qweight, scale_zero, bias, alloc((M, N // 2 if swiglu else N), x.dtype, x.device), bits,
+                   group_size, int_zeros, cfg, swiglu)
+
+
+def _runnable(x, qweight, bits, group_size, cfg):
+    """cfg, or its "fallback" where cfg's Gluon kernel does not run this case."""
+    if cfg["path"] in SUPPORTED and not SUPPORTED[cfg["path"]](bits, x.shape[1], group_size, qweight):
+        return cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(x.shape[0]))
+    return cfg
