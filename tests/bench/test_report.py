@@ -61,3 +61,16 @@ def test_gemm_targets_from_graph_rows():
     assert "every M: ≥ 1.0x: 0.90x at worst (M = 128, 4096x4096) — **not met**" in text
     assert "M <= 16: ≥ 1.1x: 1.20x at worst (M = 1, 4096x4096) — met" in text
     assert "M = 4096 on the large shapes: ≥ 1.7x: 1.80x at worst (14336x4096) — met" in text
+
+
+def test_tp_table_and_targets(tmp_path):
+    root = tmp_path / "results"
+    row = lambda m, s, tp, us, x=None: dict(op="decode", provider="qkernels runtime", mode="graph", model=m,  # noqa
+                                            layers=2, scheme=s, batch=1, ctx=128, tp=tp, median_us=us,
+                                            tokens_per_s=1e6 / us, bw_share=0.5, allreduce_us=20.0, speedup_vs_tp1=x)
+    _write(root, "h200", "tp", [row("llama3-8b", "w4a16", 1, 2000.0), row("llama3-8b", "w4a16", 2, 1250.0, 1.6),
+                                row("llama3-70b", "w4a16", 1, 9000.0), row("llama3-70b", "w4a16", 2, 6000.0, 1.5)])
+    text = report.build(root)
+    assert "| llama3-8b | w4a16 | 2 | 1250 | 800 | 50% | 20 | 1.6 |" in text
+    assert "- llama3-8b W4A16 TP=2 ≥ 1.5x TP=1: 1.60x — met" in text
+    assert "- llama3-70b W4A16 TP=2 ≥ 1.6x TP=1: 1.50x — **not met**" in text

@@ -15,6 +15,10 @@ DESCRIPTIONS = {
                "the share of the bandwidth floor (bytes one step must read over the copy bandwidth measured in the "
                "same run), prefill and TTFT at 2048 tokens, the runtime's own peak memory; the Hugging Face model "
                "with a static cache and a graph-captured decode step beside it. Random weights of the real shapes.",
+    "tp": "The decoder runtime split over GPUs (tensor parallel, NCCL; `torchrun ... bench runtime --tp N`) beside "
+          "one GPU in the same run: decode of one CUDA-graph step (all-reduces inside), batch 1, context 128, random "
+          "weights of the real shapes; bandwidth share per GPU (one rank's bytes over one GPU's copy bandwidth); "
+          "the NCCL kernels' time per step from a profile.",
     "weight_only": "W4A16 / W8A16 linears against fp16 cuBLAS and torch's int4 kernel (tinygemm), median µs of "
                    "one call in a CUDA graph (the JSON also holds eager and eight-weight-copy graph timings).",
     "decode_gemv": "Quantized linears at decode sizes on the layer shapes of the served models (separate and merged "
@@ -37,7 +41,7 @@ DESCRIPTIONS = {
                   "a random-weight fp16 model of the named shapes: wall time and peak GPU memory, beside one fp16 "
                   "decoder layer's bytes and the calibration activations (a layer's inputs and outputs, fp16).",
 }
-ORDER = ["runtime", "decode_gemv", "weight_only", "gemm", "quantize", "fused", "model", "model_fusion", "ppl_smollm2",
+ORDER = ["runtime", "tp", "decode_gemv", "weight_only", "gemm", "quantize", "fused", "model", "model_fusion", "ppl_smollm2",
          "quantizers"]
 SIZE_KEYS = ("model", "scheme", "shape", "N", "K", "M", "numel", "batch", "prompt", "ctx", "rows", "cols", "hidden")
 
@@ -250,6 +254,8 @@ def build(results: Path) -> str:
                 + DESCRIPTIONS.get(name, ""), ""]
         if name == "runtime":
             out += _runtime(d)
+        elif name == "tp":
+            out += _tp(d["rows"])
         elif name == "decode_gemv":
             out += _decode_gemv(d["rows"])
         elif name.startswith("ppl"):
@@ -272,6 +278,25 @@ def build(results: Path) -> str:
             if name == "gemm":
                 out += _gemm_targets(d["rows"])
     return "\n".join(out).rstrip() + "\n"
+
+
+def _tp(rows: list[dict]) -> list[str]:
+    """Per model and scheme: each TP degree's step, tokens/s, bandwidth share, all-reduce time and speed-up over
+    TP=1; then the tensor-parallel issue's targets (W4A16 batch 1: 8B TP=2 >= 1.5x TP=1, 70B >= 1.6x)."""
+    body, got = [], {}
+    for r in rows:
+        body.append([r["model"], r["scheme"], r["tp"], r["median_us"], r.get("tokens_per_s"),
+                     f"{100 * r['bw_share']:.0f}%" if r.get("bw_share") == r.get("bw_share") else None,
+                     r.get("allreduce_us"), r.get("speedup_vs_tp1")])
+        got[(r["model"], r["scheme"], r["tp"])] = r
+    out = _table(["model", "scheme", "GPUs", "µs / step", "tokens/s", "share of one GPU's floor", "all-reduce µs",
+                  "x TP=1"], body) + [""]
+    for model, want in (("llama3-8b", 1.5), ("llama3-70b", 1.6)):
+        two = got.get((model, "w4a16", 2))
+        if two is not None and two.get("speedup_vs_tp1"):
+            x = two["speedup_vs_tp1"]
+            out.append(f"- {model} W4A16 TP=2 ≥ {want}x TP=1: {x:.2f}x — {'met' if x >= want else '**not met**'}")
+    return out + [""]
 
 
 def _gemm_targets(rows) -> list[str]:
