@@ -185,3 +185,57 @@ def test_bad_inputs(tmp_path):
     save_file(sd, str(f), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight.*missing"):
         from_pretrained(tmp_path / "hf", device=DEVICE)
+
+
+def hf_qwen3_vl(dtype=torch.float32):
+    """A tiny Qwen3-VL (vision tower + Qwen3 language model with interleaved multimodal RoPE)."""
+    text = dict(TINY, head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                    "mrope_section": [8, 4, 4], "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  deepstack_visual_indexes=[0])
+    cfg = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True)
+    torch.manual_seed(1)
+    m = transformers.Qwen3VLForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    return m.to(DEVICE, dtype)
+
+
+needs_qwen3_vl = pytest.mark.skipif(not hasattr(transformers, "Qwen3VLConfig"), reason="transformers without Qwen3-VL")
+
+
+@needs_qwen3_vl
+def test_qwen3_vl_language_model_matches_transformers(tmp_path):
+    """The runtime runs Qwen3-VL's language model on text prompts (its multimodal rotary positions are then
+    plain RoPE), from the loaded model or its directory (weights under model.language_model.)."""
+    hf = hf_qwen3_vl()
+    ids = torch.randint(0, 96, (2, 11), device=DEVICE)
+    with torch.no_grad():
+        want = hf(ids).logits
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    for src in (hf, tmp_path):
+        m = from_pretrained(src, device=DEVICE, dtype=torch.float32)
+        assert m.args.model_type == "qwen3_vl" and m.args.tie_word_embeddings
+        torch.testing.assert_close(m(ids), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    got = m.generate(ids[:1, :5], 8)
+    with torch.no_grad():
+        lg = hf(got).logits[0]
+    for t in range(5, got.shape[1]):      # each new token is transformers' argmax given the same prefix
+        assert lg[t - 1, got[0, t]] >= lg[t - 1].max() - 1e-4 * lg[t - 1].abs().max()
+
+
+@needs_qwen3_vl
+def test_qwen3_vl_quantized_text_and_vision_linears():
+    dt = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
+    hf = hf_qwen3_vl(dt)
+    qk.quantize_(hf, "w4a16", group_size=32, fuse=False, progress=False)
+    names = [n for n, mod in hf.named_modules() if isinstance(mod, qk.QuantizedLinear)]
+    assert any(".visual." in n for n in names) and any(".language_model." in n for n in names)
+    m = from_pretrained(hf, device=DEVICE, dtype=dt)          # the quantized language model, codes as they are
+    ids = torch.randint(0, 96, (1, 7), device=DEVICE)
+    with torch.no_grad():
+        want = hf(ids).logits.float()
+    got = m(ids).float()
+    assert ((got - want).norm() / want.norm()).item() < 2e-2

@@ -50,6 +50,39 @@ def model_configs(tiny: bool) -> dict:
     }
 
 
+def vl_configs(tiny: bool) -> dict:
+    """Vision-language models whose language model the runtime runs: Qwen3-VL-2B (the shapes of
+    Qwen/Qwen3-VL-2B-Instruct's config.json: a Qwen3-1.7B-sized language model, a 24-block vision tower)."""
+    import transformers
+    if not hasattr(transformers, "Qwen3VLConfig"):
+        return {}
+    mrope = {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True}
+    if tiny:
+        text = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                    rope_parameters=dict(mrope, rope_theta=10000.0, mrope_section=[8, 4, 4]))
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
+                      deepstack_visual_indexes=[0])
+        return {"tiny-qwen3-vl": transformers.Qwen3VLConfig(text_config=text, vision_config=vision,
+                                                            tie_word_embeddings=True)}
+    text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
+                rms_norm_eps=1e-6, rope_parameters=dict(mrope, rope_theta=5000000.0))
+    vision = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
+                  patch_size=16, deepstack_visual_indexes=[5, 11, 17])
+    return {"qwen3-vl-2b": transformers.Qwen3VLConfig(text_config=text, vision_config=vision,
+                                                      tie_word_embeddings=True)}
+
+
+def hf_model(cfg, dtype):
+    """A random-weight transformers model of cfg on the current default device (a vision-language config: its
+    conditional-generation model)."""
+    import transformers
+    if cfg.model_type == "qwen3_vl":
+        return transformers.Qwen3VLForConditionalGeneration._from_config(cfg, dtype=dtype).eval()
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+
+
 def capabilities(device: torch.device) -> dict:
     if device.type != "cuda":
         return {"tensor_cores": False, "fp8": True, "note": "Triton interpreter on the CPU"}

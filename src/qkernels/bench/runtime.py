@@ -28,7 +28,7 @@ import time
 import torch
 
 from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, write_json
-from .model import _median_ms, decode_step_ms, model_configs
+from .model import _median_ms, decode_step_ms, hf_model, model_configs, vl_configs
 
 # "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
 SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8")
@@ -96,8 +96,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
     gpu = on_gpu()
     dev = torch.device("cuda" if gpu else "cpu")
     cfgs = model_configs(tiny=not gpu)
-    if models:
-        cfgs = {k: v for k, v in cfgs.items() if k in models}
+    if models:       # vision-language models (their language model) run when named
+        cfgs = {k: v for k, v in {**cfgs, **vl_configs(tiny=not gpu)}.items() if k in models}
     prompt, ctx = (PROMPT, CTX) if gpu else (16, 8)
     dec_b, pre_b = (DECODE_BATCHES, PREFILL_BATCHES) if gpu else ((1, 2), (1,))
     bw = copy_bandwidth_gbps(dev) if gpu else float("nan")
@@ -105,12 +105,13 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
     rows: list[Row] = []
     profiles = {}
     for mname, cfg in cfgs.items():
+        text = cfg.get_text_config()            # a vision-language config: its language model's
         if layers:
-            cfg.num_hidden_layers = layers
-        sizes = {"model": mname, "layers": cfg.num_hidden_layers}
+            text.num_hidden_layers = layers
+        sizes = {"model": mname, "layers": text.num_hidden_layers}
         dt = torch.float16
         with torch.device(dev):
-            hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dt).eval()
+            hf = hf_model(cfg, dt)
         hf_mb = sum(t.numel() * t.element_size() for t in hf.parameters()) / 2**20
         for scheme in schemes:
             if scheme.startswith("w8a8-fp8") and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
@@ -127,7 +128,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
                 torch.cuda.reset_peak_memory_stats()
             for b in pre_b:
                 m.setup_caches(b, prompt + 64)
-                ids = torch.randint(0, cfg.vocab_size, (b, prompt), device=dev)
+                ids = torch.randint(0, text.vocab_size, (b, prompt), device=dev)
                 at = torch.full((b,), prompt - 1, device=dev)
                 with torch.inference_mode():
                     ms = _median_ms(lambda: m(ids, 0, logits_at=at), dev, 5 if gpu else 1)
@@ -156,7 +157,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
             rows.append(Row("memory", "qkernels runtime", 0.0, sizes=dict(sizes, scheme=scheme),
                             extra={"peak_mb": peak, "weight_mb": weight_mb, "build_s": build_s}))
             del m
-        for scheme in HF_SCHEMES if gpu else ():     # the HF model's own graph-captured decode step
+        for scheme in HF_SCHEMES if gpu and cfg.model_type != "qwen3_vl" else ():   # HF's graph-captured decode
             if scheme != "fp16":
                 from ..nn.convert import quantize_
                 quantize_(hf, scheme, progress=False)

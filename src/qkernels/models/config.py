@@ -4,7 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # model_type -> (q/k/v bias default, per-head q/k RMSNorm)
-ARCHITECTURES = {"llama": (False, False), "mistral": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
+ARCHITECTURES = {"llama": (False, False), "mistral": (False, False), "qwen2": (True, False), "qwen3": (False, True),
+                 "qwen3_vl": (False, True)}
+# vision-language models whose language model the decoder runs (text prompts: for text, Qwen3-VL's multimodal
+# rotary positions are the same in all three sections, which is plain RoPE): where its weights live
+MULTIMODAL_PREFIX = {"qwen3_vl": "model.language_model."}
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class ModelArgs:
     qkv_bias: bool
     o_bias: bool
     qk_norm: bool
+    prefix: str = "model."       # the decoder's tensor names: <prefix>layers.<i>..., <prefix>embed_tokens.weight
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelArgs":
@@ -33,7 +38,12 @@ class ModelArgs:
         mt = cfg.get("model_type")
         if mt not in ARCHITECTURES:
             raise ValueError(f"model_type must be one of {sorted(ARCHITECTURES)} (Llama-family decoders), got {mt!r}")
-        if "text_config" in cfg and "hidden_size" not in cfg:
+        prefix = MULTIMODAL_PREFIX.get(mt, "model.")
+        if mt in MULTIMODAL_PREFIX:          # the language model's numbers; tied embeddings are set at the top
+            top = cfg
+            cfg = dict(cfg.get("text_config") or {})
+            cfg["tie_word_embeddings"] = top.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+        elif "text_config" in cfg and "hidden_size" not in cfg:
             raise ValueError("a multimodal config: pass its text_config")
         missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                "intermediate_size") if k not in cfg]
@@ -63,4 +73,4 @@ class ModelArgs:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", bias_default)),
-            o_bias=bool(cfg.get("attention_bias", False)) and mt != "qwen2", qk_norm=qk_norm)
+            o_bias=bool(cfg.get("attention_bias", False)) and mt != "qwen2", qk_norm=qk_norm, prefix=prefix)

@@ -266,7 +266,8 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
     skipped: list[str] = []
     get = lambda n, part=None: src.tensor(n, part).to(device, dtype)  # noqa: E731
     param = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
-    model.tok_embeddings.weight = param(get("model.embed_tokens.weight", vocab_part))
+    pre = args.prefix
+    model.tok_embeddings.weight = param(get(pre + "embed_tokens.weight", vocab_part))
     layers = range(args.n_layers)
     if progress:
         try:
@@ -275,7 +276,7 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         except ImportError:
             pass
     for i in layers:
-        p = f"model.layers.{i}."
+        p = f"{pre}layers.{i}."
         blk = model.layers[i]
         att = blk.attention
         qkv = [src.linear(p + f"self_attn.{n}_proj", args.qkv_bias, dtype, part) for n, part in zip("qkv", qkv_parts)]
@@ -302,7 +303,7 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
             blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False, dtype, down_part), device,
                                                     dtype), p + "mlp.down_proj", scheme, skipped)
             blk.ffn_norm = param(get(p + "post_attention_layernorm.weight"))
-    model.norm = param(get("model.norm.weight"))
+    model.norm = param(get(pre + "norm.weight"))
     if src.has("lm_head.weight") and not args.tie_word_embeddings:
         head = _to(src.linear("lm_head", False, dtype, vocab_part), device, dtype)
     else:
