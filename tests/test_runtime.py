@@ -204,3 +204,39 @@ def test_splitk_scratch_is_kept_per_stream_and_grows():
     assert big.numel() > ws.numel() and R.splitk_scratch(dev, 10, 10)[0].data_ptr() == big.data_ptr()
     huge, _ = R.splitk_scratch(dev, R.WORKSPACE_KEPT_MAX + 1, 10)
     assert huge.numel() == R.WORKSPACE_KEPT_MAX + 1 and huge.data_ptr() != big.data_ptr()
+
+
+def test_gpus_too_old_for_triton_run_the_twins(monkeypatch):
+    """Below compute capability 7.0 (Pascal) Triton compiles nothing: QuantizedLinear and the model runtime run
+    their pure-torch twins on the device (one warning), the ops refuse with that advice."""
+    import warnings
+
+    import transformers
+
+    import qkernels as qk
+    from qkernels.models import from_pretrained
+    monkeypatch.setattr(R, "_WARNED", set())
+    dt = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
+    lin = torch.nn.Linear(64, 48).to(DEVICE, dt)
+    x = torch.randn(3, 64, device=DEVICE, dtype=dt)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1)
+    hf = transformers.LlamaForCausalLM(cfg).to(DEVICE, dt).eval()
+    ids = torch.randint(0, 64, (1, 5), device=DEVICE)
+    fast = from_pretrained(hf, "w4a16", device=DEVICE, dtype=dt, group_size=32)(ids).float()
+    with R.simulate_capability((6, 1)):
+        for scheme in ("w4a16", "w8a8"):
+            q = qk.QuantizedLinear.from_linear(lin, scheme, group_size=32 if scheme == "w4a16" else None)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = q(x)
+            assert torch.equal(got, q._reference_forward(x))
+            assert len(caught) == (1 if scheme == "w4a16" else 0)           # once per device
+            assert "compute capability 6.1" in str(caught[0].message) if caught else True
+        with pytest.raises(RuntimeError, match=r"compute capability 6\.1 \(Triton's kernels need 7\.0 or newer\)"
+                                               r".*pure-torch twins"):
+            qk.quantize(x, "int8", "row")
+        twin = from_pretrained(hf, "w4a16", device=DEVICE, dtype=dt, group_size=32)(ids).float()
+    assert ((twin - fast).norm() / fast.norm()).item() < 2e-2      # the same model, kernels vs twins
+    with R.simulate_capability((7, 5)):
+        assert R.runs_kernels(x) and R.too_old(x.device) is None

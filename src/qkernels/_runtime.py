@@ -37,7 +37,22 @@ def device_name(device: torch.device | None = None) -> str:
     return _device_props(index).name
 
 
+# Triton compiles for NVIDIA GPUs of compute capability 7.0 (Volta) and newer. On an older GPU (Pascal, 6.x)
+# QuantizedLinear, the fused modules and qkernels.models run their pure-torch twins on it (runs_kernels); the ops
+# themselves refuse it with that advice (check_kernel_device).
+MIN_CAPABILITY = (7, 0)
+_SIMULATED: list = [None]       # set only inside simulate_capability()
+
+
+def simulate_capability(cap: tuple[int, int] | None):
+    """Scoped: every device (the interpreter's CPU too) reports compute capability `cap`, so tests reach the
+    paths of older GPUs (kernel fallbacks, pure-torch twins) on any machine."""
+    return scoped_value(_SIMULATED, cap)
+
+
 def capability(device: torch.device) -> tuple[int, int]:
+    if _SIMULATED[0] is not None:
+        return tuple(_SIMULATED[0])
     if device.type != "cuda":
         return (0, 0)
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -76,10 +91,12 @@ def check_tensor(name: str, t, *, dtypes=None, ndim_min: int | None = None) -> N
 
 
 def check_kernel_device(name: str, t: torch.Tensor) -> None:
-    """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
-    if t.device.type == "cuda":
-        return
-    if t.device.type == "cpu" and is_interpreter():
+    """Kernels run on CUDA tensors of a GPU Triton compiles for, or on CPU tensors under the Triton interpreter."""
+    if t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter()):
+        why = too_old(t.device)
+        if why:
+            raise RuntimeError(f"{name} is on {why}; QuantizedLinear, quantize_ / from_pretrained models and "
+                               f"qkernels.models run their pure-torch twins there instead of the kernels")
         return
     raise RuntimeError(
         f"{name} must be on a CUDA device, got {t.device}"
@@ -88,9 +105,44 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
 
 
 def runs_kernels(t: torch.Tensor) -> bool:
-    """Whether qkernels' kernels can run on t's device (CUDA, or the CPU under the interpreter).
-    Modules (QuantizedLinear) fall back to the bit-identical reference elsewhere; ops raise."""
-    return t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter())
+    """Whether qkernels' kernels can run on t's device (CUDA of compute capability >= MIN_CAPABILITY, or the CPU
+    under the interpreter). Modules (QuantizedLinear, qkernels.models) fall back to the reference twins
+    elsewhere, on the same device (one warning per device where a GPU is too old for the kernels); ops raise."""
+    if not (t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter())):
+        return False
+    if _SIMULATED[0] is None and t.device.type != "cuda":
+        return True
+    why = too_old(t.device)
+    if why and (str(t.device), why) not in _WARNED:
+        _WARNED.add((str(t.device), why))
+        import warnings
+        warnings.warn(f"qkernels: {why}: QuantizedLinear and the model runtime run their pure-torch twins on it "
+                      f"(same numerics, slower)", stacklevel=3)
+    return not why
+
+
+_WARNED: set = set()
+
+
+def too_old(device: torch.device) -> str | None:
+    """Why Triton's kernels cannot run on this device (None when they can); once per device (launchers and
+    modules ask on every call)."""
+    if _SIMULATED[0] is None:
+        return _cuda_too_old(device) if device.type == "cuda" else None
+    return _why_old(device)
+
+
+@functools.cache
+def _cuda_too_old(device: torch.device) -> str | None:
+    return _why_old(device)
+
+
+def _why_old(device: torch.device) -> str | None:
+    cap = capability(device)
+    if cap < MIN_CAPABILITY:
+        return (f"{device_name(device)} of compute capability {cap[0]}.{cap[1]} (Triton's kernels need "
+                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer)")
+    return None
 
 
 def check_same_device(ref_name: str, ref: torch.Tensor, **others) -> None:
