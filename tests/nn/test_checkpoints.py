@@ -203,3 +203,23 @@ def test_bad_checkpoints_are_named(tmp_path):
     quantize_(model, "w8a8", progress=False, fuse=False)
     with pytest.raises(ValueError, match="weight-only layers"):
         save_gptq(model, tmp_path / "x")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_tensor_parallel_parts_read_shard_only(tmp_path, case):
+    """A rank's part of a GPTQ / AWQ layer read as slices of the stored tensors holds exactly what cutting the
+    whole layer gives (models.parallel.shard_linear); act-order columns are left to the whole-layer cut."""
+    from qkernels.models.parallel import Part, shard_linear
+    from qkernels.nn.checkpoints import SafetensorsDir
+    d, _ = write_checkpoint(tmp_path, **case)
+    src = SafetensorsDir(d)
+    name = "model.layers.0.mlp.down_proj"                  # [128, 256]
+    whole = src.quantized_linear(name)
+    for part in (Part(0, ((64, 128),)), Part(0, ((0, 32), (96, 128))), Part(1, ((128, 256),), keep_bias=False)):
+        got = src.quantized_linear(name, part=part)
+        if got is None:
+            assert case.get("act_order") and part.dim == 1
+            continue
+        want = shard_linear(whole, part)
+        assert torch.equal(got.packed_weight().dequantize(), want.packed_weight().dequantize())
+        assert (got.perm is None) == (want.perm is None)

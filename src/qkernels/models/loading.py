@@ -56,8 +56,12 @@ class _DirSource(SafetensorsDir, Source):
 
     def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None) -> nn.Module:
         if self.is_quantized(name):
-            q = self.quantized_linear(name, dtype=dtype if dtype in (torch.float16, torch.bfloat16) else None)
-            return shard_linear(q, part, name) if part else q
+            sdt = dtype if dtype in (torch.float16, torch.bfloat16) else None
+            q = self.quantized_linear(name, dtype=sdt, part=part) if part else None   # the part's slices only
+            if q is None:
+                q = self.quantized_linear(name, dtype=sdt)
+                q = shard_linear(q, part, name) if part else q
+            return q
         w = self.tensor(name + ".weight", part)
         b = self.tensor(name + ".bias") if bias else None
         b = part.bias(b) if part else b

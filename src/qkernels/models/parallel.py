@@ -12,8 +12,9 @@ With fewer KV heads than ranks, each rank keeps the one KV head its query heads 
 norms, the residual stream and the sampling are replicated: every rank computes the same tokens.
 
 Weights are cut while they load (loading.py): a Part names the rows or columns of a [out, in] weight a
-rank keeps; float weights are read shard-only from safetensors; quantized layers are cut on their codes
-(shard_linear), on group boundaries, so a shard holds exactly the codes and scales TP=1 holds for it.
+rank keeps. Float weights and GPTQ / AWQ layers are read shard-only from safetensors (the slices of the stored
+tensors that hold the part: nn.checkpoints); layers already in memory, and act-order columns, are cut on their
+codes (shard_linear). Cuts fall on group boundaries, so a shard holds exactly the codes and scales TP=1 holds.
 A row-parallel layer quantized while loading gets per-channel scales over its own slice of K.
 """
 from __future__ import annotations

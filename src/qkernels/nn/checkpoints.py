@@ -89,19 +89,29 @@ class SafetensorsDir:
             return part.take(self._files[f].get_slice(name))
         return self._files[f].get_tensor(name)
 
+    def shape(self, name: str) -> list[int]:
+        """Tensor `name`'s shape, from the file's header (nothing read)."""
+        return self._files[self._where[name]].get_slice(name).get_shape()
+
     def is_quantized(self, name: str) -> bool:
         """Whether linear `name` is stored as GPTQ / AWQ codes."""
         return self.quant is not None and self.has(name + ".qweight")
 
     def quantized_linear(self, name: str, shape: tuple[int, int] | None = None, device=None,
-                         dtype: torch.dtype | None = None) -> QuantizedLinear:
+                         dtype: torch.dtype | None = None, part=None) -> QuantizedLinear | None:
         """Linear `name` from its GPTQ / AWQ tensors; shape (N, K), when given, is checked. dtype: the scales'
-        dtype (default: the checkpoint's, float32 scales as float16)."""
+        dtype (default: the checkpoint's, float32 scales as float16). part (models.parallel.Part: rows or columns
+        of the [N, K] weight): only that part is read, as its slices of the stored tensors; None is returned
+        where the part does not fall on the stored packing (words, groups, act-order), for the caller to cut
+        the whole layer instead."""
         q = self.quant
-        t = lambda s: self.tensor(f"{name}.{s}")  # noqa: E731
+        slices = _stored_parts(self, name, q, part) if part is not None else {}
+        if slices is None:
+            return None
+        t = lambda s: self.tensor(f"{name}.{s}", slices.get(s))  # noqa: E731
         try:
             if q.method == "gptq":
-                g_idx = t("g_idx") if self.has(name + ".g_idx") else None
+                g_idx = t("g_idx") if self.has(name + ".g_idx") and "g_idx" not in slices else None
                 pw = PackedWeight.from_gptq(t("qweight"), t("qzeros"), t("scales"), g_idx, bits=q.bits,
                                             group_size=None if q.group_size == PER_CHANNEL else q.group_size,
                                             checkpoint_format=q.checkpoint_format)
@@ -120,6 +130,8 @@ class SafetensorsDir:
             raise ValueError(f"{self.path}: {name!r} holds a [{pw.shape[0]}, {pw.shape[1]}] (out, in) weight, the "
                              f"model config expects [{shape[0]}, {shape[1]}]")
         bias = self.tensor(name + ".bias") if self.has(name + ".bias") else None
+        if part is not None:
+            bias = part.bias(bias)
         sdt = dtype or (pw.scales.dtype if pw.scales.dtype in (torch.float16, torch.bfloat16) else torch.float16)
         if pw.scale_zero.dtype != sdt:
             pw = PackedWeight(pw.qweight, pw.scale_zero.to(sdt), pw.bits, pw.group_size, pw.shape, pw.perm,
@@ -127,6 +139,42 @@ class SafetensorsDir:
         if device is not None:
             pw = pw.to(device)
         return QuantizedLinear.from_packed(pw, bias.to(pw.device, sdt) if bias is not None else None)
+
+
+def _stored_parts(src: SafetensorsDir, name: str, q, part) -> dict | None:
+    """The slices of a GPTQ / AWQ layer's tensors that hold `part` of its [N, K] weight: {tensor: a Part of it},
+    or None where the part does not fall on the packing (a word of packed codes, a group, act-order columns).
+    GPTQ: qweight [K / p, N] (p codes per word along K), qzeros [G, N / p], scales [G, N], g_idx [K];
+    AWQ: qweight [K, N / 8], qzeros [G, N / 8], scales [G, N]."""
+    from dataclasses import replace
+    p = 32 // q.bits
+    ng = src.shape(name + ".scales")[0]
+    word = p if q.method == "gptq" else 8           # codes per int32 word along N (GPTQ qzeros; AWQ both)
+
+    def cut(k: int, dim: int):                      # the part's spans in units of k, along the tensor's dim
+        if any(a % k or b % k for a, b in part.spans):
+            raise _OffPacking
+        return replace(part, dim=dim, spans=tuple((a // k, b // k) for a, b in part.spans))
+
+    try:
+        if part.dim == 0:                           # output rows: columns of the stored tensors
+            return {"scales": cut(1, 1), "qzeros": cut(word, 1), "qweight": cut(1 if q.method == "gptq" else 8, 1)}
+        K = src.shape(name + ".qweight")[0] * (p if q.method == "gptq" else 1)
+        G = K // ng
+        out = {"qweight": cut(p, 0) if q.method == "gptq" else cut(1, 0)}
+        if ng > 1:                                  # grouped: the part's groups; per channel: every column's scale
+            out["scales"] = out["qzeros"] = cut(G, 0)
+        if q.method == "gptq" and src.has(name + ".g_idx"):
+            if not torch.equal(src.tensor(name + ".g_idx").long(), torch.arange(K) // G):
+                return None                         # act-order: cut from the whole layer (shard_linear)
+            out["g_idx"] = part                     # not read: within the part it is k // G again
+        return out
+    except _OffPacking:
+        return None
+
+
+class _OffPacking(Exception):
+    """A part that cuts a packed word or a group."""
 
 
 @dataclass(frozen=True)
