@@ -2,8 +2,9 @@
 save_quantized checkpoint, with projections merged (q|k|v, gate|up) and, with a scheme, quantized.
 
 Loading is a loading concern, not a model concern: the decoder in llama.py only sees one merged linear
-per role. Tensor parallel (parallel.py): each linear is cut to the rank's Part as it is read (float
-weights read shard-only from safetensors; quantized layers cut on their codes), before merging. Weights go to the target device one decoder layer at a time (a float layer is merged, then
+per role. Tensor parallel (parallel.py): each linear is cut to the rank's Part as it is read (float and
+GPTQ / AWQ weights read shard-only from safetensors; layers in memory cut on their codes), before merging.
+Weights go to the target device one decoder layer at a time (a float layer is merged, then
 quantized, then released), so no second copy of the model is ever held. Everything is read and checked
 into a fresh model that is returned only when complete: an error leaves nothing half-loaded.
 """
