@@ -212,6 +212,7 @@ def _run_checks(rank: int, tmp: str):
 
         hf = hf_model("qwen3", tie_word_embeddings=True)
         one, two = both(written("hf", lambda d: hf.save_pretrained(d, safe_serialization=True)))  # read shard-only
+        torch.manual_seed(9)                         # the same prompt on every rank
         ids = torch.randint(0, 96, (1, 6), device=dev)
         want = one(ids)
         torch.testing.assert_close(two(ids), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
@@ -226,6 +227,40 @@ def _run_checks(rank: int, tmp: str):
             assert rel(got, want) < (3e-2 if name == "w8a8" else 1e-2), (name, rel(got, want))
             assert same_on_ranks(got)
     check("directories", from_dirs)
+
+    def act_order():
+        # a GPTQ act-order checkpoint (every projection's input channels in a random group order) but o_proj's,
+        # whose heads a rank must hold: each rank takes whole groups of the down projection in its act-order
+        # order, and gate / up rows to match
+        from pathlib import Path
+
+        from safetensors.torch import load_file, save_file
+
+        from ..nn.test_checkpoints import write_checkpoint
+
+        def write(d):
+            d, _ = write_checkpoint(Path(d), "gptq", act_order=True)
+            f = d / "model.safetensors"
+            sd = load_file(str(f))
+            for k in [k for k in sd if k.endswith("o_proj.g_idx")]:
+                sd[k] = (torch.arange(sd[k].numel()) // 32).to(torch.int32)
+            save_file(sd, str(f), metadata={"format": "pt"})
+            (Path(tmp) / "act_dir").write_text(str(d))
+
+        if rank == 0:
+            os.makedirs(os.path.join(tmp, "act"), exist_ok=True)
+            write(os.path.join(tmp, "act"))
+        dist.barrier()
+        d = open(os.path.join(tmp, "act_dir")).read()
+        one, two = both(d, dtype=qdt)
+        assert two.layers[0].feed_forward.w_down.perm is not None
+        torch.manual_seed(9)                         # the same prompt on every rank (rank 0's writer drew numbers)
+        ids = torch.randint(0, 96, (1, 6), device=dev)
+        want, got = one(ids).float(), two(ids).float()
+        # the same codes; partial sums rounded to the activation dtype (bf16 on the CPU) before they are added
+        assert rel(got, want) < 2e-2, rel(got, want)
+        assert same_on_ranks(got)
+    check("act-order", act_order)
 
     def refused():
         import pytest as pt
@@ -277,7 +312,7 @@ def tp_results(tmp_path_factory):
 CHECKS = (["fp32 llama {}", "fp32 llama {'tie_word_embeddings': True, 'num_key_value_heads': 1}",
            "fp32 qwen3 {'tie_word_embeddings': True}", "fp32 qwen2 {'num_key_value_heads': 4}", "sampling"]
           + [f"scheme {s}" for s in ("w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8")]
-          + ["directories", "refused splits"])
+          + ["directories", "act-order", "refused splits"])
 
 
 @pytest.mark.parametrize("name", CHECKS)

@@ -51,9 +51,21 @@ class Source:
         """A fused qkernels.nn.QuantizedMLP at prefix + "mlp", or None."""
         return None
 
+    def act_order(self, name: str) -> torch.Tensor | None:
+        """Linear `name`'s act-order permutation (its input channels sorted by group), or None."""
+        return None
+
 
 class _DirSource(SafetensorsDir, Source):
     """A Hugging Face model directory (float, or with GPTQ / AWQ quantized layers)."""
+
+    def act_order(self, name: str) -> torch.Tensor | None:
+        if not (self.is_quantized(name) and self.has(name + ".g_idx")):
+            return None
+        g = self.tensor(name + ".g_idx").long()
+        if torch.equal(g, torch.sort(g).values):
+            return None
+        return torch.sort(g, stable=True).indices            # as PackedWeight.from_int orders them
 
     def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None) -> nn.Module:
         if self.is_quantized(name):
@@ -102,6 +114,10 @@ class _ModuleSource(Source):
         if mod is None:
             raise ValueError(f"the model has no module {name!r}")
         return shard_linear(mod, part, name) if part else mod
+
+    def act_order(self, name: str) -> torch.Tensor | None:
+        mod = self._module(name)
+        return mod.perm if isinstance(mod, QuantizedLinear) and mod.scheme.weight_only else None
 
     def mlp(self, prefix: str):
         """A fused QuantizedMLP (quantize_ with fuse=True on a w8a8 scheme), or None."""
@@ -302,10 +318,13 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
             blk.feed_forward.w_down = down.to(device)
             blk.ffn_norm = param(fused.norm.weight.detach().to(device, dtype))
         else:
-            gu = [src.linear(p + f"mlp.{n}_proj", False, dtype, up_part) for n in ("gate", "up")]
+            order = src.act_order(p + "mlp.down_proj") if tp else None
+            # an act-order down projection: each rank takes whole groups of it, gate / up rows to match
+            rows, cols = tp.mlp_parts(args, order) if order is not None else (up_part, down_part)
+            gu = [src.linear(p + f"mlp.{n}_proj", False, dtype, rows) for n in ("gate", "up")]
             blk.feed_forward.w_gate_up = _quantize(merge_linears(gu, device, dtype), p + "mlp.gate_up", scheme,
                                                    skipped)
-            blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False, dtype, down_part), device,
+            blk.feed_forward.w_down = _quantize(_to(src.linear(p + "mlp.down_proj", False, dtype, cols), device,
                                                     dtype), p + "mlp.down_proj", scheme, skipped)
             blk.ffn_norm = param(get(p + "post_attention_layernorm.weight"))
     model.norm = param(get(pre + "norm.weight"))

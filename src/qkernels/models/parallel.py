@@ -15,6 +15,8 @@ Weights are cut while they load (loading.py): a Part names the rows or columns o
 rank keeps. Float weights and GPTQ / AWQ layers are read shard-only from safetensors (the slices of the stored
 tensors that hold the part: nn.checkpoints); layers already in memory, and act-order columns, are cut on their
 codes (shard_linear). Cuts fall on group boundaries, so a shard holds exactly the codes and scales TP=1 holds.
+An act-order (GPTQ desc_act) down projection is split by its own group order (mlp_parts with `order`): a rank
+holds whole groups of it and the gate / up rows of the same intermediate channels.
 A row-parallel layer quantized while loading gets per-channel scales over its own slice of K.
 """
 from __future__ import annotations
@@ -110,10 +112,13 @@ class Parallel:
         s = n // self.world
         return self.rank * s, (self.rank + 1) * s
 
-    def mlp_parts(self, args) -> tuple[Part, Part]:
-        """(gate or up rows, down columns)."""
+    def mlp_parts(self, args, order: torch.Tensor | None = None) -> tuple[Part, Part]:
+        """(gate or up rows, down columns): this rank's slice of the intermediate channels; with `order` (an
+        act-order down projection's permutation: its channels sorted by group), the channels at the rank's
+        slice of that order, so the rank holds whole groups of the down projection."""
         a, b = self._slice(args.intermediate_size)
-        return Part(0, ((a, b),)), Part(1, ((a, b),), keep_bias=self.rank == 0)
+        spans = ((a, b),) if order is None else _runs(torch.sort(order[a:b].cpu()).values)
+        return Part(0, spans), Part(1, spans, keep_bias=self.rank == 0)
 
     def gate_up_part(self, args) -> Part:
         """The rows of an already merged gate|up weight."""
@@ -161,6 +166,13 @@ class Parallel:
             t = t.cuda()
         dist.broadcast(t, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
         return int(t.item())
+
+
+def _runs(channels: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """Ascending channel ids -> the [start, stop) runs of consecutive ones."""
+    c = channels.tolist()
+    starts = [0] + [i for i in range(1, len(c)) if c[i] != c[i - 1] + 1]
+    return tuple((c[s], c[e - 1] + 1) for s, e in zip(starts, starts[1:] + [len(c)]))
 
 
 def _all_gather(out, x, group):
