@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 import qkernels as qk
 from qkernels import reference as ref
+from qkernels.ops.gemm import MAX_K_INT8
 
 from ..conftest import DEVICE, ON_GPU
 from ..helpers import assert_bit_exact, graph_replay, rel_err
@@ -49,14 +50,14 @@ def test_empty_k():
 
 def test_int8_worst_case_accumulation():
     """All -128 * -128 over the deepest allowed K stays exact in int32."""
-    K = 4096 if not ON_GPU else qk.ops.gemm.MAX_K_INT8
+    K = 4096 if not ON_GPU else MAX_K_INT8
     a = torch.full((2, K), -128, dtype=torch.int8, device=DEVICE)
     c = qk.int8_matmul(a, a.t())
     assert c.dtype == torch.int32 and (c == 128 * 128 * K).all()
 
 
 def test_int8_k_limit():
-    K = qk.ops.gemm.MAX_K_INT8 + 1
+    K = MAX_K_INT8 + 1
     a = torch.empty((1, K), dtype=torch.int8, device=DEVICE)
     with pytest.raises(ValueError, match=r"K=131072 is too deep for exact int32 accumulation"):
         qk.int8_matmul(a, a.t())
