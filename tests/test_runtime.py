@@ -206,6 +206,28 @@ def test_splitk_scratch_is_kept_per_stream_and_grows():
     assert huge.numel() == R.WORKSPACE_KEPT_MAX + 1 and huge.data_ptr() != big.data_ptr()
 
 
+@pytest.mark.gpu
+def test_compiled_cuda_graph_trees_around_split_k():
+    """torch.compile(mode="reduce-overhead") records CUDA graph trees from a private memory pool: the split-K
+    scratch a linear first needs inside it is made outside that pool (a kept buffer in it makes the trees refuse
+    the graph), and the replays give the eager bits."""
+    from qkernels.nn import QuantizedLinear
+    from qkernels.ops.weight_only import dispatch
+
+    from .helpers import assert_bit_exact
+    lin = torch.nn.Linear(4096, 1024, bias=False, device=DEVICE, dtype=torch.float16)
+    ql = QuantizedLinear.from_linear(lin, "w4a16")
+    x = torch.randn(1, 4096, device=DEVICE, dtype=torch.float16)
+    split = dict(path="gemv", BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=1, SPLIT_K=4, MIN_PROGRAMS=1 << 30)
+    torch._dynamo.reset()
+    with dispatch.use_config(split):
+        want = ql(x)
+        fn = torch.compile(lambda t: ql(t) * 1.0, mode="reduce-overhead", fullgraph=True)
+        for _ in range(4):          # warm-up, recording, replays
+            got = fn(x).clone()
+    assert_bit_exact(got, want, "compiled replay")
+
+
 def test_gpus_too_old_for_triton_run_the_twins(monkeypatch):
     """Below compute capability 7.0 (Pascal) Triton compiles nothing: QuantizedLinear and the model runtime run
     their pure-torch twins on the device (one warning), the ops refuse with that advice."""

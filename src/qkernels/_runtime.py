@@ -286,7 +286,9 @@ def splitk_scratch(device: torch.device, numel: int, counters: int) -> tuple[tor
     WORKSPACE_KEPT_MAX elements is a fresh allocation. Made inside a CUDA-graph capture, the buffers come from
     the graph's pool (the counters' zeroing recorded once in that graph) and are kept for the capture stream,
     so the graph's other launches and later graphs captured on that stream reuse them without a memset per
-    launch: graphs captured on one stream must not be replayed concurrently on two."""
+    launch: graphs captured on one stream must not be replayed concurrently on two. Made outside a capture they
+    come from PyTorch's default pool even where this thread allocates from a private one (torch.compile's CUDA
+    graph trees warm up that way, and refuse a graph whose pool holds tensors that are not its outputs)."""
     key = _stream_key(device)
     cnt = _stream_buffer(_COUNTERS, key, counters, torch.zeros, torch.int32, device)
     if numel > WORKSPACE_KEPT_MAX:
@@ -307,8 +309,21 @@ def _stream_buffer(buffers: dict, key: tuple, n: int, make, dtype: torch.dtype, 
     if buf is None or buf.numel() < n:
         if buf is not None:     # captured graphs may still point at it: never freed
             _RETIRED.append(buf)
-        buf = buffers[key] = make(max(n, 1 << 16), dtype=dtype, device=device)
+        buf = buffers[key] = _kept(make, max(n, 1 << 16), dtype, device)
     return buf
+
+
+def _kept(make, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """make(n) for a buffer kept across calls. Inside a capture: from the capture's pool, the only memory there is
+    then. Outside: allocated by a helper thread, as a private pool set up for this thread (torch.compile's CUDA
+    graph trees warm up inside one) claims only this thread's allocations; zeroed here, on the current stream."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make(n, dtype=dtype, device=device)
+    out = []
+    helper = threading.Thread(target=lambda: out.append(torch.empty(n, dtype=dtype, device=device)))
+    helper.start()
+    helper.join()
+    return out[0].zero_() if make is torch.zeros else out[0]
 
 
 _THREAD = threading.local()
