@@ -162,12 +162,17 @@ def prefill_ms(model, batch: int, prompt: int, device, reps: int) -> float:
 
 
 @torch.no_grad()
-def decode_step_ms(model, batch: int, ctx: int, device, graph: bool) -> float:
-    """One decode step at position `ctx` over a static cache filled by a ctx-token prompt."""
+def decode_step_ms(model, batch: int, ctx: int, device, graph: bool, compiled: bool = False) -> float:
+    """One decode step at position `ctx` over a static cache filled by a ctx-token prompt. compiled: the
+    model's forward through torch.compile(mode="reduce-overhead", fullgraph=True), Hugging Face's documented fast
+    path for a static cache (the compiled step replays as a CUDA graph), instead of capturing the eager step."""
     from transformers import StaticCache
     cache = StaticCache(config=model.config, max_cache_len=ctx + 8)
     ids = torch.randint(0, model.config.vocab_size, (batch, ctx), device=device)
     model(ids, past_key_values=cache, cache_position=torch.arange(ctx, device=device), logits_to_keep=1)
+    fwd = model
+    if compiled:
+        fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     tok = torch.randint(0, model.config.vocab_size, (batch, 1), device=device)
     pos = torch.tensor([ctx], device=device)
     pos_ids = pos.expand(batch, 1)
@@ -179,8 +184,14 @@ def decode_step_ms(model, batch: int, ctx: int, device, graph: bool) -> float:
             n = getattr(layer, "cumulative_length", None)
             if isinstance(n, torch.Tensor):
                 n.fill_(ctx)
-        return model(tok, past_key_values=cache, cache_position=pos, position_ids=pos_ids, logits_to_keep=1).logits
+        return fwd(tok, past_key_values=cache, cache_position=pos, position_ids=pos_ids, logits_to_keep=1).logits
 
+    if compiled:
+        import triton.testing
+        for _ in range(3):      # compile, record the CUDA graph, replay
+            step()
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
     if not graph:
         return _median_ms(step, device, 20 if device.type == "cuda" else 3)
     import triton.testing

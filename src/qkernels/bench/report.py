@@ -104,10 +104,10 @@ def _runtime(d: dict) -> list[str]:
             cap = max((r.get("capture_s", 0) for k, r in dec.items() if k[1] == s), default=0)
             cells += [pre.get(1, {}).get("ttft_ms"), pre.get(8, {}).get("tokens_per_s"), mem.get("peak_mb"), cap]
             body.append(cells)
-        for s in dict.fromkeys(r["scheme"] for r in mr if r["provider"] != "qkernels runtime"):
-            cells = [f"HF static cache + graph, {s}"]
+        for p, s in dict.fromkeys((r["provider"], r["scheme"]) for r in mr if r["provider"] != "qkernels runtime"):
+            cells = [f"{p}, {s}"]
             for b in batches:
-                r = dec.get(("HF static cache + graph", s, b))
+                r = dec.get((p, s, b))
                 cells.append(f"{r['tokens_per_s']:.0f} ({r['tokens_per_s'] / fp16[b]:.2f}x)" if r and b in fp16
                              else "–")
             body.append(cells + [None] * 4)
@@ -155,6 +155,13 @@ def _runtime_targets(dec, fp16, rows) -> list[str]:
     if tok("w4a16", 32) and tok("fp16", 32):
         x = tok("w4a16", 32) / tok("fp16", 32)
         line("batch 32: W4A16 ≥ 1.3x fp16", f"{x:.2f}x", x >= 1.3)
+    hf = next((p for p, _, _ in dec if p.startswith("HF ")), None)
+    if tok("w4a16", 1, hf) and tok("tinygemm-int4", 1, hf):
+        x = tok("w4a16", 1, hf) / tok("tinygemm-int4", 1, hf)
+        line("Hugging Face path: W4A16 ≥ 1.25x torch's int4 kernel (tinygemm)", f"{x:.2f}x", x >= 1.25)
+    if tok("w8a8", 1, hf) and tok("fp16", 1, hf):
+        x = tok("w8a8", 1, hf) / tok("fp16", 1, hf)
+        line("Hugging Face path: W8A8 ≥ 1.4x its fp16", f"{x:.2f}x", x >= 1.4)
     caps = [r.get("capture_s", 0) for r in dec.values() if r.get("capture_s") is not None]
     if caps:
         line("decode-step capture ≤ 60 s", f"{max(caps):.1f} s", max(caps) <= 60)

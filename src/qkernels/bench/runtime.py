@@ -1,5 +1,5 @@
 """`qkernels bench runtime`: the decoder runtime (qkernels.models) per scheme, beside the Hugging Face
-model with a static cache and a CUDA-graph decode step, in the same run.
+model through its fast path (static cache, torch.compile(mode="reduce-overhead")), in the same run.
 
 Models: random weights from the real configs (Llama-3-8B, Qwen3-1.7B; no download). Per scheme the runtime
 is built from the same fp16 Hugging Face model with from_pretrained(hf, scheme) (lm_head in fp16).
@@ -18,6 +18,10 @@ Method:
 - profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1). On Hopper the
   decode kernels start early (programmatic dependent launch): a kernel's span then includes the time its
   programs wait for the kernel before, so spans overlap and add up to more than the step.
+- Hugging Face rows (batch 1): the source model's forward compiled with a static cache (torch.compile,
+  mode="reduce-overhead", fullgraph: its documented fast path), fp16, and converted copies: w4a16 and w8a8 by
+  quantize_ (lm_head fp16), and every linear but lm_head on PyTorch's int4 kernel (tinygemm, bf16 model, group
+  128), as a torchao int4 weight-only user runs it.
 On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
 """
 from __future__ import annotations
@@ -32,9 +36,48 @@ from .model import _median_ms, decode_step_ms, hf_model, model_configs, vl_confi
 
 # "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
 SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8")
-HF_SCHEMES = ("fp16", "w4a16")            # the HF model's own decode step, timed the same way
+# the HF model's own decode step through its documented fast path (static cache, forward compiled with
+# mode="reduce-overhead"): fp16, our schemes through quantize_, and PyTorch's int4 weight-only kernel (tinygemm,
+# what torchao's int4 weight-only runs; bf16 model) swapped in for every linear but lm_head, as a torchao user's
+# model runs it
+HF_PATH = "HF static cache + torch.compile"
+HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4")
 PROMPT, CTX = 2048, 128
 DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
+
+
+class _TinygemmLinear(torch.nn.Module):
+    """A linear on PyTorch's int4 tinygemm kernel (`aten._weight_int4pack_mm`, group 128, bf16 activations)."""
+
+    def __init__(self, lin: torch.nn.Linear):
+        super().__init__()
+        from .weight_only import _tinygemm
+        self.wp, self.sz, _ = _tinygemm(lin.weight.detach())
+        self.bias = lin.bias
+        self.n = lin.out_features
+
+    def forward(self, x):
+        y = torch.ops.aten._weight_int4pack_mm(x.reshape(-1, x.shape[-1]), self.wp, 128, self.sz)
+        y = y.reshape(*x.shape[:-1], self.n)
+        return y + self.bias if self.bias is not None else y
+
+
+def _hf_converted(hf, scheme: str):
+    """A converted copy of the fp16 HF model: quantize_ for our schemes (lm_head stays fp16), every linear but
+    lm_head on tinygemm for "tinygemm-int4" (bf16 model)."""
+    import copy
+    m = copy.deepcopy(hf)
+    if scheme != "tinygemm-int4":
+        from ..nn.convert import quantize_
+        quantize_(m, scheme, progress=False)
+        return m
+    m = m.to(torch.bfloat16)
+    head = m.get_output_embeddings()
+    for parent in list(m.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and child is not head:
+                setattr(parent, name, _TinygemmLinear(child))
+    return m
 
 
 def step_bytes(model, batch: int, ctx: int) -> int:
@@ -158,14 +201,17 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
                             extra={"peak_mb": peak, "weight_mb": weight_mb, "build_s": build_s}))
             del m
         for scheme in HF_SCHEMES if gpu and cfg.model_type != "qwen3_vl" else ():   # HF's graph-captured decode
-            if scheme != "fp16":
-                from ..nn.convert import quantize_
-                quantize_(hf, scheme, progress=False)
+            hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
             for b in (1,):
-                ms = decode_step_ms(hf, b, ctx, dev, graph=True)
-                rows.append(Row("decode", "HF static cache + graph", ms * 1e3, "graph",
+                t0 = time.perf_counter()
+                ms = decode_step_ms(hm, b, ctx, dev, graph=True, compiled=True)
+                rows.append(Row("decode", HF_PATH, ms * 1e3, "graph",
                                 dict(sizes, scheme=scheme, batch=b, ctx=ctx), {"tokens_per_s": b / (ms * 1e-3)}))
-                print(f"{mname} {scheme} HF b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s", flush=True)
+                print(f"{mname} {scheme} HF b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s "
+                      f"(compile and timing {time.perf_counter() - t0:.0f} s)", flush=True)
+            del hm
+            gc.collect()
+            torch.cuda.empty_cache()
         del hf
     meta = {"copy_bw_gbps": bw, "profiles": profiles,
             "method": method_text(__doc__, gpu, "tiny model")}
