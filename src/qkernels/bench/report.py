@@ -13,8 +13,10 @@ from pathlib import Path
 DESCRIPTIONS = {
     "runtime": "The decoder runtime (`qkernels.models`): decode tokens/s of one CUDA-graph step at context 128, "
                "the share of the bandwidth floor (bytes one step must read over the copy bandwidth measured in the "
-               "same run), prefill and TTFT at 2048 tokens, the runtime's own peak memory; the Hugging Face model "
-               "with a static cache and a graph-captured decode step beside it. Random weights of the real shapes.",
+               "same run), prefill and TTFT at 2048 tokens, the runtime's own peak memory; beside it the Hugging "
+               "Face model through its fast path (static cache, torch.compile mode reduce-overhead): fp16, ours by "
+               "`quantize_`, and torch's int4 kernel (tinygemm, bf16) in every linear but lm_head. Random weights "
+               "of the real shapes.",
     "tp": "The decoder runtime split over GPUs (tensor parallel, NCCL; `torchrun ... bench runtime --tp N`) beside "
           "one GPU in the same run: decode of one CUDA-graph step (all-reduces inside), batch 1, context 128, random "
           "weights of the real shapes; bandwidth share per GPU (one rank's bytes over one GPU's copy bandwidth); "
