@@ -38,8 +38,8 @@ def device_name(device: torch.device | None = None) -> str:
 
 
 # Triton compiles for NVIDIA GPUs of compute capability 7.0 (Volta) and newer. On an older GPU (Pascal, 6.x)
-# QuantizedLinear, the fused modules and qkernels.models run their pure-torch twins on it (runs_kernels); the ops
-# themselves refuse it with that advice (check_kernel_device).
+# every op runs its pure-torch twin on that GPU instead of its kernel (call_op, register_twin), and
+# QuantizedLinear, the fused modules and qkernels.models take the twins' path as a whole (runs_kernels).
 MIN_CAPABILITY = (7, 0)
 _SIMULATED: list = [None]       # set only inside simulate_capability()
 
@@ -91,13 +91,10 @@ def check_tensor(name: str, t, *, dtypes=None, ndim_min: int | None = None) -> N
 
 
 def check_kernel_device(name: str, t: torch.Tensor) -> None:
-    """Kernels run on CUDA tensors of a GPU Triton compiles for, or on CPU tensors under the Triton interpreter."""
+    """Ops run on CUDA tensors (their kernels, or on a GPU too old for Triton their twins), or on CPU tensors
+    under the Triton interpreter."""
     if t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter()):
-        why = too_old(t.device)
-        if why:
-            raise RuntimeError(f"{name} is on {why}; QuantizedLinear, quantize_ / from_pretrained models and "
-                               f"qkernels.models run their pure-torch twins there instead of the kernels")
-        return
+        return      # a GPU too old for Triton runs the op's twin (call_op)
     raise RuntimeError(
         f"{name} must be on a CUDA device, got {t.device}"
         + ("" if t.device.type != "cpu" else
@@ -107,7 +104,8 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
 def runs_kernels(t: torch.Tensor) -> bool:
     """Whether qkernels' kernels can run on t's device (CUDA of compute capability >= MIN_CAPABILITY, or the CPU
     under the interpreter). Modules (QuantizedLinear, qkernels.models) fall back to the reference twins
-    elsewhere, on the same device (one warning per device where a GPU is too old for the kernels); ops raise."""
+    elsewhere, on the same device (one warning per device where a GPU is too old for the kernels), as the ops
+    do one by one (call_op)."""
     if not (t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter())):
         return False
     if _SIMULATED[0] is None and t.device.type != "cuda":
@@ -116,12 +114,28 @@ def runs_kernels(t: torch.Tensor) -> bool:
     if why and (str(t.device), why) not in _WARNED:
         _WARNED.add((str(t.device), why))
         import warnings
-        warnings.warn(f"qkernels: {why}: QuantizedLinear and the model runtime run their pure-torch twins on it "
-                      f"(same numerics, slower)", stacklevel=3)
+        warnings.warn(f"qkernels: {why}: the ops, QuantizedLinear and the model runtime run their pure-torch "
+                      f"twins on it (the reference numerics, slower)", stacklevel=3)
     return not why
 
 
 _WARNED: set = set()
+
+
+def warn_once(key, message: str) -> None:
+    """One warning per key (a device and a reason) for the life of the process."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        import warnings
+        warnings.warn(message, stacklevel=3)
+
+
+def lacks_fp8(device: torch.device) -> bool:
+    """Whether the fp8 GEMM kernels cannot run on the device: no FP8 tensor cores (compute capability < 8.9).
+    The interpreter runs them unless a capability is simulated."""
+    if device.type != "cuda" and _SIMULATED[0] is None:
+        return False
+    return capability(device) < (8, 9)
 
 
 def too_old(device: torch.device) -> str | None:
@@ -404,12 +418,24 @@ def _fast_eligible(kernel, args) -> bool:
             and all(p.is_constexpr for p in params[len(args):]))
 
 
+_TWINS: dict = {}
+
+
+def register_twin(op, twin) -> None:
+    """The pure-torch twin of custom op `op` (qkernels.reference arithmetic, same arguments and outputs as its
+    implementation), which call_op runs on GPUs too old for Triton."""
+    _TWINS[op] = twin
+
+
 def call_op(op, impl, *args):
     """Run a public op: through its torch.library custom op while torch.compile / export trace
     (so the graph sees one opaque op with a fake implementation), and straight through the Python
-    implementation in eager mode, which skips about 10 us of dispatcher overhead per call."""
+    implementation in eager mode, which skips about 10 us of dispatcher overhead per call. On a GPU too old for
+    Triton (args[0] on it) the op's twin runs there instead, with one warning per device."""
     if torch.compiler.is_compiling():
         return op(*args)
+    if (args[0].device.type == "cuda" or _SIMULATED[0] is not None) and not runs_kernels(args[0]):
+        return _TWINS[op](*args)
     return impl(*args)
 
 

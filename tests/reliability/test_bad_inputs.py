@@ -50,12 +50,6 @@ class Bad:
     old_gpu: bool = False  # pretend the GPU lacks FP8 tensor cores
 
 
-def _on_pascal(call):
-    from qkernels import _runtime
-    with _runtime.simulate_capability((6, 1)):
-        return call()
-
-
 MATRIX = [
     Bad("quantize", "dtype", lambda: qk.quantize(torch.ones(4, 8, dtype=torch.int32, device=D), "int8"), TypeError,
         r"x must have dtype in \(float32, float16, bfloat16\), got int32"),
@@ -88,12 +82,6 @@ MATRIX = [
         r"b must be on the same device as a"),
     Bad("fp8_matmul", "dtype", lambda: qk.fp8_matmul(i8(4, 8), i8(8, 4), 1.0, 1.0), TypeError,
         r"a must have dtype in \(float8_e4m3fn\), got int8"),
-    Bad("fp8_matmul", "GPU capability", lambda: qk.fp8_matmul(f16(4, 8).to(torch.float8_e4m3fn),
-                                                              f16(8, 4).to(torch.float8_e4m3fn), 1.0, 1.0),
-        RuntimeError, r"fp8_matmul needs FP8 tensor cores \(compute capability >= 8.9\), got 8.0", old_gpu=True),
-    Bad("quantize", "GPU older than Triton's minimum", lambda: _on_pascal(lambda: qk.quantize(f16(4, 8), "int8")),
-        RuntimeError, r"x is on .* of compute capability 6\.1 \(Triton's kernels need 7\.0 or newer\); "
-                      r"QuantizedLinear.*run their pure-torch twins"),
     Bad("int4_matmul", "shape", lambda: qk.int4_matmul(qk.pack_int4(i8(4, 8) % 8), qk.pack_int4(i8(4, 8) % 8), 6),
         ValueError, r"a_packed's last dim must be k/2=3, got 4"),
     Bad("w8a8_linear", "dtype", lambda: qk.w8a8_linear(f16(4, 64).float(), ql().weight, ql().weight_scale), TypeError,

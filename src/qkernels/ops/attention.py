@@ -16,8 +16,9 @@ import math
 
 import torch
 
+from .. import reference as ref
 from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, is_interpreter,
-                        launch, next_pow2, num_sms, pdl_options)
+                        launch, next_pow2, num_sms, pdl_options, register_twin)
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -52,6 +53,13 @@ def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
 
 _qkv_rope_cache_op = torch.library.custom_op("qkernels::qkv_rope_cache", mutates_args=("k_cache", "v_cache"))(
     _qkv_rope_cache_impl)
+
+
+def _qkv_rope_cache_twin(qkv, positions, cos, sin, k_cache, v_cache, q_norm, k_norm, n_heads, n_kv_heads, eps):
+    return ref.qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, n_heads, n_kv_heads, q_norm, k_norm, eps)
+
+
+register_twin(_qkv_rope_cache_op, _qkv_rope_cache_twin)
 
 
 @_qkv_rope_cache_op.register_fake
@@ -150,6 +158,9 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 _decode_attention_op = torch.library.custom_op("qkernels::decode_attention", mutates_args=())(_decode_attention_impl)
+
+
+register_twin(_decode_attention_op, ref.decode_attention)
 
 
 @_decode_attention_op.register_fake

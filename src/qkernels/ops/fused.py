@@ -14,7 +14,8 @@ import math
 import torch
 
 from .._runtime import (FLOAT_DTYPES, alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        launch, next_pow2, pdl_options, scoped_update)
+                        launch, next_pow2, pdl_options, register_twin, scoped_update)
+from .. import reference as ref
 from .quant import _fp8_emulate
 
 QUANTIZE_FORMATS = {"int8": (torch.int8, 127), "fp8_e4m3": (torch.float8_e4m3fn, 448)}
@@ -116,6 +117,18 @@ def _norm_impl(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
 _norm_op = torch.library.custom_op("qkernels::norm", mutates_args=())(_norm_impl)
 
 
+def _norm_twin(x, residual, weight, bias, eps, rms, quantize):
+    q = quantize or None
+    out = (ref.rms_norm(x, weight, eps, residual, q) if rms else ref.layer_norm(x, weight, bias, eps, residual, q))
+    none = torch.empty(0, dtype=torch.float32, device=x.device)
+    scale = out[1].reshape(-1) if q else none
+    rout = out[-1] if residual is not None else torch.empty(0, dtype=x.dtype, device=x.device)
+    return out[0], scale, rout
+
+
+register_twin(_norm_op, _norm_twin)
+
+
 @_norm_op.register_fake
 def _(x, residual, weight, bias, eps, rms, quantize):
     M, N = x.shape
@@ -153,6 +166,14 @@ def _silu_and_mul_impl(x: torch.Tensor, quantize: str) -> tuple[torch.Tensor, to
 _silu_and_mul_op = torch.library.custom_op("qkernels::silu_and_mul", mutates_args=())(_silu_and_mul_impl)
 
 
+def _silu_and_mul_twin(x, quantize):
+    out = ref.silu_and_mul(x, quantize or None)
+    return out[0], (out[1].reshape(-1) if quantize else torch.empty(0, dtype=torch.float32, device=x.device))
+
+
+register_twin(_silu_and_mul_op, _silu_and_mul_twin)
+
+
 @_silu_and_mul_op.register_fake
 def _(x, quantize):
     M, I = x.shape[0], x.shape[1] // 2
@@ -173,6 +194,15 @@ def _softmax_impl(x: torch.Tensor, scale: float, causal: bool, l_q: int) -> torc
 
 
 _softmax_op = torch.library.custom_op("qkernels::softmax", mutates_args=())(_softmax_impl)
+
+
+def _softmax_twin(x, scale, causal, l_q):
+    if not causal:
+        return ref.softmax(x, -1, scale)
+    return ref.softmax(x.reshape(-1, l_q, x.shape[-1]), -1, scale, True).reshape(x.shape)
+
+
+register_twin(_softmax_op, _softmax_twin)
 
 
 @_softmax_op.register_fake

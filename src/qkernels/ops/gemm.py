@@ -15,8 +15,9 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, scoped_value,
-                        splitk_scratch)
+                        device_name, gpu_slug, is_interpreter, k_splits, lacks_fp8, launch, next_pow2, pdl_options,
+                        register_twin, scoped_value, splitk_scratch, warn_once)
+from .. import reference as ref
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
 
@@ -183,12 +184,30 @@ def _scaled_mm_impl(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | No
                     kind: str) -> torch.Tensor:
     """kind: "int8", "fp8" or "int4". a: [M, K] (int4 [M, K/2]); b: [K, N] (int4 [K/2, N]);
     scales flat fp32 (numel 1 or M / N) or None; out_dtype None -> exact int32 product."""
+    if kind == "fp8" and lacks_fp8(a.device):
+        cap = capability(a.device)
+        warn_once((str(a.device), "fp8"), f"qkernels: {device_name(a.device)} of compute capability {cap[0]}.{cap[1]} "
+                  f"has no FP8 tensor cores (8.9 or newer): fp8 GEMMs run their pure-torch twin there")
+        return _scaled_mm_twin(a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, kind)
     M, N = a.shape[0], b.shape[1]
     c = alloc((M, N), out_dtype or torch.int32, a.device)
     return _launch(a, b, c, scale_a, scale_b, bias, scale_c, activation or None, kind)
 
 
 _scaled_mm_op = torch.library.custom_op("qkernels::scaled_mm", mutates_args=())(_scaled_mm_impl)
+
+
+def _scaled_mm_twin(a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, kind):
+    """The product in exact integers (int8 / int4: the kernels' int32 sums) or float64, then the epilogue as
+    reference.scaled_mm."""
+    if kind == "int4":
+        return ref.int4_mm(a, b.t())
+    if out_dtype is None:
+        return ref.int_mm(a, b)
+    return ref.scaled_mm(a, b, scale_a, scale_b, scale_c, bias, activation or None, out_dtype, torch.float64)
+
+
+register_twin(_scaled_mm_op, _scaled_mm_twin)
 
 
 @_scaled_mm_op.register_fake
@@ -234,9 +253,6 @@ def _check_k_and_gpu(kind: str, K: int, a: torch.Tensor) -> None:
     if kind == "int8" and K > MAX_K_INT8:
         raise ValueError(f"K={K} is too deep for exact int32 accumulation (K * 128 * 128 must stay below 2**31: "
                          f"K <= {MAX_K_INT8}); split the product along K")
-    if kind == "fp8" and not is_interpreter() and capability(a.device) < (8, 9):
-        raise RuntimeError(f"fp8_matmul needs FP8 tensor cores (compute capability >= 8.9), got "
-                           f"{'.'.join(map(str, capability(a.device)))} on {device_name(a.device)}")
 
 
 def _matmul(kind, a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, scaled):
@@ -294,7 +310,7 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor, scale_a=None, scale_b=None, sc
 def fp8_matmul(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, *, bias: torch.Tensor | None = None,
                activation: str | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """float8_e4m3fn a [..., K] @ b [K, N] with fp32 accumulation and the int8_matmul epilogue.
-    Needs FP8 tensor cores (compute capability >= 8.9)."""
+    Without FP8 tensor cores (compute capability < 8.9) its pure-torch twin runs instead (one warning)."""
     return _matmul("fp8", a, b, scale_a, scale_b, 1.0, bias, activation, out_dtype, True)
 
 

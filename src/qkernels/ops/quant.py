@@ -13,7 +13,8 @@ import torch
 
 from .. import reference as ref
 from .._runtime import (FLOAT_DTYPES, alloc, call_op, capability, cdiv, check_kernel_device, check_same_device,
-                        check_tensor, is_interpreter, launch, next_pow2, num_sms, pdl_options, scoped_update)
+                        check_tensor, is_interpreter, launch, next_pow2, num_sms, pdl_options, register_twin,
+                        scoped_update)
 from ..formats import GRANULARITIES, get_format
 
 
@@ -244,6 +245,21 @@ _quantize_dynamic_op = torch.library.custom_op("qkernels::quantize_dynamic", mut
 _quantize_static_op = torch.library.custom_op("qkernels::quantize_static", mutates_args=())(_quantize_static)
 
 
+def _quantize_twin(x, dtype, granularity, group_size, symmetric, scale=None, zero_point=None):
+    """reference.quantize in the custom ops' layouts: 2-D codes, flat scales and zero points (empty: symmetric)."""
+    fmt = get_format(dtype)
+    _, M, _ = _as_2d(x)
+    data, s, zp = ref.quantize(x, dtype, granularity, group_size, symmetric, scale, zero_point)
+    if fmt.bits != 4:
+        data = data.to(fmt.storage_dtype(symmetric))
+    zp = zp.reshape(-1).to(torch.int32) if zp is not None else torch.empty(0, dtype=torch.int32, device=x.device)
+    return data.reshape(M, -1), s.reshape(-1).to(torch.float32), zp
+
+
+register_twin(_quantize_dynamic_op, _quantize_twin)
+register_twin(_quantize_static_op, lambda *args: _quantize_twin(*args)[0])
+
+
 @_quantize_dynamic_op.register_fake
 def _(x, dtype, granularity, group_size, symmetric):
     fmt = get_format(dtype)
@@ -293,6 +309,9 @@ def _launch_dequantize(data: torch.Tensor, scale: torch.Tensor, zero_point: torc
 
 
 _dequantize_op = torch.library.custom_op("qkernels::dequantize", mutates_args=())(_launch_dequantize)
+
+
+register_twin(_dequantize_op, ref.dequantize)
 
 
 @_dequantize_op.register_fake
@@ -384,6 +403,9 @@ def _pack_int4(q: torch.Tensor) -> torch.Tensor:
 _pack_int4_op = torch.library.custom_op("qkernels::pack_int4", mutates_args=())(_pack_int4)
 
 
+register_twin(_pack_int4_op, ref.pack_int4)
+
+
 @_pack_int4_op.register_fake
 def _(q):
     return q.new_empty((*q.shape[:-1], q.shape[-1] // 2), dtype=torch.uint8)
@@ -401,6 +423,9 @@ def _unpack_int4(packed: torch.Tensor, signed: bool) -> torch.Tensor:
 
 
 _unpack_int4_op = torch.library.custom_op("qkernels::unpack_int4", mutates_args=())(_unpack_int4)
+
+
+register_twin(_unpack_int4_op, ref.unpack_int4)
 
 
 @_unpack_int4_op.register_fake

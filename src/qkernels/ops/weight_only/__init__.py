@@ -18,8 +18,9 @@ import math
 import torch
 
 from ... import autotune, configs
+from ... import reference as ref
 from ..._runtime import (call_op, check_kernel_device, check_same_device, check_tensor, device_name, gpu_slug,
-                         is_interpreter, next_pow2)
+                         is_interpreter, next_pow2, register_twin)
 from ...packed_weight import PackedWeight
 from .dispatch import (PATHS, SUPPORTED, TC_DEFAULT, TC_K, WG_DEFAULT, WG_K, config_for, force_path, forced_path,
                        path_config, tc_supported, use_config, wg_supported)
@@ -69,6 +70,14 @@ def _weight_only_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
 
 
 _weight_only_op = torch.library.custom_op("qkernels::weight_only_linear", mutates_args=())(_weight_only_impl)
+
+
+def _weight_only_twin(x, qweight, scale_zero, bias, bits, group_size, int_zeros, swiglu=False):
+    y = ref.weight_only_linear(x, qweight, scale_zero[..., 0], scale_zero[..., 1], bits, group_size, None, bias)
+    return ref.silu_and_mul(y)[0] if swiglu else y
+
+
+register_twin(_weight_only_op, _weight_only_twin)
 
 
 @_weight_only_op.register_fake
