@@ -257,8 +257,10 @@ def test_gpus_too_old_for_triton_run_the_twins(monkeypatch):
             assert "compute capability 6.1" in str(caught[0].message) if caught else True
         twin = from_pretrained(hf, "w4a16", device=DEVICE, dtype=dt, group_size=32)(ids).float()
     assert ((twin - fast).norm() / fast.norm()).item() < 2e-2      # the same model, kernels vs twins
-    with R.simulate_capability((7, 5)):
-        assert R.runs_kernels(x) and R.too_old(x.device) is None
+    with R.simulate_capability((7, 5)), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert R.runs_kernels(x.half()) and R.too_old(x.device) is None
+        assert not R.runs_kernels(x.bfloat16())       # no bf16 arithmetic before 8.0: the twins
 
 
 def _op_inputs():
@@ -306,13 +308,15 @@ def _every_op(t):
         "layer_norm": ((qk.layer_norm(x, t["gw"], t["gw"]),), 2e-3),
         "silu_and_mul": ((qk.silu_and_mul(t["gate_up"]),), 2e-3),
         "softmax causal": ((qk.softmax(t["scores"], scale=0.5, causal=True),), 2e-3),
+        "w4a16_linear bf16": ((qk.w4a16_linear(x.bfloat16(), t["pw4"]),), 1e-2),
+        "rms_norm bf16": ((qk.rms_norm(x.bfloat16(), t["gw"].bfloat16()),), 1e-2),
     }
 
 
 def test_every_op_under_every_capability(monkeypatch):
     """Every public op gives its result on a GPU of every compute capability from 6.1 up (simulated): below 7.0
-    its pure-torch twin runs (one warning per device), an fp8 GEMM below 8.9 too; elsewhere the kernels of that
-    GPU. Compared with the same call on this device as it is: the same bits where the arithmetic is exact, else
+    its pure-torch twin runs (one warning per device), an fp8 GEMM below 8.9 and a bf16 call below 8.0 too;
+    elsewhere the kernels of that GPU. Compared with the same call on this device as it is: the same bits where the arithmetic is exact, else
     within the op's documented tolerance."""
     import warnings
 
@@ -327,6 +331,7 @@ def test_every_op_under_every_capability(monkeypatch):
         notes = {str(c.message) for c in caught}
         assert any("compute capability 6.1" in n and "twins" in n for n in notes) == (cap < (7, 0)), (cap, notes)
         assert any("no FP8 tensor cores" in n for n in notes) == ((7, 0) <= cap < (8, 9)), (cap, notes)
+        assert any("no bf16 arithmetic" in n for n in notes) == ((7, 0) <= cap < (8, 0)), (cap, notes)
         for name, (outs, tol) in got.items():
             for g, w in zip(outs, want[name][0]):
                 if tol == 0:

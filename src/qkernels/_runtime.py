@@ -102,8 +102,8 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
 
 
 def runs_kernels(t: torch.Tensor) -> bool:
-    """Whether qkernels' kernels can run on t's device (CUDA of compute capability >= MIN_CAPABILITY, or the CPU
-    under the interpreter). Modules (QuantizedLinear, qkernels.models) fall back to the reference twins
+    """Whether qkernels' kernels can run on t's device (CUDA of compute capability >= MIN_CAPABILITY, 8.0 for
+    bf16 tensors, or the CPU under the interpreter). Modules (QuantizedLinear, qkernels.models) fall back to the reference twins
     elsewhere, on the same device (one warning per device where a GPU is too old for the kernels), as the ops
     do one by one (call_op)."""
     if not (t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter())):
@@ -111,6 +111,10 @@ def runs_kernels(t: torch.Tensor) -> bool:
     if _SIMULATED[0] is None and t.device.type != "cuda":
         return True
     why = too_old(t.device)
+    if why is None and t.dtype is torch.bfloat16 and capability(t.device) < (8, 0):
+        cap = capability(t.device)
+        why = (f"{device_name(t.device)} of compute capability {cap[0]}.{cap[1]} has no bf16 arithmetic (8.0 or "
+               f"newer) for the kernels' bf16 code")
     if why and (str(t.device), why) not in _WARNED:
         _WARNED.add((str(t.device), why))
         import warnings

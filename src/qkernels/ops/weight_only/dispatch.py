@@ -19,7 +19,7 @@ import functools
 import torch
 
 from ... import configs
-from ..._runtime import device_name, gpu_slug, is_interpreter, next_pow2, scoped_value
+from ..._runtime import capability, device_name, gpu_slug, is_interpreter, next_pow2, scoped_value
 from ...schemes import PER_CHANNEL
 
 # "tc" (kernels/weight_only/tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
@@ -57,9 +57,8 @@ def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor) -> b
 SUPPORTED = {"tc": tc_supported, "wg": wg_supported}
 
 
-@functools.cache
 def _capability(device: torch.device) -> tuple:
-    return torch.cuda.get_device_capability(device)
+    return capability(device)     # cached per device; a simulated capability (tests) is seen too
 
 
 @functools.cache
