@@ -316,8 +316,8 @@ def _every_op(t):
 def test_every_op_under_every_capability(monkeypatch):
     """Every public op gives its result on a GPU of every compute capability from 6.1 up (simulated): below 7.0
     its pure-torch twin runs (one warning per device), an fp8 GEMM below 8.9 and a bf16 call below 8.0 too;
-    elsewhere the kernels of that GPU. Compared with the same call on this device as it is: the same bits where the arithmetic is exact, else
-    within the op's documented tolerance."""
+    elsewhere the kernels of that GPU. Compared with the same call on this device as it is: the same bits where
+    the arithmetic is exact, else within the op's documented tolerance."""
     import warnings
 
     from .helpers import assert_bit_exact, rel_err

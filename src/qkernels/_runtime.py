@@ -103,9 +103,9 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
 
 def runs_kernels(t: torch.Tensor) -> bool:
     """Whether qkernels' kernels can run on t's device (CUDA of compute capability >= MIN_CAPABILITY, 8.0 for
-    bf16 tensors, or the CPU under the interpreter). Modules (QuantizedLinear, qkernels.models) fall back to the reference twins
-    elsewhere, on the same device (one warning per device where a GPU is too old for the kernels), as the ops
-    do one by one (call_op)."""
+    bf16 tensors, or the CPU under the interpreter). Modules (QuantizedLinear, qkernels.models) fall back to the
+    reference twins elsewhere, on the same device (one warning per device and reason), as the ops do one by one
+    (call_op)."""
     if not (t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter())):
         return False
     if _SIMULATED[0] is None and t.device.type != "cuda":
@@ -115,23 +115,21 @@ def runs_kernels(t: torch.Tensor) -> bool:
         cap = capability(t.device)
         why = (f"{device_name(t.device)} of compute capability {cap[0]}.{cap[1]} has no bf16 arithmetic (8.0 or "
                f"newer) for the kernels' bf16 code")
-    if why and (str(t.device), why) not in _WARNED:
-        _WARNED.add((str(t.device), why))
-        import warnings
-        warnings.warn(f"qkernels: {why}: the ops, QuantizedLinear and the model runtime run their pure-torch "
-                      f"twins on it (the reference numerics, slower)", stacklevel=3)
+    if why:
+        warn_once((str(t.device), why), f"qkernels: {why}: the ops, QuantizedLinear and the model runtime run "
+                  f"their pure-torch twins on it (the reference numerics, slower)", stacklevel=4)
     return not why
 
 
 _WARNED: set = set()
 
 
-def warn_once(key, message: str) -> None:
+def warn_once(key, message: str, stacklevel: int = 3) -> None:
     """One warning per key (a device and a reason) for the life of the process."""
     if key not in _WARNED:
         _WARNED.add(key)
         import warnings
-        warnings.warn(message, stacklevel=3)
+        warnings.warn(message, stacklevel=stacklevel)
 
 
 def lacks_fp8(device: torch.device) -> bool:

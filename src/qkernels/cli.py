@@ -242,6 +242,14 @@ def _stop_ids(path, tokenizer) -> list[int]:
     return sorted(set(ids))
 
 
+def cmd_export_c(args) -> int:
+    """Write AOT-compiled kernels and their C API (qkernels.export_c) to OUT_DIR."""
+    from qkernels.export_c import export_c
+    files = export_c(args.out_dir, tuple(o.strip() for o in args.ops.split(",") if o.strip()), args.gpu)
+    print(f"wrote {len(files)} files to {args.out_dir}: build the example with `make -C {args.out_dir}`")
+    return 0
+
+
 def _scheme_arg(text: str) -> str:
     """--scheme: any string qkernels.schemes.parse_scheme reads (checked here, parsed again where it is used)."""
     from qkernels.schemes import parse_scheme
@@ -315,6 +323,13 @@ def main(argv=None) -> int:
     g.add_argument("--tp", type=int, default=1, help="tensor parallel over N GPUs (launch: torchrun "
                                                      "--nproc-per-node N -m qkernels.cli generate ... --tp N)")
     g.set_defaults(fn=cmd_generate)
+    x = sub.add_parser("export-c", help="ahead-of-time compiled kernels with a C API (CUstream), an example and a "
+                                        "Makefile")
+    x.add_argument("out_dir", metavar="OUT_DIR")
+    x.add_argument("--ops", default="quantize,int8_matmul,w4a16",
+                   help="comma-separated: quantize (row-wise int8), int8_matmul (exact), w4a16 (GEMV); default all")
+    x.add_argument("--gpu", default="sm_90", help="architecture to compile for: sm_80, sm_86, sm_89, sm_90 ...")
+    x.set_defaults(fn=cmd_export_c)
     args = parser.parse_args(argv)
     return args.fn(args)
 
