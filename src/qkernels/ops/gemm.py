@@ -335,6 +335,11 @@ def int4_matmul(a_packed: torch.Tensor, b_packed: torch.Tensor, k: int) -> torch
     return out.reshape(*a_packed.shape[:-1], b_packed.shape[0])
 
 
+_W8A8_CODES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+_W8A8_FORMAT = {"int8": "int8", "fp8": "fp8_e4m3"}
+_X_FLOAT = (torch.float16, torch.bfloat16)
+
+
 def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
                 act_scale=None, dtype: str = "int8", x_scale: torch.Tensor | None = None,
                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -346,6 +351,19 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
     Pre-quantized input: x may instead be the codes (int8 / float8_e4m3fn, matching `dtype`) with
     their per-row scales `x_scale` ([..., 1] or [M], e.g. from rms_norm(..., quantize="int8") or
     silu_and_mul(..., quantize=...)); the output is then `out_dtype` (default float16)."""
+    want = _W8A8_CODES.get(dtype) if dtype.__class__ is str else None
+    if (want is not None and act_scale is None and x_scale is None and out_dtype is None and bias is None
+            and x.__class__ is torch.Tensor and x.dtype in _X_FLOAT and x.dim() >= 1 and (x.is_cuda or is_interpreter())
+            and w_q.__class__ is torch.Tensor and w_q.dtype == want and w_q.dim() == 2 and w_q.shape[1] == x.shape[-1]
+            and w_q.device == x.device and w_scale.__class__ is torch.Tensor and w_scale.dtype == torch.float32
+            and w_scale.dim() == 1 and w_scale.shape[0] == w_q.shape[0] and w_scale.device == x.device
+            and w_scale.is_contiguous() and (dtype == "fp8" or x.shape[-1] <= MAX_K_INT8)):
+        # the common call (a float x on a GPU, per-channel fp32 weight scales, no bias) validated in a few checks;
+        # anything else goes through the full checks below, which name what is wrong
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        data, xs, _ = call_op(_quantize_dynamic_op, _quantize_dynamic, x2, _W8A8_FORMAT[dtype], "row", 0, True)
+        y = call_op(_scaled_mm_op, _scaled_mm_impl, data, w_q.t(), xs, w_scale, 1.0, None, "", x.dtype, dtype)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], w_q.shape[0])
     if dtype not in ("int8", "fp8"):
         raise ValueError(f"dtype must be 'int8' or 'fp8', got {dtype!r}")
     want = torch.int8 if dtype == "int8" else torch.float8_e4m3fn

@@ -5,6 +5,7 @@ torch.library custom op with a fake implementation, so it traces under torch.com
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -65,15 +66,23 @@ TILES = {"flat_min": 2048, "flat_max": 2048, "flat_warps": 8,
          "seg_tile_row": 8192, "seg_tile_group": 4096, "seg_warps": 4, "seg_max_block": 16384, "seg_warps_max": 16}
 
 
+@contextlib.contextmanager
 def tiles(**overrides):
-    """Scoped override of TILES (scripts/tune_quant.py sweeps them)."""
-    return scoped_update(TILES, overrides, "tile")
+    """Scoped override of TILES (scripts/tune_quant.py sweeps them); the plans made from them are redone."""
+    with scoped_update(TILES, overrides, "tile"):
+        _segment_plan.cache_clear()
+        try:
+            yield
+        finally:
+            _segment_plan.cache_clear()
 
 _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 
 
 @functools.cache
+@functools.cache
 def _format_constexprs(dtype: str, symmetric: bool, fp8_emulate: bool) -> dict:
+    """The kernels' format constexprs (one dict per format: callers only read it)."""
     fmt = get_format(dtype)
     qmin, qmax = (0, 0) if fmt.is_float else fmt.qrange(symmetric)
     return dict(
@@ -183,16 +192,10 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
 
     if granularity in ("row", "group"):
         seg = K if granularity == "row" else group_size
-        G = K // seg
-        block_s = max(2, min(next_pow2(seg), TILES["seg_max_block"]))
-        tile = TILES["seg_tile_row" if granularity == "row" else "seg_tile_group"]
-        block_r = max(1, min(tile // block_s, next_pow2(nseg)))
-        warps = TILES["seg_warps"] if block_r * block_s <= tile else TILES["seg_warps_max"]
-        grid = (cdiv(nseg, block_r),)
+        grid, tiles = _segment_plan(granularity, nseg, seg)
         launch(kq._quantize_segments_kernel, grid,
-            x2, q_arg, scale, zp_arg, nseg, seg, G, x2.stride(0), x2.stride(1), data.stride(0),
-            STATIC=static, BLOCK_R=block_r, BLOCK_S=block_s, ONE_CHUNK=seg <= block_s,
-            num_warps=warps, **meta, **pdl_options(x2.device))
+            x2, q_arg, scale, zp_arg, nseg, seg, K // seg, x2.stride(0), x2.stride(1), data.stride(0),
+            STATIC=static, **tiles, **meta, **pdl_options(x2.device))
     elif granularity == "column":
         block_k = 64 if K >= 64 else max(2, next_pow2(K))
         block_m = 64 if M >= 64 else next_pow2(M)
@@ -216,6 +219,16 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
             xf, q_arg.view(-1), scale, zp_arg, partials, n, nparts,
             STATIC=static, BLOCK=block, P_BLOCK=p_block, num_warps=min(TILES["flat_warps"], _warps(block)), **meta)
     return data, scale, zp_out
+
+
+@functools.lru_cache(maxsize=4096)
+def _segment_plan(granularity: str, nseg: int, seg: int) -> tuple[tuple, dict]:
+    """Grid and tiles of the row / group quantize kernel (worked out once per shape: eager calls repeat them)."""
+    block_s = max(2, min(next_pow2(seg), TILES["seg_max_block"]))
+    tile = TILES["seg_tile_row" if granularity == "row" else "seg_tile_group"]
+    block_r = max(1, min(tile // block_s, next_pow2(nseg)))
+    warps = TILES["seg_warps"] if block_r * block_s <= tile else TILES["seg_warps_max"]
+    return (cdiv(nseg, block_r),), dict(BLOCK_R=block_r, BLOCK_S=block_s, ONE_CHUNK=seg <= block_s, num_warps=warps)
 
 
 def _flat_block(n: int, device: torch.device) -> int:
