@@ -120,8 +120,7 @@ _norm_op = torch.library.custom_op("qkernels::norm", mutates_args=())(_norm_impl
 def _norm_twin(x, residual, weight, bias, eps, rms, quantize):
     q = quantize or None
     out = (ref.rms_norm(x, weight, eps, residual, q) if rms else ref.layer_norm(x, weight, bias, eps, residual, q))
-    none = torch.empty(0, dtype=torch.float32, device=x.device)
-    scale = out[1].reshape(-1) if q else none
+    scale = out[1].reshape(-1) if q else torch.empty(0, dtype=torch.float32, device=x.device)
     rout = out[-1] if residual is not None else torch.empty(0, dtype=x.dtype, device=x.device)
     return out[0], scale, rout
 
