@@ -29,3 +29,19 @@ def test_decode_step_runs_and_skip_reasons():
     assert bm.prefill_ms(m, 1, 8, DEVICE, 1) > 0
     assert "8.9" in bm.skip_reason("w8a8-fp8", {"fp8": False})
     assert bm.skip_reason("w8a8", {"fp8": False}) is None
+
+
+def test_vision_language_model_runs_when_named(tmp_path):
+    """--models qwen3-vl-2b (here its tiny twin): the conditional-generation model is built with its buffers,
+    quantized (text and vision linears), and timed on text prompts through its language model."""
+    import json
+    cfgs = bm.vl_configs(tiny=True)
+    if not cfgs:
+        pytest.skip("this transformers has no Qwen3-VL")
+    rows = bm.run(tmp_path, models=["tiny-qwen3-vl"], schemes=("fp16", "w4a16"))
+    got = {(r.op, r.provider) for r in rows}
+    assert {("prefill", "fp16"), ("decode", "fp16"), ("prefill", "w4a16"), ("decode", "w4a16")} <= got
+    doc = json.loads(next(tmp_path.rglob("model.json")).read_text())
+    assert {r["model"] for r in doc["rows"]} == {"tiny-qwen3-vl"} and doc["rows"][0]["layers"] == 2
+    q = bm.build(cfgs["tiny-qwen3-vl"], "w4a16", DEVICE)
+    assert any(isinstance(m, QuantizedLinear) for n, m in q.named_modules() if ".visual." in f".{n}.")

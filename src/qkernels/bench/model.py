@@ -2,7 +2,8 @@
 throughput, time to first token and decode throughput.
 
 Models are built from a transformers config with random weights (no download): Llama-3-8B-shaped
-and Qwen3-1.7B-shaped. Schemes: fp32, fp16, bf16, w8a8, w8a8-fp8 (each also "-unfused": fuse=False), w4a16 (g128 asym), w8a16; the
+and Qwen3-1.7B-shaped, and Qwen3-VL-2B-shaped when named (--models qwen3-vl-2b: text prompts through its
+language model; `quantize_` converts the vision tower's linears too). Schemes: fp32, fp16, bf16, w8a8, w8a8-fp8 (each also "-unfused": fuse=False), w4a16 (g128 asym), w8a16; the
 quantized ones start from the fp16 model and go through `quantize_` (lm_head kept in fp16).
 
 Method (the same for every scheme):
@@ -83,6 +84,10 @@ def hf_model(cfg, dtype):
     return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
 
 
+def _vocab(model) -> int:
+    return model.config.get_text_config().vocab_size
+
+
 def capabilities(device: torch.device) -> dict:
     if device.type != "cuda":
         return {"tensor_cores": False, "fp8": True, "note": "Triton interpreter on the CPU"}
@@ -101,12 +106,10 @@ def skip_reason(scheme: str, caps: dict) -> str | None:
 
 def build(cfg, scheme: str, device: torch.device):
     """Random-weight model of `cfg` in `scheme`, built on `device` without a second copy."""
-    from transformers import AutoModelForCausalLM
-
     from ..nn.convert import quantize_
     base = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(scheme, torch.float16)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=base)
+        model = hf_model(cfg, base)
     model.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
@@ -157,7 +160,7 @@ def _median_ms(fn, device, reps: int) -> float:
 
 @torch.no_grad()
 def prefill_ms(model, batch: int, prompt: int, device, reps: int) -> float:
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=device)
+    ids = torch.randint(0, _vocab(model), (batch, prompt), device=device)
     return _median_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), device, reps)
 
 
@@ -168,12 +171,12 @@ def decode_step_ms(model, batch: int, ctx: int, device, graph: bool, compiled: b
     path for a static cache (the compiled step replays as a CUDA graph), instead of capturing the eager step."""
     from transformers import StaticCache
     cache = StaticCache(config=model.config, max_cache_len=ctx + 8)
-    ids = torch.randint(0, model.config.vocab_size, (batch, ctx), device=device)
+    ids = torch.randint(0, _vocab(model), (batch, ctx), device=device)
     model(ids, past_key_values=cache, cache_position=torch.arange(ctx, device=device), logits_to_keep=1)
     fwd = model
     if compiled:
         fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    tok = torch.randint(0, model.config.vocab_size, (batch, 1), device=device)
+    tok = torch.randint(0, _vocab(model), (batch, 1), device=device)
     pos = torch.tensor([ctx], device=device)
     pos_ids = pos.expand(batch, 1)
 
@@ -214,16 +217,17 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
     caps = capabilities(device)
     print(f"capabilities: {caps}")
     cfgs = model_configs(tiny=not gpu)
-    if models:
-        cfgs = {k: v for k, v in cfgs.items() if k in models}
+    if models:       # vision-language models (their language model) run when named
+        cfgs = {k: v for k, v in {**cfgs, **vl_configs(tiny=not gpu)}.items() if k in models}
     prompt, ctx = (PROMPT, DECODE_CTX) if gpu else (16, 8)
     pre_b, dec_b = (PREFILL_BATCHES, DECODE_BATCHES) if gpu else ((1,), (1, 2))
     reps = 5 if gpu else 1
     rows: list[Row] = []
     graph = gpu
     for mname, cfg in cfgs.items():
+        text = cfg.get_text_config()            # a vision-language config: its language model's
         if layers:
-            cfg.num_hidden_layers = layers
+            text.num_hidden_layers = layers
         for scheme in schemes:
             why = skip_reason(scheme, caps)
             if why:
@@ -239,7 +243,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
             wmb = nbytes(model) / 2**20
             if gpu:
                 torch.cuda.reset_peak_memory_stats()
-            sizes = {"model": mname, "layers": cfg.num_hidden_layers}
+            sizes = {"model": mname, "layers": text.num_hidden_layers}
             for b in pre_b:
                 ms = prefill_ms(model, b, prompt, device, reps)
                 rows.append(Row("prefill", scheme, ms * 1e3, "eager", dict(sizes, batch=b, prompt=prompt),
