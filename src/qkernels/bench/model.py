@@ -3,8 +3,9 @@ throughput, time to first token and decode throughput.
 
 Models are built from a transformers config with random weights (no download): Llama-3-8B-shaped
 and Qwen3-1.7B-shaped, and Qwen3-VL-2B-shaped when named (--models qwen3-vl-2b: text prompts through its
-language model; `quantize_` converts the vision tower's linears too). Schemes: fp32, fp16, bf16, w8a8, w8a8-fp8 (each also "-unfused": fuse=False), w4a16 (g128 asym), w8a16; the
-quantized ones start from the fp16 model and go through `quantize_` (lm_head kept in fp16).
+language model; `quantize_` converts the vision tower's linears too). Schemes: fp32, fp16, bf16, w8a8,
+w8a8-fp8 (each also "-unfused": fuse=False), w4a16 (g128 asym), w8a16; the quantized ones start from the fp16
+model and go through `quantize_` (lm_head kept in fp16).
 
 Method (the same for every scheme):
 - prefill: one forward of [batch, 2048] prompt tokens (logits of the last position only), eager,
