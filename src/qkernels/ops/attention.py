@@ -12,6 +12,7 @@ reference.qkv_rope_cache / reference.decode_attention (fp32 arithmetic, one roun
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -23,6 +24,7 @@ from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_de
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+@functools.cache
 def _ka():
     from ..kernels import _attention
     return _attention

@@ -9,6 +9,7 @@ and memory comes from PyTorch's caching allocator: qkernels does not replace eit
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -36,6 +37,7 @@ def tiles(**overrides):
     return scoped_update(TILES, overrides, "tile")
 
 
+@functools.cache
 def _kf():
     from ..kernels import _fused
     return _fused

@@ -27,6 +27,7 @@ OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_K_INT8 = (2 ** 31 - 1) // (128 * 128)
 
 
+@functools.cache
 def _kg():
     from ..kernels import _gemm
     return _gemm
@@ -153,6 +154,7 @@ def _gemv_plan(cfg: dict, M: int, N: int, K: int, kind: str):
     plan = ((nb, M, split), split, dict(FP8=kind == "fp8", EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p))
     if len(_GEMV_PLANS) >= 4096:
         _GEMV_PLANS.clear()
+        _GEMV_KEYWORDS.clear()
     _GEMV_PLANS[key] = (cfg,) + plan
     return plan
 
@@ -169,10 +171,25 @@ def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     launch(_kg()._gemv8_kernel, grid,
            a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
            bias if bias is not None else unused, scale_c, ws, cnt, M, N, K, a2.stride(0), b.stride(1), c.stride(0),
-           HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
-           SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
-           **constexprs, **pdl_options(c.device))
+           **_gemv_keywords(constexprs, sa is not None, sa is not None and sa.numel() > 1,
+                            sb is not None and sb.numel() > 1, bias is not None, act, pdl_options(c.device)))
     return c
+
+
+# (id(plan constexprs), epilogue flags, id(launch options)) -> the GEMV launch's keywords; cleared with _GEMV_PLANS,
+# which keeps the constexprs alive (so their ids stay unique)
+_GEMV_KEYWORDS: dict = {}
+
+
+def _gemv_keywords(constexprs: dict, has_scales: bool, sa_per_row: bool, sb_per_col: bool, has_bias: bool, act,
+                   options: dict) -> dict:
+    """The plan's constexprs with the epilogue's flags and the launch options, merged once per combination."""
+    key = (id(constexprs), has_scales, sa_per_row, sb_per_col, has_bias, act, id(options))
+    hit = _GEMV_KEYWORDS.get(key)
+    if hit is None:
+        hit = _GEMV_KEYWORDS[key] = dict(HAS_SCALES=has_scales, SA_PER_ROW=sa_per_row, SB_PER_COL=sb_per_col,
+                                         HAS_BIAS=has_bias, ACT=_ACT_ID[act], **constexprs, **options)
+    return hit
 
 
 # ---------------------------------------------------------------------------------------------

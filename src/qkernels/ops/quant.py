@@ -52,6 +52,7 @@ class QuantizedTensor:
                 f"{gs}, symmetric={self.symmetric}, device={self.data.device})")
 
 
+@functools.cache
 def _kq():
     """The kernel module, imported at the first launch: Triton fixes interpreter-or-GPU when a
     kernel is decorated, so importing qkernels must not decorate anything yet."""
