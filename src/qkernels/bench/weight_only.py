@@ -3,7 +3,8 @@ cuBLAS and PyTorch's tinygemm int4 (`aten._weight_int4pack_mm`, bf16, group 128)
 
 Reports GPU time (CUDA-graph replay, L2 flushed; "graph8" for M <= 16: per call of 8 calls on 8 weight
 copies in one graph, as a model's decode graph runs its layers), the plain eager call, the host cost of one call
-(`host_us`, measured apart from GPU time), GB/s of weight bytes, and speedup over fp16.
+(`host_us`, measured apart from GPU time), GB/s of weight bytes, and speedup over fp16. "sm_80 paths": the same
+w4a16 layer with the kernels a GPU of compute capability 8.0 gets (simulated: no wgmma kernel), on this GPU.
 """
 from __future__ import annotations
 
@@ -69,6 +70,14 @@ def _cycling(op, copies: list):
     return fn
 
 
+def _as_sm80(op, *args):
+    """op(*args) choosing its kernels as on a GPU of compute capability 8.0 (programmatic dependent launch, decided
+    once per device, stays as this GPU has it)."""
+    from .._runtime import simulate_capability
+    with simulate_capability((8, 0)):
+        return op(*args)
+
+
 def run(out_root: str = "benchmarks/results") -> list[Row]:
     gpu = on_gpu()
     dev = torch.device("cuda" if gpu else "cpu")
@@ -102,6 +111,9 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
                           ("w4g64a", "qkernels w4a16 g64 asym"), ("w4g64s", "qkernels w4a16 g64 sym")):
             cases.append((name, key, P[key].nbytes, lambda w: qk.w4a16_linear(x, w)))
         cases.append(("qkernels w8a16 per-channel", "w8", P["w8"].nbytes, lambda w: qk.w8a16_linear(x, w)))
+        if gpu:     # the kernels an sm_80 GPU (A100) gets on the same shapes: no wgmma kernel, its tables' fallbacks
+            cases.append(("qkernels w4a16 g128 asym, sm_80 paths", "w4g128a", P["w4g128a"].nbytes,
+                          lambda w: _as_sm80(qk.w4a16_linear, x, w)))
         modes = ("graph", "eager") if gpu else ("eager",)
         if gpu and M <= LAYERS_MAX_M:
             modes = ("graph", "graph8", "eager")
