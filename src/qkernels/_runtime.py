@@ -106,19 +106,35 @@ def runs_kernels(t: torch.Tensor) -> bool:
     bf16 tensors, or the CPU under the interpreter). Modules (QuantizedLinear, qkernels.models) fall back to the
     reference twins elsewhere, on the same device (one warning per device and reason), as the ops do one by one
     (call_op)."""
-    if not (t.device.type == "cuda" or (t.device.type == "cpu" and is_interpreter())):
+    return _runs_on(t.device, t.dtype is torch.bfloat16)
+
+
+def _runs_on(device: torch.device, bf16: bool) -> bool:
+    if not (device.type == "cuda" or (device.type == "cpu" and is_interpreter())):
         return False
-    if _SIMULATED[0] is None and t.device.type != "cuda":
-        return True
-    why = too_old(t.device)
-    if why is None and t.dtype is torch.bfloat16 and capability(t.device) < (8, 0):
-        cap = capability(t.device)
-        why = (f"{device_name(t.device)} of compute capability {cap[0]}.{cap[1]} has no bf16 arithmetic (8.0 or "
-               f"newer) for the kernels' bf16 code")
+    if _SIMULATED[0] is None:
+        if device.type != "cuda":
+            return True
+        why = _cuda_why_not(device, bf16)
+    else:
+        why = _why_not(device, bf16)
     if why:
-        warn_once((str(t.device), why), f"qkernels: {why}: the ops, QuantizedLinear and the model runtime run "
-                  f"their pure-torch twins on it (the reference numerics, slower)", stacklevel=4)
+        warn_once((str(device), why), f"qkernels: {why}: the ops, QuantizedLinear and the model runtime run "
+                  f"their pure-torch twins on it (the reference numerics, slower)", stacklevel=5)
     return not why
+
+
+def _why_not(device: torch.device, bf16: bool) -> str | None:
+    """Why the kernels cannot run on this device (for bf16 tensors when bf16), None when they can."""
+    why = _why_old(device)
+    cap = capability(device)
+    if why is None and bf16 and cap < (8, 0):
+        why = (f"{device_name(device)} of compute capability {cap[0]}.{cap[1]} has no bf16 arithmetic (8.0 or "
+               f"newer) for the kernels' bf16 code")
+    return why
+
+
+_cuda_why_not = functools.cache(_why_not)      # a real GPU's answer never changes: asked on every op call
 
 
 _WARNED: set = set()
@@ -436,7 +452,9 @@ def call_op(op, impl, *args):
     Triton (args[0] on it) the op's twin runs there instead, with one warning per device."""
     if torch.compiler.is_compiling():
         return op(*args)
-    if (args[0].device.type == "cuda" or _SIMULATED[0] is not None) and not runs_kernels(args[0]):
+    device = args[0].device
+    if (device.type == "cuda" or _SIMULATED[0] is not None) and not _runs_on(device,
+                                                                             args[0].dtype is torch.bfloat16):
         return _TWINS[op](*args)
     return impl(*args)
 
