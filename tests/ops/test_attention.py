@@ -14,11 +14,12 @@ def _tables(D, S, theta=10000.0):
     return ref.rope_tables(ref.rope_inv_freq(D, theta), S)
 
 
-@pytest.mark.parametrize("B,T,H,HKV,D", [(1, 1, 4, 2, 16), (2, 5, 4, 4, 32), (3, 3, 6, 2, 64), (1, 7, 8, 1, 128)])
+@pytest.mark.parametrize("B,T,H,HKV,D", [(1, 1, 4, 2, 16), (2, 5, 4, 4, 32), (3, 3, 6, 2, 64), (1, 7, 8, 1, 128),
+                                         (2, 300, 4, 2, 32)])    # prefill sizes: several tokens per program
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_qkv_rope_cache_matches_reference(B, T, H, HKV, D, norm, dtype):
-    S = 24
+    S = max(24, T + 3)
     g = torch.Generator().manual_seed(B * 100 + T * 10 + H + D)
     qkv = torch.randn(B, T, (H + 2 * HKV) * D, generator=g).to(DEV, dtype)
     pos = torch.stack([torch.randperm(S, generator=g)[:T] for _ in range(B)]).to(DEV)   # any order, no repeats

@@ -10,38 +10,42 @@ from ._common import INTERPRET, _cast, _pdl_enter
 
 @triton.jit
 def _head_rms(x1, x2, w_ptr, offs, live, eps, HALF: tl.constexpr):
-    """Per-head RMSNorm of the two halves of one head vector (Qwen3's q_norm / k_norm), fp32."""
-    r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+    """Per-head RMSNorm of the two halves [BLOCK_T, BLOCK_H] of one head vector per token (Qwen3's q_norm /
+    k_norm), fp32."""
+    r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
     w1 = tl.load(w_ptr + offs, mask=live, other=0.0).to(tl.float32)
     w2 = tl.load(w_ptr + HALF + offs, mask=live, other=0.0).to(tl.float32)
-    return x1 * r * w1, x2 * r * w2
+    return x1 * r[:, None] * w1[None, :], x2 * r[:, None] * w2[None, :]
 
 
 @triton.jit
 def _qkv_rope_cache_kernel(
     qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-    T, stride_qkv_row, stride_cos, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, eps,
-    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    R, T, stride_qkv_row, stride_cos, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, eps,
+    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
     Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """One program per (token, head of q | k | v). q heads: rotate, write q_out [rows, H, D]; k heads:
-    rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos]."""
+    """One program per (BLOCK_T tokens, head of q | k | v) of the R = B * T tokens. q heads: rotate, write q_out
+    [R, H, D]; k heads: rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos]."""
     _pdl_enter(PDL)
-    row = tl.program_id(0).to(tl.int64)          # token index b * T + t
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)     # token indices b * T + t
     head = tl.program_id(1)
-    b = row // T
-    pos = tl.load(pos_ptr + row).to(tl.int64)
+    r_live = rows < R
+    b = rows // T
+    pos = tl.load(pos_ptr + rows, mask=r_live, other=0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     live = offs < HALF
+    m2 = r_live[:, None] & live[None, :]
     D: tl.constexpr = 2 * HALF
-    src = qkv_ptr + row * stride_qkv_row + head * D
-    x1 = tl.load(src + offs, mask=live, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + offs, mask=live, other=0.0).to(tl.float32)
+    src = qkv_ptr + rows[:, None] * stride_qkv_row + head * D + offs[None, :]
+    x1 = tl.load(src, mask=m2, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=m2, other=0.0).to(tl.float32)
     if head >= N_HEADS + N_KV:                   # v: no rotation
-        dst = v_cache_ptr + b * stride_vb + (head - N_HEADS - N_KV) * stride_vh + pos * stride_vs
-        tl.store(dst + offs, _cast(x1, v_cache_ptr.dtype.element_ty), mask=live)
-        tl.store(dst + HALF + offs, _cast(x2, v_cache_ptr.dtype.element_ty), mask=live)
+        dst = v_cache_ptr + (b * stride_vb + (head - N_HEADS - N_KV) * stride_vh + pos * stride_vs)[:, None] \
+            + offs[None, :]
+        tl.store(dst, _cast(x1, v_cache_ptr.dtype.element_ty), mask=m2)
+        tl.store(dst + HALF, _cast(x2, v_cache_ptr.dtype.element_ty), mask=m2)
     else:
         is_q = head < N_HEADS
         if is_q:
@@ -50,18 +54,20 @@ def _qkv_rope_cache_kernel(
         else:
             if K_NORM:
                 x1, x2 = _head_rms(x1, x2, kn_ptr, offs, live, eps, HALF)
-        c = tl.load(cos_ptr + pos * stride_cos + offs, mask=live, other=0.0)
-        s = tl.load(sin_ptr + pos * stride_cos + offs, mask=live, other=0.0)
+        cs = pos[:, None] * stride_cos + offs[None, :]
+        c = tl.load(cos_ptr + cs, mask=m2, other=0.0)
+        s = tl.load(sin_ptr + cs, mask=m2, other=0.0)
         o1 = x1 * c - x2 * s
         o2 = x2 * c + x1 * s
         if is_q:
-            dst = q_out_ptr + (row * N_HEADS + head) * D
-            tl.store(dst + offs, _cast(o1, q_out_ptr.dtype.element_ty), mask=live)
-            tl.store(dst + HALF + offs, _cast(o2, q_out_ptr.dtype.element_ty), mask=live)
+            dst = q_out_ptr + (rows * N_HEADS + head)[:, None] * D + offs[None, :]
+            tl.store(dst, _cast(o1, q_out_ptr.dtype.element_ty), mask=m2)
+            tl.store(dst + HALF, _cast(o2, q_out_ptr.dtype.element_ty), mask=m2)
         else:
-            dst = k_cache_ptr + b * stride_kb + (head - N_HEADS) * stride_kh + pos * stride_ks
-            tl.store(dst + offs, _cast(o1, k_cache_ptr.dtype.element_ty), mask=live)
-            tl.store(dst + HALF + offs, _cast(o2, k_cache_ptr.dtype.element_ty), mask=live)
+            dst = k_cache_ptr + (b * stride_kb + (head - N_HEADS) * stride_kh + pos * stride_ks)[:, None] \
+                + offs[None, :]
+            tl.store(dst, _cast(o1, k_cache_ptr.dtype.element_ty), mask=m2)
+            tl.store(dst + HALF, _cast(o2, k_cache_ptr.dtype.element_ty), mask=m2)
 
 
 @triton.jit

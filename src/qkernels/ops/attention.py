@@ -22,6 +22,7 @@ from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_de
                         launch, next_pow2, num_sms, pdl_options, register_twin)
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ROPE_TOKENS = 16        # qkv_rope_cache: the most tokens one program takes
 
 
 @functools.cache
@@ -42,14 +43,19 @@ def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
     q_out = alloc((B, T, n_heads, D), qkv.dtype, qkv.device)
     if B * T == 0:
         return q_out
-    qkv2 = qkv.reshape(B * T, -1)
+    R = B * T
+    qkv2 = qkv.reshape(R, -1)
     half = D // 2
-    launch(_ka()._qkv_rope_cache_kernel, (B * T, n_heads + 2 * n_kv_heads),
+    block_h = max(16, next_pow2(half))
+    # tokens per program: one at decode sizes (most programs), up to ROPE_TOKENS when there are many tokens (a
+    # program per token and head would be launch-bound at prefill sizes)
+    block_t = max(1, min(ROPE_TOKENS, next_pow2(R) // 64))
+    launch(_ka()._qkv_rope_cache_kernel, (cdiv(R, block_t), n_heads + 2 * n_kv_heads),
            qkv2, positions, cos, sin, q_norm if q_norm is not None else qkv2, k_norm if k_norm is not None else qkv2,
-           q_out, k_cache, v_cache, T, qkv2.stride(0), cos.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
-           float(eps), N_HEADS=n_heads, N_KV=n_kv_heads, HALF=half, BLOCK_H=max(16, next_pow2(half)),
-           Q_NORM=q_norm is not None, K_NORM=k_norm is not None, num_warps=1 if half <= 64 else 2,
-           **pdl_options(qkv.device))
+           q_out, k_cache, v_cache, R, T, qkv2.stride(0), cos.stride(0), *k_cache.stride()[:3],
+           *v_cache.stride()[:3], float(eps), N_HEADS=n_heads, N_KV=n_kv_heads, HALF=half, BLOCK_H=block_h,
+           BLOCK_T=block_t, Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
+           num_warps=min(4, max(1, block_t * block_h // 64)), **pdl_options(qkv.device))
     return q_out
 
 
