@@ -113,7 +113,7 @@ def _decode_attention_split_kernel(
         k = tl.load(k_base + s[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
         if INTERPRET:       # the interpreter's dot mis-handles bf16: fp32 there (same products, exact)
             k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale                    # [BLOCK_G, BLOCK_S] fp32
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale    # [BLOCK_G, BLOCK_S] fp32
         scores = tl.where(s_live[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp2(m - m_new)
