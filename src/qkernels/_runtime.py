@@ -408,18 +408,78 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     device = get_device()
     key = (id(kernel), device, tuple(constexprs.items()), _arg_facts(args))
     entry = _LAUNCHES.get(key)
-    if entry is None or _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook):
+    hooked = _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook)
+    if entry is None or hooked:
         compiled = kernel[grid](*args, **constexprs)
         if entry is None:
-            _LAUNCHES[key] = (compiled, (None,) * (len(kernel.params) - len(args))) \
+            entry = _LAUNCHES[key] = (compiled, (None,) * (len(kernel.params) - len(args))) \
                 if _fast_eligible(kernel, args) else (None, ())
+        if _RECORDING[0] is not None:       # what the direct launch would run (nothing to replay under hooks)
+            _RECORDING[0].append(None if hooked or entry[0] is None else
+                                 (entry[0], _grid3(grid), args, entry[1], device))
         return
     compiled, slots = entry
     if compiled is None:
         kernel[grid](*args, **constexprs)
+        if _RECORDING[0] is not None:
+            _RECORDING[0].append(None)
         return
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, get_stream(device),
-                 compiled.function, compiled.packed_metadata, None, None, None, *args, *slots)
+    grid = _grid3(grid)
+    compiled.run(*grid, get_stream(device), compiled.function, compiled.packed_metadata, None, None, None, *args,
+                 *slots)
+    if _RECORDING[0] is not None:
+        _RECORDING[0].append((compiled, grid, args, slots, device))
+
+
+# the direct launches made while recording(): (CompiledKernel, grid, args, constexpr placeholders, device), or
+# None for a launch that went through Triton's own path (not replayable)
+_RECORDING: list = [None]
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the launches made inside the block (`launch`): the list the block gets. A caller that made one
+    direct launch may keep it and `replay` it with new runtime arguments in place of its own launch path
+    (the weight-only ops' eager plans). One recording at a time (eager calls on one thread)."""
+    out: list = []
+    _RECORDING[0] = out
+    try:
+        yield out
+    finally:
+        _RECORDING[0] = None
+
+
+def replay_state() -> tuple:
+    """What a recorded launch depends on besides its arguments: the direct launch on, no launch hooks, the
+    PDL switch, no simulated capability. A replay is valid only while this equals its value at recording."""
+    knobs = _triton_runtime()[2]
+    return (_FAST_LAUNCH[0] and not is_interpreter() and not _hooked(knobs.launch_enter_hook)
+            and not _hooked(knobs.launch_exit_hook), _PDL[0], _SIMULATED[0])
+
+
+def replay(rec: tuple, args: tuple) -> None:
+    """Launch a recorded launch again (same kernel, grid, device, constexprs) with runtime arguments `args`,
+    whose specialization facts (_arg_facts) must equal the recorded ones: the caller checks what can change
+    (the current device included: current_device_index)."""
+    compiled, grid, _, slots, device = rec
+    compiled.run(*grid, _triton_runtime()[1](device), compiled.function, compiled.packed_metadata, None, None, None,
+                 *args, *slots)
+
+
+def current_device_index() -> int:
+    """The device a launch goes to now (what `launch` keys its cache on)."""
+    return _triton_runtime()[0]()
+
+
+def scratch_now(device: torch.device) -> tuple:
+    """The current stream's split-K (workspace, counters) as splitk_scratch made them, without making any:
+    (None, None) where the stream has none yet."""
+    key = _stream_key(device)
+    return _WORKSPACES.get(key), _COUNTERS.get(key)
+
+
+def _grid3(grid: tuple) -> tuple:
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
 
 
 def _hooked(hook) -> bool:

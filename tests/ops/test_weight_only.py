@@ -395,3 +395,52 @@ def test_swiglu_equals_product_then_silu_and_mul(path, bits, group_size, dtype):
         assert_bit_exact(got, want, f"M={M}")
     with pytest.raises(ValueError, match="even number of rows, got N=37"):
         qk.w4a16_linear(torch.randn(2, K, device=DEVICE, dtype=torch.float16), _weight(37, K, 4, 32), swiglu=True)
+
+
+@gpu
+@pytest.mark.parametrize("bits,group_size,N,K,shape,swiglu", [
+    (4, 128, 4096, 4096, (1, 4096), False),         # GEMV
+    (4, 128, 1024, 4096, (1, 1, 4096), False),      # GEMV with split-K (its scratch), 3-D x
+    (4, 128, 2048, 1024, (1, 1, 1024), True),       # merged gate / up, SwiGLU in the GEMV epilogue
+    (8, -1, 512, 256, (16, 256), False),            # w8a16, a tensor-core path
+    (4, 128, 256, 512, (4096, 512), False),         # large M
+])
+def test_eager_plan_replays_the_first_calls_launch(monkeypatch, bits, group_size, N, K, shape, swiglu):
+    """An eager call records its launch on the PackedWeight; later calls of that shape replay it (one Python
+    layer) with the same bits as the full path, and fall back to the full path wherever the recording does not
+    hold (unaligned or non-contiguous x, forced path, direct launch off), inside CUDA graphs too."""
+    from qkernels.ops.weight_only import launch as L
+    pw = _weight(N, K, bits, group_size)
+    fn = (lambda x: WO.w4a16_linear(x, pw, swiglu=swiglu)) if bits == 4 else \
+        (lambda x: WO.w8a16_linear(x, pw, swiglu=swiglu))
+    replays = []
+    real = L.replay
+    monkeypatch.setattr(L, "replay", lambda rec, args: (replays.append(1), real(rec, args)))
+
+    def full_path(x):
+        with _runtime.fast_launch(False):
+            return fn(x)
+
+    fn(torch.randn(shape, device=DEVICE, dtype=torch.float16))      # records
+    plans = pw.__dict__.get("_eager_plans", {})
+    planned = any(plans.values())
+    for _ in range(3):
+        x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = fn(x)
+        assert_bit_exact(got, full_path(x))
+    assert len(replays) == (3 if planned else 0)
+    # where plans apply, the GEMV shapes have one (the decode calls an eager model makes)
+    assert planned or shape[0] * (shape[1] if len(shape) == 3 else 1) > 64
+    base = torch.randn(shape[:-1] + (K + 8,), device=DEVICE, dtype=torch.float16)
+    for x in (base[..., 4:K + 4], base[..., :K]):          # misaligned, then strided rows: the full path
+        n = len(replays)
+        assert_bit_exact(fn(x), full_path(x.contiguous()))
+        assert len(replays) == n + (planned and x.is_contiguous() and not x.data_ptr() % 16)   # one row: as is
+    with WO.force_path("gemv-splitk"):                        # a forced path runs, not the recorded launch
+        n = len(replays)
+        x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+        assert_bit_exact(fn(x), full_path(x))
+        assert len(replays) == n
+    x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(graph_replay(lambda: fn(x)), full_path(x))
