@@ -1,6 +1,7 @@
-"""Host cost of eager calls (no GPU waiting): our ops with the direct launch (_runtime.launch's cache) and
-through Triton's own launch path (QKERNELS_FAST_LAUNCH=0 behaviour), against torch calls on the same host,
-then a cProfile of the w4a16 and w8a8 eager calls. Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
+"""Host cost of eager calls (no GPU waiting): our ops and layers with the direct launch (_runtime.launch's cache;
+layers and weight-only ops then replay their first call's launches: ops/_eager.py) and through Triton's own
+launch path (QKERNELS_FAST_LAUNCH=0 behaviour), against torch calls on the same host, then a cProfile of the
+w4a16 and w8a8 eager calls. Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
 import cProfile
 import pstats
 
@@ -23,8 +24,13 @@ xq = qk.quantize(x16, "int8", "row")
 ws = wq.scale.reshape(-1)
 wf8 = qk.quantize(w, "fp8_e4m3", "row")
 wf8s = wf8.scale.reshape(-1)
+lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16)
+mods = {s: qk.QuantizedLinear.from_linear(lin, s) for s in ("w4a16", "w8a16", "w8a8", "w8a8-fp8")}
+x3 = x.reshape(1, 1, K)
 calls = {
     "F.linear fp16 M=1": lambda: F.linear(x, w),
+    "nn.Linear fp16 [1, 1, K]": lambda: lin(x3),
+    **{f"QuantizedLinear {s} [1, 1, K]": (lambda m: lambda: m(x3))(m) for s, m in mods.items()},
     "torch.add (one tiny kernel)": lambda: torch.add(x, x),
     "w4a16_linear M=1": lambda: qk.w4a16_linear(x, pw4),
     "w4a16_linear M=16": lambda: qk.w4a16_linear(x16, pw4),

@@ -223,13 +223,19 @@ class poison_outputs:
 
 
 def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An op's output or temporary (poisoned inside poison_outputs(); noted by recording())."""
     if not _POISON[0]:
-        return torch.empty(shape, dtype=dtype, device=device)
-    if dtype.is_floating_point and dtype.itemsize == 1:   # fp8: NaN bit pattern
-        return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
-    if dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.full(shape, 0x5A, dtype=dtype, device=device)
+        out = torch.empty(shape, dtype=dtype, device=device)
+    elif dtype.is_floating_point and dtype.itemsize == 1:   # fp8: NaN bit pattern
+        out = torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
+    elif dtype.is_floating_point:
+        out = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    else:
+        out = torch.full(shape, 0x5A, dtype=dtype, device=device)
+    rec = getattr(_THREAD, "recording", None)
+    if rec is not None:
+        rec.append(out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,39 +420,40 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
         if entry is None:
             entry = _LAUNCHES[key] = (compiled, (None,) * (len(kernel.params) - len(args))) \
                 if _fast_eligible(kernel, args) else (None, ())
-        if _RECORDING[0] is not None:       # what the direct launch would run (nothing to replay under hooks)
-            _RECORDING[0].append(None if hooked or entry[0] is None else
-                                 (entry[0], _grid3(grid), args, entry[1], device))
+        rec = getattr(_THREAD, "recording", None)
+        if rec is not None:                 # what the direct launch would run (nothing to replay under hooks)
+            rec.append(None if hooked or entry[0] is None else (entry[0], _grid3(grid), args, entry[1], device))
         return
     compiled, slots = entry
     if compiled is None:
         kernel[grid](*args, **constexprs)
-        if _RECORDING[0] is not None:
-            _RECORDING[0].append(None)
+        rec = getattr(_THREAD, "recording", None)
+        if rec is not None:
+            rec.append(None)
         return
     grid = _grid3(grid)
     compiled.run(*grid, get_stream(device), compiled.function, compiled.packed_metadata, None, None, None, *args,
                  *slots)
-    if _RECORDING[0] is not None:
-        _RECORDING[0].append((compiled, grid, args, slots, device))
-
-
-# the direct launches made while recording(): (CompiledKernel, grid, args, constexpr placeholders, device), or
-# None for a launch that went through Triton's own path (not replayable)
-_RECORDING: list = [None]
+    rec = getattr(_THREAD, "recording", None)
+    if rec is not None:
+        rec.append((compiled, grid, args, slots, device))
 
 
 @contextlib.contextmanager
 def recording():
-    """Collect the launches made inside the block (`launch`): the list the block gets. A caller that made one
-    direct launch may keep it and `replay` it with new runtime arguments in place of its own launch path
-    (the weight-only ops' eager plans). One recording at a time (eager calls on one thread)."""
+    """What this thread's block does, in order, in the list the block gets: the direct launches (CompiledKernel,
+    grid, args, constexpr placeholders, device), None for a launch that went through Triton's own path (not
+    replayable), and the tensors alloc() made (ops/_eager.py replays them with new arguments in place of an op's
+    own launch path)."""
     out: list = []
-    _RECORDING[0] = out
+    outer = getattr(_THREAD, "recording", None)
+    _THREAD.recording = out
     try:
         yield out
     finally:
-        _RECORDING[0] = None
+        _THREAD.recording = outer
+        if outer is not None:
+            outer.extend(out)
 
 
 def replay_state() -> tuple:

@@ -180,7 +180,7 @@ def _launch_quantize(x, dtype, granularity, group_size, symmetric, scale, zero_p
     if not static:
         scale = alloc((nseg,), torch.float32, dev)
         zero_point = None if symmetric else alloc((nseg,), torch.int32, dev)
-    zp_out = zero_point if zero_point is not None else torch.empty(0, dtype=torch.int32, device=dev)
+    zp_out = zero_point if zero_point is not None else alloc((0,), torch.int32, dev)
     if x.numel() == 0:
         if not static and nseg:
             scale.fill_(1.0)

@@ -20,11 +20,12 @@ import torch
 from ... import autotune, configs
 from ... import reference as ref
 from ..._runtime import (call_op, check_kernel_device, check_same_device, check_tensor, device_name, gpu_slug,
-                         is_interpreter, next_pow2, recording, register_twin, replay_state)
+                         is_interpreter, next_pow2, register_twin)
 from ...packed_weight import PackedWeight
 from .dispatch import (_FORCED_CONFIG, PATHS, SUPPORTED, TC_DEFAULT, TC_K, WG_DEFAULT, WG_K, config_for, force_path,
                        forced_path, path_config, tc_supported, use_config, wg_supported)
-from .launch import EagerPlan, run_config
+from .._eager import planned
+from .launch import run_config
 
 __all__ = ["w4a16_linear", "w8a16_linear", "PATHS", "force_path", "use_config", "config_for", "tc_supported",
            "wg_supported", "TC_DEFAULT", "WG_DEFAULT", "TC_K", "WG_K", "SUPPORTED"]
@@ -91,21 +92,13 @@ def _(x, qweight, scale_zero, bias, bits, group_size, int_zeros, swiglu=False):
 
 def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bits: int, name: str,
                  swiglu: bool = False) -> torch.Tensor:
-    plans = w.__dict__.get("_eager_plans") if w.__class__ is PackedWeight and not torch.compiler.is_compiling() \
-        else None
-    if plans is not None and bias is None and x.__class__ is torch.Tensor:
-        plan = plans.get((x.shape, x.dtype, x.device, bits, swiglu))
-        if plan:
-            out = plan(x)           # the recorded launch of an earlier call like this one (launch.EagerPlan)
-            if out is not None:
-                return out
     qweight = getattr(w, "qweight", None)
     if (w.__class__ is PackedWeight and w.bits == bits and bias is None and w.perm is None
-            and x.__class__ is torch.Tensor and x.dim() == 2 and x.dtype in X_DTYPES and x.shape[1] == w.shape[1]
+            and x.__class__ is torch.Tensor and x.dim() and x.dtype in X_DTYPES and x.shape[-1] == w.shape[1]
             and x.device == qweight.device and (x.is_cuda or is_interpreter()) and not (swiglu and w.shape[0] % 2)):
-        # the common call (2-D x, no bias, no act-order, where kernels run) validated in a few checks; anything
-        # else goes through the full checks below, which name what is wrong
-        return _call(x, x, w, bits, swiglu, plans)
+        # the common call (no bias, no act-order, where kernels run) validated in a few checks; anything else goes
+        # through the full checks below, which name what is wrong
+        return _call(x, w, bits, swiglu)
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w_packed must be a qkernels.PackedWeight (see PackedWeight.from_float / from_gptq / "
                         f"from_awq), got {type(w).__name__}")
@@ -128,33 +121,23 @@ def _weight_only(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, bi
     x2 = x.reshape(M, K)
     if w.perm is not None:
         x2 = x2.index_select(1, w.perm)
-    if bias is None and w.perm is None:
-        return _call(x, x2, w, bits, swiglu, plans)
     out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, bias, bits, w.group_size,
                   w.int_zeros, swiglu)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _call(x: torch.Tensor, x2: torch.Tensor, w: PackedWeight, bits: int, swiglu: bool, plans: dict | None):
-    """The op on x2 = x as [M, K] (no bias, no act-order), out shaped like x. The first eager call of a shape
-    records its launch and keeps the replayable ones on w (launch.EagerPlan; False where it is not: several
-    launches, or a path that builds per-call state)."""
-    if not torch.compiler.is_compiling():
-        key = (x.shape, x.dtype, x.device, bits, swiglu)
-        if ((plans is None or key not in plans) and x.is_cuda and x.is_contiguous() and not x.data_ptr() & 15
-                and x2.shape[0] and replay_state()[0] and forced_path() is None and _FORCED_CONFIG[0] is None):
-            with recording() as rec:
-                out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, None, bits,
-                              w.group_size, w.int_zeros, swiglu)
-            shape = (*x.shape[:-1], out.shape[-1])
-            plans = w.__dict__.setdefault("_eager_plans", {})
-            if len(plans) >= 64:        # many distinct shapes (prefill lengths): start over rather than grow
-                plans.clear()
-            plans[key] = EagerPlan.build(rec, x2, out, (w.qweight, w.scale_zero), shape) or False
-            return out.view(shape)
-    out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, None, bits, w.group_size,
-                  w.int_zeros, swiglu)
-    return out.view(*x.shape[:-1], out.shape[-1])
+def _call(x: torch.Tensor, w: PackedWeight, bits: int, swiglu: bool) -> torch.Tensor:
+    """The op on x as [M, K] (no bias, no act-order), out shaped like x; an eager call replays the launch of the
+    first call like it (ops/_eager.py; the plans kept on w)."""
+    def run():
+        x2 = x if x.dim() == 2 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+        out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, None, bits, w.group_size,
+                      w.int_zeros, swiglu)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+    if torch.compiler.is_compiling() or not x.is_cuda or w.__class__ is not PackedWeight:
+        return run()
+    return planned(w.__dict__.setdefault("_eager_plans", {}), (x.shape, x.dtype, x.device, bits, swiglu), x, run,
+                   (w.qweight, w.scale_zero), (forced_path(), _FORCED_CONFIG[0]))
 
 
 def w4a16_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None, *,

@@ -8,9 +8,7 @@ import importlib
 import torch
 
 from ... import configs
-from ..._runtime import (alloc, cdiv, current_device_index, ensure_context, k_splits, launch, next_pow2, pdl_options,
-                         replay, replay_state, scratch_now, splitk_scratch)
-from . import dispatch
+from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, splitk_scratch
 from .dispatch import SUPPORTED, TC_K, WG_K
 
 
@@ -167,78 +165,3 @@ def _runnable(x, qweight, bits, group_size, cfg):
         return cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(x.shape[0]))
     return cfg
 
-
-# ---------------------------------------------------------------------------------------------
-# eager plans: one Python layer per call
-
-
-_X, _OUT, _WS, _CNT = object(), object(), object(), object()     # argument slots a plan fills per call
-
-
-class EagerPlan:
-    """The one kernel launch of an eager weight-only call (a weight, x's shape / dtype / device), recorded on its
-    first call and replayed by later ones with the new x and a fresh output: no dispatch, plan or cache-key work
-    per call. Kept on the PackedWeight (`plans`). A call returns None (the caller takes the full path) where the
-    recording no longer holds: x not contiguous or not 16-byte aligned (the kernel was specialized on an aligned
-    x), a forced path / config, the direct launch, PDL or a simulated capability switched, another current
-    device, the stream's split-K scratch not made yet or smaller."""
-
-    __slots__ = ("rec", "template", "slots", "out_shape", "out_rows", "dtype", "state", "ws_numel", "cnt_numel")
-
-    @classmethod
-    def build(cls, rec: list, x2: torch.Tensor, out: torch.Tensor, own: tuple, out_shape: tuple):
-        """The plan of the launches `rec` (runtime.recording) made for x2 -> out, or None where they cannot be
-        replayed: not exactly one direct launch, out not among its arguments (a path that also runs cuBLAS or
-        silu_and_mul), or a runtime argument that is neither x2, out, the weight's tensors `own`, the stream's
-        split-K scratch nor a number."""
-        if len(rec) != 1 or rec[0] is None:
-            return None
-        ws, cnt = scratch_now(x2.device)
-        owned = {t.data_ptr(): t for t in own}
-        template = []
-        for a in rec[0][2]:
-            if isinstance(a, torch.Tensor):
-                p = a.data_ptr()
-                if p == out.data_ptr():
-                    template.append(_OUT)
-                elif p == x2.data_ptr() and a.shape == x2.shape:
-                    template.append(_X)
-                elif ws is not None and p == ws.data_ptr():
-                    template.append(_WS)
-                elif cnt is not None and p == cnt.data_ptr():
-                    template.append(_CNT)
-                elif p in owned:
-                    template.append(a)
-                else:
-                    return None
-            elif isinstance(a, (int, float, bool)):
-                template.append(a)
-            else:       # a TMA descriptor (built per call from x)
-                return None
-        if _OUT not in template:
-            return None
-        plan = cls()
-        plan.rec, plan.template = rec[0], template
-        plan.slots = tuple((i, a) for i, a in enumerate(template) if a is _X or a is _OUT or a is _WS or a is _CNT)
-        plan.out_shape, plan.out_rows, plan.dtype = out_shape, tuple(out.shape), out.dtype
-        plan.state = replay_state()
-        plan.ws_numel = ws.numel() if _WS in template else 0
-        plan.cnt_numel = cnt.numel() if _CNT in template else 0
-        return plan
-
-    def __call__(self, x: torch.Tensor):
-        if (x.data_ptr() & 15 or not x.is_contiguous() or torch.compiler.is_compiling()
-                or dispatch._FORCED_CONFIG[0] is not None or dispatch._FORCED_PATH[0] is not None
-                or replay_state() != self.state or current_device_index() != self.rec[4]):
-            return None
-        ws = cnt = None
-        if self.ws_numel or self.cnt_numel:
-            ws, cnt = scratch_now(x.device)
-            if (ws is None or ws.numel() < self.ws_numel) or (cnt is None or cnt.numel() < self.cnt_numel):
-                return None
-        out = alloc(self.out_rows, self.dtype, x.device)
-        args = self.template.copy()
-        for i, a in self.slots:
-            args[i] = x if a is _X else out if a is _OUT else ws if a is _WS else cnt
-        replay(self.rec, args)
-        return out.view(self.out_shape)

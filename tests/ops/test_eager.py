@@ -1,0 +1,118 @@
+"""Eager plans (ops/_eager.py): an eager call replays the recorded launches of the first call like it, with the
+bits of the full path, and falls back to the full path wherever the recording does not hold."""
+import pytest
+import torch
+
+import qkernels as qk
+from qkernels import _runtime
+from qkernels.ops import _eager
+from qkernels.ops import weight_only as WO
+
+from ..conftest import DEVICE
+from ..helpers import assert_bit_exact, graph_replay
+
+gpu = pytest.mark.gpu
+
+
+def test_recording_notes_allocations_and_nests():
+    with _runtime.recording() as outer:
+        a = _runtime.alloc((2, 3), torch.float16, DEVICE)
+        with _runtime.recording() as inner:
+            b = _runtime.alloc((4,), torch.int8, DEVICE)
+        assert len(inner) == 1 and inner[0] is b
+    assert len(outer) == 2 and outer[0] is a and outer[1] is b
+    assert getattr(_runtime._THREAD, "recording", None) is None
+
+
+def test_unreplayable_recordings_make_no_plan():
+    x = torch.randn(2, 8, device=DEVICE)
+    out = _runtime.alloc((2, 4), torch.float32, DEVICE)
+    assert _eager.EagerPlan.build([out, None], x, out, (), None) is None        # a launch through Triton's path
+    assert _eager.EagerPlan.build([out], x, out, (), None) is None              # no launch at all
+    store = {}
+    y = _eager.planned(store, "k", x, lambda: x * 2, ())
+    assert torch.equal(y, x * 2) and x.is_cuda == bool(store) and not any(store.values())
+
+
+def _counting(monkeypatch):
+    replays = []
+    real = _eager.replay
+    monkeypatch.setattr(_eager, "replay", lambda rec, args: (replays.append(1), real(rec, args)))
+    return replays
+
+
+def _full_path(fn, x):
+    with _runtime.fast_launch(False):
+        return fn(x)
+
+
+@gpu
+@pytest.mark.parametrize("bits,group_size,N,K,shape,swiglu", [
+    (4, 128, 4096, 4096, (1, 4096), False),         # GEMV
+    (4, 128, 1024, 4096, (1, 1, 4096), False),      # GEMV with split-K (its scratch), 3-D x
+    (4, 128, 2048, 1024, (1, 1, 1024), True),       # merged gate / up, SwiGLU in the GEMV epilogue
+    (8, -1, 512, 256, (16, 256), False),            # w8a16, a tensor-core path
+    (4, 128, 256, 512, (4096, 512), False),         # large M
+])
+def test_weight_only_plans(monkeypatch, bits, group_size, N, K, shape, swiglu):
+    """An eager call records its launch on the PackedWeight; later calls of that shape replay it (one Python
+    layer) with the same bits as the full path, and fall back to the full path wherever the recording does not
+    hold (unaligned or non-contiguous x, forced path, direct launch off), inside CUDA graphs too."""
+    pw = qk.PackedWeight.from_float(torch.randn(N, K, device=DEVICE), bits, group_size)
+    fn = (lambda x: WO.w4a16_linear(x, pw, swiglu=swiglu)) if bits == 4 else \
+        (lambda x: WO.w8a16_linear(x, pw, swiglu=swiglu))
+    replays = _counting(monkeypatch)
+
+    def full_path(x):
+        return _full_path(fn, x)
+
+    fn(torch.randn(shape, device=DEVICE, dtype=torch.float16))      # records
+    plans = pw.__dict__.get("_eager_plans", {})
+    planned = any(plans.values())
+    for _ in range(3):
+        x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = fn(x)
+        assert_bit_exact(got, full_path(x))
+    assert len(replays) == (3 if planned else 0)
+    # where plans apply, the GEMV shapes have one (the decode calls an eager model makes)
+    assert planned or shape[0] * (shape[1] if len(shape) == 3 else 1) > 64
+    base = torch.randn(shape[:-1] + (K + 8,), device=DEVICE, dtype=torch.float16)
+    for x in (base[..., 4:K + 4], base[..., :K]):          # misaligned, then strided rows: the full path
+        n = len(replays)
+        assert_bit_exact(fn(x), full_path(x.contiguous()))
+        assert len(replays) == n + (planned and x.is_contiguous() and not x.data_ptr() % 16)   # one row: as is
+    with WO.force_path("gemv-splitk"):                        # a forced path runs, not the recorded launch
+        n = len(replays)
+        x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+        assert_bit_exact(fn(x), full_path(x))
+        assert len(replays) == n
+    x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(graph_replay(lambda: fn(x)), full_path(x))
+
+
+@gpu
+@pytest.mark.parametrize("scheme", ["w8a8", "w8a8-fp8"])
+@pytest.mark.parametrize("shape", [(1, 1, 512), (16, 512)])
+def test_w8a8_linear_plans(monkeypatch, scheme, shape):
+    """QuantizedLinear w8a8: the row quantize and the GEMM replayed together (their codes and scales made afresh
+    on each call); a replaced weight is recorded again."""
+    lin = torch.nn.Linear(512, 384, bias=False, device=DEVICE, dtype=torch.float16)
+    ql = qk.QuantizedLinear.from_linear(lin, scheme)
+    replays = _counting(monkeypatch)
+    ql(torch.randn(shape, device=DEVICE, dtype=torch.float16))        # records
+    planned = any(ql.__dict__["_eager_plans"].values())
+    for _ in range(3):
+        x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = ql(x)
+        assert_bit_exact(got, _full_path(ql, x))
+    # quantize + GEMV / GEMM: two launches per call (FP8 at M = 16 may run cuBLAS: the full path, no plan)
+    assert (planned or scheme == "w8a8-fp8" and shape[0] == 16) and len(replays) == (6 if planned else 0)
+    ql2 = qk.QuantizedLinear.from_linear(torch.nn.Linear(512, 384, bias=False, device=DEVICE, dtype=torch.float16),
+                                         scheme)
+    ql.weight, ql.weight_scale = ql2.weight, ql2.weight_scale       # new tensors: the old plan must not serve
+    x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(ql(x), _full_path(ql2, x))
+    assert_bit_exact(ql(x), _full_path(ql2, x))
+    assert_bit_exact(graph_replay(lambda: ql(x)), _full_path(ql2, x))
