@@ -459,9 +459,10 @@ def recording():
 def replay_state() -> tuple:
     """What a recorded launch depends on besides its arguments: the direct launch on, no launch hooks, the
     PDL switch, no simulated capability. A replay is valid only while this equals its value at recording."""
+    if is_interpreter() or not _FAST_LAUNCH[0]:
+        return False, _PDL[0], _SIMULATED[0]
     knobs = _triton_runtime()[2]
-    return (_FAST_LAUNCH[0] and not is_interpreter() and not _hooked(knobs.launch_enter_hook)
-            and not _hooked(knobs.launch_exit_hook), _PDL[0], _SIMULATED[0])
+    return (not _hooked(knobs.launch_enter_hook) and not _hooked(knobs.launch_exit_hook), _PDL[0], _SIMULATED[0])
 
 
 def replay(rec: tuple, args: tuple) -> None:

@@ -34,6 +34,21 @@ def test_unreplayable_recordings_make_no_plan():
     assert torch.equal(y, x * 2) and x.is_cuda == bool(store) and not any(store.values())
 
 
+def test_plan_keeps_no_call_tensors():
+    """A plan keeps the weights it was given and numbers, never the recorded call's x, outputs or temporaries
+    (an activation per plan would stay alive)."""
+    x = torch.randn(2, 8, device=DEVICE)
+    w = torch.randn(4, 8, device=DEVICE)
+    tmp = _runtime.alloc((2, 8), torch.int8, DEVICE)
+    out = _runtime.alloc((2, 4), torch.float32, DEVICE)
+    launch = ("kernel", (1, 1, 1), (x, tmp, w, out, 7, torch.empty(0)), (None,), 0)
+    plan = _eager.EagerPlan.build([tmp, out, launch], x, out, (w,), None)
+    rec, template, slots = plan.launches[0]
+    assert rec[2] is None and plan.allocs == [((2, 8), torch.int8), ((2, 4), torch.float32)] and plan.result == 1
+    assert [i for i, _ in slots] == [0, 1, 3] and template[2] is w and template[4] == 7
+    assert not any(t is x or t is tmp or t is out for t in template)
+    assert _eager.EagerPlan.build([tmp, out, launch], x, out, (), None) is None     # w unknown: no plan
+
 def _counting(monkeypatch):
     replays = []
     real = _eager.replay

@@ -76,7 +76,8 @@ class EagerPlan:
                     template.append(a)
                 else:                 # a TMA descriptor (built per call from x)
                     return None
-            launches.append((item, template, tuple(slots)))
+            # the recorded arguments are not kept: they hold the first call's x and output
+            launches.append(((item[0], item[1], None, item[3], item[4]), template, tuple(slots)))
         if not launches or out.data_ptr() not in made:
             return None
         plan = cls()
