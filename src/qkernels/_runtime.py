@@ -456,6 +456,17 @@ def recording():
             outer.extend(out)
 
 
+RETRY = "retry"     # in a recording: this call did one-off work (tuning): record the next call like it instead
+
+
+def unreplayable() -> None:
+    """Mark this thread's recording (if any) as not to be kept: the call is doing work a later call like it will
+    not do (autotuning its config), so that later call is the one to record."""
+    rec = getattr(_THREAD, "recording", None)
+    if rec is not None:
+        rec.append(RETRY)
+
+
 def replay_state() -> tuple:
     """What a recorded launch depends on besides its arguments: the direct launch on, no launch hooks, the
     PDL switch, no simulated capability. A replay is valid only while this equals its value at recording."""

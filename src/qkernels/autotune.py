@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from ._runtime import unreplayable
+
 log = logging.getLogger("qkernels")
 
 _LOCK = threading.Lock()
@@ -86,6 +88,7 @@ def tuned(slug: str, key: str, candidates: list[dict], run: Callable[[dict], obj
             torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return candidates[0]
     bench = bench or _bench_ms
+    unreplayable()          # an eager plan (ops/_eager.py) records a later call, not this one's timing launches
     with _LOCK:
         cfg = cache.get(key)
         if cfg is not None:

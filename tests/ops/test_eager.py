@@ -22,6 +22,10 @@ def test_recording_notes_allocations_and_nests():
         assert len(inner) == 1 and inner[0] is b
     assert len(outer) == 2 and outer[0] is a and outer[1] is b
     assert getattr(_runtime._THREAD, "recording", None) is None
+    with _runtime.recording() as rec:       # autotuning marks its call: the next call like it is recorded
+        _runtime.unreplayable()
+    assert rec == [_runtime.RETRY]
+    assert _eager.EagerPlan.build([a, _runtime.RETRY], a, a, (), None) is None
 
 
 def test_unreplayable_recordings_make_no_plan():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import alloc, current_device_index, recording, replay, replay_state, scratch_now
+from .._runtime import RETRY, alloc, current_device_index, recording, replay, replay_state, scratch_now
 
 _X, _WS, _CNT = object(), object(), object()      # argument slots filled per call; an int: the i-th alloc'd tensor
 MAX_PLANS = 64      # per store: many distinct shapes (prefill lengths) start it over rather than grow it
@@ -52,7 +52,7 @@ class EagerPlan:
                 made[item.data_ptr()] = len(allocs)
                 allocs.append((tuple(item.shape), item.dtype))
                 continue
-            if item is None:          # a launch through Triton's own path
+            if not isinstance(item, tuple):       # a launch through Triton's own path, or RETRY
                 return None
             template, slots = [], []
             for a in item[2]:
@@ -125,6 +125,8 @@ def planned(store: dict, key, x: torch.Tensor, run, owned: tuple, guard=None) ->
         return run()
     with recording() as rec:
         out = run()
+    if RETRY in rec:          # one-off work (tuning) in this call: record the next one
+        return out
     if len(store) >= MAX_PLANS:
         store.clear()
     store[key] = EagerPlan.build(rec, x, out, owned, guard) or _Unplanned(guard)
