@@ -395,4 +395,3 @@ def test_swiglu_equals_product_then_silu_and_mul(path, bits, group_size, dtype):
         assert_bit_exact(got, want, f"M={M}")
     with pytest.raises(ValueError, match="even number of rows, got N=37"):
         qk.w4a16_linear(torch.randn(2, K, device=DEVICE, dtype=torch.float16), _weight(37, K, 4, 32), swiglu=True)
-
