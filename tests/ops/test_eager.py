@@ -52,6 +52,7 @@ def test_plan_keeps_no_call_tensors():
     assert [i for i, _ in slots] == [0, 1, 3] and template[2] is w and template[4] == 7
     assert not any(t is x or t is tmp or t is out for t in template)
     assert _eager.EagerPlan.build([tmp, out, launch], x, out, (), None) is None     # w unknown: no plan
+    assert _eager.EagerPlan.build([tmp, out, launch], x, out[:, :2], (w,), None) is None   # part of a tensor
 
 def _counting(monkeypatch):
     replays = []

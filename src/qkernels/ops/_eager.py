@@ -11,6 +11,8 @@ A replay happens only while what it was specialized on still holds (EagerPlan.__
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._runtime import RETRY, alloc, current_device_index, recording, replay, replay_state, scratch_now
@@ -78,7 +80,8 @@ class EagerPlan:
                     return None
             # the recorded arguments are not kept: they hold the first call's x and output
             launches.append(((item[0], item[1], None, item[3], item[4]), template, tuple(slots)))
-        if not launches or out.data_ptr() not in made:
+        if not launches or out.data_ptr() not in made or not out.is_contiguous() \
+                or out.numel() != math.prod(allocs[made[out.data_ptr()]][0]):    # the result: a whole alloc'd tensor
             return None
         plan = cls()
         plan.allocs, plan.launches, plan.result = allocs, launches, made[out.data_ptr()]
