@@ -128,7 +128,7 @@ def planned(store: dict, key, x: torch.Tensor, run, owned: tuple, guard=None) ->
         return run()
     with recording() as rec:
         out = run()
-    if RETRY in rec:          # one-off work (tuning) in this call: record the next one
+    if any(item is RETRY for item in rec):      # one-off work (tuning) in this call: record the next one
         return out
     if len(store) >= MAX_PLANS:
         store.clear()

@@ -134,7 +134,7 @@ def _call(x: torch.Tensor, w: PackedWeight, bits: int, swiglu: bool) -> torch.Te
         out = call_op(_weight_only_op, _weight_only_impl, x2, w.qweight, w.scale_zero, None, bits, w.group_size,
                       w.int_zeros, swiglu)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
-    if torch.compiler.is_compiling() or not x.is_cuda or w.__class__ is not PackedWeight:
+    if torch.compiler.is_compiling() or not x.is_cuda:
         return run()
     return planned(w.__dict__.setdefault("_eager_plans", {}), (x.shape, x.dtype, x.device, bits, swiglu), x, run,
                    (w.qweight, w.scale_zero), (forced_path(), _FORCED_CONFIG[0]))
