@@ -39,7 +39,14 @@ GEMV = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_P
         for bn, bk, w, sp in [(2, 2048, 2, 4), (2, 1024, 1, 4), (2, 1024, 2, 4), (4, 2048, 4, 4), (4, 1024, 2, 4),
                               (8, 2048, 8, 1), (2, 4096, 2, 1), (4, 512, 2, 1)]]
 CANDIDATES["1"] = GEMV
-M_OF = {"16": [1, 16], "1": [1], "128": [128], "1024": [1024], "4096": [4096]}
+CANDIDATES["16384"] = CANDIDATES["4096"]
+# int8 on Hopper: the Gluon kernel (kernels/_gemm_wg.py, wgmma kept in flight), each with the bucket's best tile
+# config as its fallback (calls it does not take), timed after the tile configs
+W = lambda bm, bn, bk, s, w, g=8: dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, STAGES=s, num_warps=w)  # noqa
+WG = [W(256, 128, 128, 4, 8), W(256, 128, 128, 3, 8), W(256, 128, 128, 4, 8, 16), W(128, 128, 128, 4, 4),
+      W(128, 128, 128, 3, 4), W(256, 128, 64, 6, 8), W(128, 128, 128, 4, 8)]
+WG_BUCKETS = ("1024", "4096", "16384")
+M_OF = {"16": [1, 16], "1": [1], "128": [128], "1024": [1024], "4096": [4096], "16384": [16384]}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 
 
@@ -63,7 +70,7 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--kinds", nargs="+", default=["int8", "fp8"])
-ap.add_argument("--buckets", nargs="+", default=["16", "1", "128", "1024", "4096"],
+ap.add_argument("--buckets", nargs="+", default=["16", "1", "128", "1024", "4096", "16384"],
                 help="M buckets to tune (others keep their configs)")
 ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
 ap.add_argument("--from-log", type=Path, help="no timing: set shape overrides from an earlier sweep's log")
@@ -119,12 +126,16 @@ for kind in args.kinds:
             print(f"{kind} M<={bucket:5s} {cfg}  geomean {gm:8.2f} us  {['%.1f' % t for t in times]}", flush=True)
             if best is None or gm < best[0]:
                 best = (gm, cfg)
+        paths = []
         if kind == "fp8" and bucket != "1":      # cuBLAS (torch._scaled_mm) where it is faster, our best as fallback
-            cfg = dict(path="cublas", fallback=best[1])
+            paths = [dict(path="cublas", fallback=best[1])]
+        if kind == "int8" and bucket in WG_BUCKETS and torch.cuda.get_device_capability(dev) == (9, 0):
+            paths = [dict(c, fallback=best[1]) for c in WG]
+        for cfg in list(paths):
             times = time_config(cfg)
             results.append((times, cfg))
             gm = math.exp(sum(map(math.log, times)) / len(times))
-            print(f"{kind} M<={bucket:5s} cublas  geomean {gm:8.2f} us  {['%.1f' % t for t in times]}", flush=True)
+            print(f"{kind} M<={bucket:5s} {cfg}  geomean {gm:8.2f} us  {['%.1f' % t for t in times]}", flush=True)
             if gm < best[0]:
                 best = (gm, cfg)
         table[kind][bucket] = best[1]

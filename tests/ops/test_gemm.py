@@ -129,6 +129,63 @@ def test_use_config_scopes_the_gemv():
             pass
 
 
+WG_FALLBACK = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, GROUP_M=4, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("block", [(256, 128, 128, 4, 8), (128, 128, 64, 3, 4)], ids=str)
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (45, 72, 160), (0, 16, 32), (7, 9, 0),
+                                   pytest.param(300, 200, 528, marks=gpu), pytest.param(513, 384, 4096, marks=gpu)])
+def test_int8_wg_path_gives_the_tile_kernels_bits(M, N, K, block):
+    """The "wg" path (Gluon TMA + wgmma, Hopper) against the Triton tile kernel, which is its twin everywhere else:
+    the exact int32 product, and the same epilogue bits (row / column / scalar scales, bias, fp16 / bf16 / fp32),
+    tails in M, N and K included (TMA reads zeros past the tensor); calls it does not take (an activation, K not a
+    multiple of 16, a strided weight, no Hopper GPU, the interpreter) run the fallback config."""
+    from qkernels.ops import gemm as G
+    bm, bn, bk, stages, warps = block
+    cfg = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, STAGES=stages, num_warps=warps,
+               fallback=WG_FALLBACK)
+    a, w = _i8(M, K), _i8(N, K)
+    sa = torch.rand(M, device=DEVICE) * 0.01 + 1e-3
+    sb = torch.rand(N, device=DEVICE) * 0.01 + 1e-3
+    s0 = torch.tensor(0.004, device=DEVICE)
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    calls = [lambda: qk.int8_matmul(a, w.t()),
+             lambda: qk.int8_matmul(a, w.t(), sa, sb),
+             lambda: qk.int8_matmul(a, w.t(), s0, sb, 0.5, bias=bias, out_dtype=torch.bfloat16),
+             lambda: qk.int8_matmul(a, w.t(), sa, 0.003, 2.0, out_dtype=torch.float32),
+             lambda: qk.int8_matmul(a, w.t(), sa, sb, bias=bias, activation="silu")]
+    for i, call in enumerate(calls):
+        with G.use_config(cfg), qk.poison_outputs():
+            got = call()
+        with G.use_config(WG_FALLBACK):
+            want = call()
+        assert_bit_exact(got, want, f"call {i}")
+    assert_bit_exact(qk.int8_matmul(a, w.t()), ref.int_mm(a, w.t()), "int32 product")
+
+
+@gpu
+def test_int8_wg_path_runs_on_hopper(monkeypatch):
+    """On an sm_90 GPU a forced "wg" config runs the Gluon kernel (not its fallback): launched once, exact."""
+    from qkernels.kernels import _gemm_wg
+    from qkernels.ops import gemm as G
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wg kernel is Hopper's")
+    cfg = dict(path="wg", BLOCK_M=256, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, STAGES=4, num_warps=8,
+               fallback=WG_FALLBACK)
+    a, w = _i8(1000, 4096), _i8(1536, 4096)
+    ran = []
+    real = G.launch
+
+    def spy(kernel, *args, **kw):
+        ran.append(kernel)
+        return real(kernel, *args, **kw)
+    monkeypatch.setattr(G, "launch", spy)
+    with G.use_config(cfg):
+        got = qk.int8_matmul(a, w.t())
+    assert ran == [_gemm_wg._i8_wg_kernel]
+    assert_bit_exact(got, ref.int_mm(a, w.t()))
+
+
 @NEEDS_FP8
 @pytest.mark.parametrize("M", [1, 129])
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -1,10 +1,11 @@
 """Integer / FP8 GEMM launchers with fused dequant + bias + activation epilogues, and the W8A8 linear.
 
 The per-GPU table (configs/<gpu>.json) picks per M bucket: tile sizes for kernels/_gemm._scaled_mm_kernel,
-"path": "gemv" (the 8-bit GEMV, decode) or, for FP8 where cuBLAS is measured faster, "path": "cublas"
-(torch._scaled_mm with rowwise scales); both carry a "fallback" tile config for calls they do not take.
+"path": "gemv" (the 8-bit GEMV, decode), for int8 on Hopper "path": "wg" (kernels/_gemm_wg.py: TMA ring and
+wgmma kept in flight, prefill sizes) or, for FP8 where cuBLAS is measured faster, "path": "cublas"
+(torch._scaled_mm with rowwise scales); each carries a "fallback" tile config for calls it does not take.
 
-Kernel: kernels/_gemm.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8a8_linear.
+Kernels: kernels/_gemm.py, kernels/_gemm_wg.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8a8_linear.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import torch
 
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        device_name, gpu_slug, is_interpreter, k_splits, lacks_fp8, launch, next_pow2, pdl_options,
-                        register_twin, scoped_value, splitk_scratch, warn_once)
+                        device_name, ensure_context, gpu_slug, is_interpreter, k_splits, lacks_fp8, launch, next_pow2,
+                        pdl_options, register_twin, scoped_value, splitk_scratch, warn_once)
 from .. import reference as ref
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
@@ -46,9 +47,9 @@ def _gemm_config(kind: str, M: int, N: int, K: int, device: torch.device) -> dic
 
 def use_config(cfg: dict):
     """Every int8 / fp8 / int4 GEMM inside the block runs `cfg` (a config-table entry: tile sizes, or
-    {"path": "gemv" | "cublas", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
-    if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") in ("gemv", "cublas")):
-        raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' / 'cublas' path), got "
+    {"path": "gemv" | "wg" | "cublas", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
+    if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") in ("gemv", "cublas", "wg")):
+        raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' / 'wg' / 'cublas' path), got "
                          f"{cfg!r}")
     return scoped_value(_FORCED_CONFIG, cfg)
 
@@ -89,6 +90,10 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
         if kind in ("int8", "fp8") and _gemv_ok(a2, b, K):
             return _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg)
         cfg = cfg["fallback"]
+    if cfg.get("path") == "wg":
+        if kind == "int8" and K > 0 and _wg_ok(a2, b, c, act):
+            return _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg)
+        cfg = cfg["fallback"]
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
     launch(_kg()._scaled_mm_kernel, grid,
@@ -128,6 +133,42 @@ def _scaled_mm_takes(device: torch.device, out_dtype: torch.dtype, bias_dtype: t
     except (RuntimeError, TypeError, ValueError):
         return False
     return True
+
+
+def _wg_ok(a2: torch.Tensor, b: torch.Tensor, c: torch.Tensor, act) -> bool:
+    """Whether the Gluon wgmma kernel runs this case: sm_90 (wgmma and TMA are Hopper's; Gluon has no interpreter),
+    no activation, a's rows and the [N, K] weight's rows (b's columns) contiguous with 16-byte aligned bases and
+    row strides (TMA descriptors), c's rows contiguous."""
+    return (act is None and not is_interpreter() and c.is_cuda and torch.version.hip is None
+            and capability(c.device) == (9, 0) and a2.stride(1) == 1 and b.stride(0) == 1 and c.stride(1) == 1
+            and a2.stride(0) % 16 == 0 and b.stride(1) % 16 == 0 and a2.data_ptr() % 16 == 0
+            and b.data_ptr() % 16 == 0)
+
+
+@functools.cache
+def _wg_layouts(block_m: int, block_n: int, block_k: int):
+    """TensorDescriptor and the shared layouts of the A and B blocks (built once per tile shape)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return (TensorDescriptor, gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.int8),
+            gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.int8))
+
+
+def _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg):
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    desc, a_layout, b_layout = _wg_layouts(bm, bn, bk)
+    ensure_context(c.device)
+    # the weight's [N, K] rows are b's columns: a descriptor of b.t() (rows past M / N and k past K read as zeros)
+    a_desc = desc.from_tensor(a2, [bm, bk], a_layout)
+    b_desc = desc.from_tensor(b.t(), [bn, bk], b_layout)
+    from ..kernels import _gemm_wg
+    unused = c
+    launch(_gemm_wg._i8_wg_kernel, (cdiv(M, bm) * cdiv(N, bn),), a_desc, b_desc, c,
+           sa if sa is not None else unused, sb if sb is not None else unused, bias if bias is not None else unused,
+           scale_c, M, N, K, c.stride(0), HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
+           SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
+           BLOCK_K=bk, GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+    return c
 
 
 def _gemv_ok(a2: torch.Tensor, b: torch.Tensor, K: int) -> bool:
