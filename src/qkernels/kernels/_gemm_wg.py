@@ -73,10 +73,10 @@ def _i8_wg_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, M, N
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
+    # the epilogue's arithmetic in the accumulator's layout, then the output through shared memory (which the ring
+    # no longer uses) into a layout of 8 consecutive columns per thread: 16-byte stores of fp16
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    c_ptrs = c_ptr + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :]
     if HAS_SCALES:
         out = acc.to(gl.float32)
         if SA_PER_ROW:
@@ -90,6 +90,12 @@ def _i8_wg_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, M, N
         out = out * scale_c
         if HAS_BIAS:
             out = out + gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
-        gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
+        out = out.to(c_ptr.dtype.element_ty)
     else:
-        gl.store(c_ptrs, acc, mask=mask)
+        out = acc
+    ol: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [W, 1], [1, 0])
+    out = gl.convert_layout(out, ol)
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ol))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ol))
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    gl.store(c_ptr + rows.to(gl.int64)[:, None] * stride_cm + cols[None, :], out, mask=mask)
