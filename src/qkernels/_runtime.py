@@ -442,8 +442,8 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
 @contextlib.contextmanager
 def recording():
     """What this thread's block does, in order, in the list the block gets: the direct launches (CompiledKernel,
-    grid, args, constexpr placeholders, device), None for a launch that went through Triton's own path (not
-    replayable), and the tensors alloc() made (ops/_eager.py replays them with new arguments in place of an op's
+    grid, args, constexpr placeholders, device), None for work that cannot be replayed (a launch through Triton's
+    own path, cuBLAS: not_replayable), and the tensors alloc() made (ops/_eager.py replays them with new arguments in place of an op's
     own launch path)."""
     out: list = []
     outer = getattr(_THREAD, "recording", None)
@@ -465,6 +465,14 @@ def unreplayable() -> None:
     rec = getattr(_THREAD, "recording", None)
     if rec is not None:
         rec.append(RETRY)
+
+
+def not_replayable() -> None:
+    """Mark this thread's recording (if any) as never to be replayed: the call does work that is not a direct
+    launch (cuBLAS writing into a tensor the call allocated), which a replay of its launches would leave out."""
+    rec = getattr(_THREAD, "recording", None)
+    if rec is not None:
+        rec.append(None)
 
 
 def replay_state() -> tuple:

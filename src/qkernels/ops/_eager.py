@@ -6,7 +6,8 @@ validation, dispatch, launch planning and a cache-key per kernel.
 `_runtime.recording()`. The recording is kept as an EagerPlan where it can be replayed: direct launches only,
 every tensor argument x, a tensor the call made with `alloc` (made afresh on each replay, in the same order), a
 tensor of `owned` (the layer's weights), or the stream's split-K scratch; the call's result one of the alloc'd
-tensors. Anything else (a path that runs cuBLAS, builds TMA descriptors from x, copies x) keeps the full path.
+tensors. Anything else (a path that runs cuBLAS, which marks the recording with _runtime.not_replayable, builds TMA
+descriptors from x, copies x) keeps the full path.
 A replay happens only while what it was specialized on still holds (EagerPlan.__call__), else the full path runs.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
                         device_name, ensure_context, gpu_slug, is_interpreter, k_splits, lacks_fp8, launch, next_pow2,
-                        pdl_options, register_twin, scoped_value, splitk_scratch, warn_once)
+                        not_replayable, pdl_options, register_twin, scoped_value, splitk_scratch, warn_once)
 from .. import reference as ref
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
@@ -117,6 +117,7 @@ def _cublas_fp8(a2, b, c, sa, sb, bias, scale_c, act) -> bool:
             or a2.stride(0) % 16 or b.stride(1) % 16 or a2.data_ptr() % 16 or b.data_ptr() % 16
             or not _scaled_mm_takes(c.device, c.dtype, bias.dtype if bias is not None else None)):
         return False
+    not_replayable()     # an eager plan replays our launches only: this call keeps the full path
     torch._scaled_mm(a2.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn), sa.reshape(M, 1), sb.reshape(1, N),
                      bias=bias, out_dtype=c.dtype, out=c)
     return True
