@@ -1,7 +1,7 @@
 """Host cost of eager calls (no GPU waiting): our ops and layers with the direct launch (_runtime.launch's cache;
 layers and weight-only ops then replay their first call's launches: ops/_eager.py) and through Triton's own
 launch path (QKERNELS_FAST_LAUNCH=0 behaviour), against torch calls on the same host, then a cProfile of the
-w4a16 and w8a8 eager calls. Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
+w4a16 and w8a8 eager calls and of F.linear. Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
 import cProfile
 import pstats
 
@@ -52,7 +52,8 @@ for name, fn in calls.items():
     with R.fast_launch(False):
         slow = host_us(fn)
     print(f"{name:32s} {fast:14.1f} {slow:14.1f}", flush=True)
-for name in ("w4a16_linear M=1", "w8a8_linear M=1", "w8a8_linear fp8 M=1"):
+for name in ("w4a16_linear M=1", "QuantizedLinear w8a8 [1, 1, K]", "QuantizedLinear w8a8-fp8 [1, 1, K]",
+             "F.linear fp16 M=1"):
     fn = calls[name]
     pr = cProfile.Profile()
     pr.enable()
@@ -61,4 +62,4 @@ for name in ("w4a16_linear M=1", "w8a8_linear M=1", "w8a8_linear fp8 M=1"):
     pr.disable()
     torch.cuda.synchronize()
     print(f"\n==== cProfile: {name}")
-    pstats.Stats(pr).sort_stats("tottime").print_stats(16)
+    pstats.Stats(pr).sort_stats("tottime").print_stats(22)

@@ -222,6 +222,11 @@ class poison_outputs:
         return False
 
 
+def poisoning() -> bool:
+    """Whether alloc() poisons what it makes (inside poison_outputs())."""
+    return _POISON[0]
+
+
 def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An op's output or temporary (poisoned inside poison_outputs(); noted by recording())."""
     if not _POISON[0]:
@@ -443,8 +448,8 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
 def recording():
     """What this thread's block does, in order, in the list the block gets: the direct launches (CompiledKernel,
     grid, args, constexpr placeholders, device), None for work that cannot be replayed (a launch through Triton's
-    own path, cuBLAS: not_replayable), and the tensors alloc() made (ops/_eager.py replays them with new arguments in place of an op's
-    own launch path)."""
+    own path, cuBLAS: not_replayable), and the tensors alloc() made (ops/_eager.py replays them with new arguments
+    in place of an op's own launch path)."""
     out: list = []
     outer = getattr(_THREAD, "recording", None)
     _THREAD.recording = out

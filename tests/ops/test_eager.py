@@ -54,6 +54,13 @@ def test_plan_keeps_no_call_tensors():
     assert rec[2] is None and plan.allocs == [((2, 8), torch.int8), ((2, 4), torch.float32)] and plan.result == 1
     assert [i for i, _ in slots] == [0, 1, 3] and template[2] is w and template[4] == 7
     assert not any(t is x or t is tmp or t is out for t in template)
+    # replays make the temporaries as 16-byte aligned pieces of one buffer, and the result on its own
+    assert plan.offsets == {0: 0} and plan.temp_bytes == 16
+    tmp2 = _runtime.alloc((3,), torch.float32, DEVICE)
+    empty = _runtime.alloc((0,), torch.int32, DEVICE)       # a placeholder: not made again
+    launch2 = ("kernel", (1, 1, 1), (x, tmp, empty, tmp2, out), (None,), 0)
+    plan2 = _eager.EagerPlan.build([tmp, empty, tmp2, out, launch2], x, out, (), None)
+    assert plan2.offsets == {0: 0, 2: 16} and plan2.temp_bytes == 32 and plan2.result == 3
     assert _eager.EagerPlan.build([tmp, out, launch], x, out, (), None) is None     # w unknown: no plan
     assert _eager.EagerPlan.build([tmp, out, launch], x, out[:, :2], (w,), None) is None   # part of a tensor
 

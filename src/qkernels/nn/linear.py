@@ -1,6 +1,8 @@
 """QuantizedLinear: an nn.Linear replacement whose forward runs a qkernels quantized GEMM."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -137,19 +139,19 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not runs_kernels(x):
             return self._reference_forward(x)
+        gemm, eager, weight_only = _ops()
         if self.scheme.weight_only:
-            from ..ops.weight_only import _weight_only
-            return _weight_only(x, self.packed_weight(), self.bias, self.bits, f"{self.scheme.name} QuantizedLinear")
-        from ..ops.gemm import _FORCED_CONFIG, w8a8_linear
+            return weight_only._weight_only(x, self.packed_weight(), self.bias, self.bits,
+                                            f"{self.scheme.name} QuantizedLinear")
+        w, ws, bias = self.weight, self.weight_scale, self.bias
 
         def run():
-            return w8a8_linear(x, self.weight, self.weight_scale, self.bias, dtype=self.scheme.gemm_dtype)
-        if torch.compiler.is_compiling() or self.bias is not None or not x.is_cuda:
+            return gemm.w8a8_linear(x, w, ws, bias, dtype=self.scheme.gemm_dtype)
+        if bias is not None or not x.is_cuda or torch.compiler.is_compiling():
             return run()
         # an eager call replays the launches (row quantize + GEMM) of the first call like it (ops/_eager.py)
-        from ..ops._eager import planned
-        return planned(self.__dict__.setdefault("_eager_plans", {}), (x.shape, x.dtype, x.device), x, run,
-                       (self.weight, self.weight_scale), (_FORCED_CONFIG[0], id(self.weight), id(self.weight_scale)))
+        return eager.planned(self.__dict__.setdefault("_eager_plans", {}), (x.shape, x.dtype, x.device), x, run,
+                             (w, ws), (gemm._FORCED_CONFIG[0], id(w), id(ws)))
 
     def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """Weight-only schemes, this layer an MLP's merged [gate; up] projection: silu(gate) * up [..., I], the
@@ -203,3 +205,11 @@ class QuantizedLinear(nn.Module):
         if self.scheme.weight_only:
             s += f", group_size={self.group_size}, symmetric={self.symmetric}, act_order={self.perm is not None}"
         return s
+
+
+@functools.cache
+def _ops():
+    """ops.gemm, ops._eager and ops.weight_only, imported on the first forward (a cached call after that, not the
+    import machinery on every call)."""
+    from ..ops import _eager, gemm, weight_only
+    return gemm, _eager, weight_only

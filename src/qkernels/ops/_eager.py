@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .._runtime import RETRY, alloc, current_device_index, recording, replay, replay_state, scratch_now
+from .._runtime import RETRY, alloc, current_device_index, poisoning, recording, replay, replay_state, scratch_now
 
 _X, _WS, _CNT = object(), object(), object()      # argument slots filled per call; an int: the i-th alloc'd tensor
 MAX_PLANS = 64      # per store: many distinct shapes (prefill lengths) start it over rather than grow it
@@ -40,7 +40,7 @@ class EagerPlan:
     specialized on an aligned x), the direct launch, PDL or a simulated capability switched, another current
     device, the stream's split-K scratch not made yet or smaller."""
 
-    __slots__ = ("allocs", "launches", "result", "out_shape", "state", "guard", "scratch")
+    __slots__ = ("allocs", "launches", "result", "out_shape", "state", "guard", "scratch", "temp_bytes", "offsets")
 
     @classmethod
     def build(cls, rec: list, x: torch.Tensor, out: torch.Tensor, owned: tuple, guard):
@@ -87,6 +87,15 @@ class EagerPlan:
         plan = cls()
         plan.allocs, plan.launches, plan.result = allocs, launches, made[out.data_ptr()]
         plan.out_shape, plan.state, plan.guard, plan.scratch = tuple(out.shape), replay_state(), guard, scratch
+        # the temporaries (alloc'd tensors a launch reads or writes, other than the result) as 16-byte aligned
+        # pieces of one byte buffer per call, passed to the launches as addresses; unused ones (empty
+        # placeholders, kept in the template as they are) are not made at all
+        used = sorted({a for _, _, sl in launches for _, a in sl if a.__class__ is int} - {plan.result})
+        plan.offsets, plan.temp_bytes = {}, 0
+        for i in used:
+            shape, dtype = allocs[i]
+            plan.offsets[i] = plan.temp_bytes
+            plan.temp_bytes += -(-math.prod(shape) * dtype.itemsize // 16) * 16
         return plan
 
     def __call__(self, x: torch.Tensor):
@@ -99,7 +108,16 @@ class EagerPlan:
             if (self.scratch[0] and (ws is None or ws.numel() < self.scratch[0])) or \
                     (self.scratch[1] and (cnt is None or cnt.numel() < self.scratch[1])):
                 return None
-        made = [alloc(shape, dtype, x.device) for shape, dtype in self.allocs]
+        if poisoning():     # every tensor made as the full path makes it, poisoned
+            made = [alloc(shape, dtype, x.device) for shape, dtype in self.allocs]
+        else:
+            shape, dtype = self.allocs[self.result]
+            made = {self.result: alloc(shape, dtype, x.device)}
+            if self.temp_bytes:
+                base = alloc((self.temp_bytes,), torch.uint8, x.device)     # alive until the launches are queued
+                at = base.data_ptr()
+                for i, off in self.offsets.items():
+                    made[i] = at + off
         for rec, template, slots in self.launches:
             args = template.copy()
             for i, a in slots:
