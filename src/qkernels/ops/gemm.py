@@ -17,7 +17,7 @@ import torch
 from .. import autotune, configs
 from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, check_same_device, check_tensor,
                         device_name, ensure_context, gpu_slug, is_interpreter, k_splits, lacks_fp8, launch, next_pow2,
-                        not_replayable, pdl_options, register_twin, scoped_value, splitk_scratch, warn_once)
+                        not_replayable, num_sms, pdl_options, register_twin, scoped_value, splitk_scratch, warn_once)
 from .. import reference as ref
 from ..reference import ACTIVATIONS
 from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
@@ -164,7 +164,8 @@ def _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg):
     b_desc = desc.from_tensor(b.t(), [bn, bk], b_layout)
     from ..kernels import _gemm_wg
     unused = c
-    launch(_gemm_wg._i8_wg_kernel, (cdiv(M, bm) * cdiv(N, bn),), a_desc, b_desc, c,
+    grid = (min(cdiv(M, bm) * cdiv(N, bn), num_sms(c.device)),)     # persistent: at most one program per SM
+    launch(_gemm_wg._i8_wg_kernel, grid, a_desc, b_desc, c,
            sa if sa is not None else unused, sb if sb is not None else unused, bias if bias is not None else unused,
            scale_c, M, N, K, c.stride(0), HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
            SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,
