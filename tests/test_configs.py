@@ -35,13 +35,17 @@ def test_shipped_tables_are_well_formed(slug):
             if cfg.get("path") == "tc":      # the Gluon kernel: BLOCK_N = 16 x warps x a power of two
                 assert kind == "w4a16" and cfg["BLOCK_M"] in (8, 16), cfg
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
-            if cfg.get("path") == "wg":      # the Gluon wgmma kernel: warpgroups split BLOCK_N, BLOCK_M its n
+            if cfg.get("path") == "wg" and kind == "int8":      # the Gluon int8 GEMM (kernels/_gemm_wg.py)
+                assert cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2 and cfg["BLOCK_K"] % 32 == 0, cfg
+                assert cfg["BLOCK_M"] % (16 * cfg["num_warps"]) == 0 and cfg["BLOCK_N"] in (16, 32, 64, 128), cfg
+                assert "path" not in cfg["fallback"], cfg
+            elif cfg.get("path") == "wg":    # the Gluon wgmma kernel: warpgroups split BLOCK_N, BLOCK_M its n
                 assert kind == "w4a16" and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2, cfg
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
                 assert cfg["BLOCK_M"] in (8, 16, 32, 64, 128, 256), cfg
                 assert cfg.get("SPLIT_K", 1) == 1 or cfg["MIN_PROGRAMS"] > 0, cfg
             if cfg.get("path") in ("tc", "wg"):     # Gluon: a fallback for what its kernel does not run
-                assert cfg["fallback"]["path"] not in ("tc", "wg"), cfg
+                assert cfg["fallback"].get("path") not in ("tc", "wg"), cfg
                 cfg = cfg["fallback"]
             if cfg.get("path") == "cublas":          # torch._scaled_mm: fp8 only, a tile config for what it does not take
                 assert kind == "fp8" and "path" not in cfg["fallback"], cfg
