@@ -40,9 +40,14 @@ GEMV = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_P
                               (8, 2048, 8, 1), (2, 4096, 2, 1), (4, 512, 2, 1)]]
 CANDIDATES["1"] = GEMV
 CANDIDATES["16384"] = CANDIDATES["4096"]
+
+
+def W(bm, bn, bk, s, w, g=8):
+    return dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, STAGES=s, num_warps=w)
+
+
 # int8 on Hopper: the Gluon kernel (kernels/_gemm_wg.py, wgmma kept in flight), each with the bucket's best tile
 # config as its fallback (calls it does not take), timed after the tile configs
-W = lambda bm, bn, bk, s, w, g=8: dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, STAGES=s, num_warps=w)  # noqa
 WG = [W(256, 128, 128, 4, 8), W(256, 128, 128, 3, 8), W(256, 128, 128, 4, 8, 16), W(128, 128, 128, 4, 4),
       W(128, 128, 128, 3, 4), W(256, 128, 64, 6, 8), W(128, 128, 128, 4, 8)]
 WG_BUCKETS = ("1024", "4096", "16384")
