@@ -134,12 +134,16 @@ WG_FALLBACK = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, GROUP_M=4, num_warps=4, n
 
 @pytest.mark.parametrize("block", [(256, 128, 128, 4, 8), (128, 128, 64, 3, 4)], ids=str)
 @pytest.mark.parametrize("M,N,K", [(1, 40, 64), (45, 72, 160), (0, 16, 32), (7, 9, 0),
-                                   pytest.param(300, 200, 528, marks=gpu), pytest.param(513, 384, 4096, marks=gpu)])
+                                   pytest.param(300, 200, 528, marks=gpu), pytest.param(513, 384, 4096, marks=gpu),
+                                   # more tiles than SMs (programs take several), K of 1-3 steps (short ones fall back)
+                                   pytest.param(2100, 2048, 64, marks=gpu), pytest.param(2100, 2048, 256, marks=gpu),
+                                   pytest.param(2100, 2048, 384, marks=gpu)])
 def test_int8_wg_path_gives_the_tile_kernels_bits(M, N, K, block):
     """The "wg" path (Gluon TMA + wgmma, Hopper) against the Triton tile kernel, which is its twin everywhere else:
     the exact int32 product, and the same epilogue bits (row / column / scalar scales, bias, fp16 / bf16 / fp32),
     tails in M, N and K included (TMA reads zeros past the tensor); calls it does not take (an activation, K not a
-    multiple of 16, a strided weight, no Hopper GPU, the interpreter) run the fallback config."""
+    multiple of 16, fewer k steps than STAGES - 1, a strided weight, no Hopper GPU, the interpreter) run the
+    fallback config."""
     from qkernels.ops import gemm as G
     bm, bn, bk, stages, warps = block
     cfg = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, STAGES=stages, num_warps=warps,

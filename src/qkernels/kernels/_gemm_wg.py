@@ -50,7 +50,8 @@ def _i8_wg_kernel(a_desc, b_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, M, N
     block sizes are also constexprs, so that the launch cache, which sees a descriptor only by its class, tells
     them apart). Persistent: program p takes tiles p, p + num_programs, ... in grouped order (GROUP_M row blocks
     share each weight block in L2). BLOCK_M a multiple of 16 x num_warps (the warps split the tile's rows),
-    BLOCK_N a power of two <= 128."""
+    BLOCK_N a power of two <= 128. Every tile takes at least STAGES - 1 k steps (the launcher checks): the refills
+    of a tile's last steps are then exactly the next tile's first STAGES - 1 steps."""
     W: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 32])
     pid = gl.program_id(0)

@@ -90,8 +90,8 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
         if kind in ("int8", "fp8") and _gemv_ok(a2, b, K):
             return _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg)
         cfg = cfg["fallback"]
-    if cfg.get("path") == "wg":
-        if kind == "int8" and K > 0 and _wg_ok(a2, b, c, act):
+    if cfg.get("path") == "wg":       # its ring looks STAGES - 1 steps ahead within a tile and into the next one
+        if kind == "int8" and cdiv(K, cfg["BLOCK_K"]) >= cfg["STAGES"] - 1 and _wg_ok(a2, b, c, act):
             return _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg)
         cfg = cfg["fallback"]
     grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
