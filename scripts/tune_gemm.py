@@ -136,7 +136,7 @@ for kind in args.kinds:
             paths = [dict(path="cublas", fallback=best[1])]
         if kind == "int8" and bucket in WG_BUCKETS and torch.cuda.get_device_capability(dev) == (9, 0):
             paths = [dict(c, fallback=best[1]) for c in WG]
-        for cfg in list(paths):
+        for cfg in paths:
             times = time_config(cfg)
             results.append((times, cfg))
             gm = math.exp(sum(map(math.log, times)) / len(times))

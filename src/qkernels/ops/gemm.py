@@ -34,6 +34,12 @@ def _kg():
     return _gemm
 
 
+@functools.cache
+def _kwg():
+    from ..kernels import _gemm_wg     # Gluon: imported where the wg path first runs
+    return _gemm_wg
+
+
 _FORCED_CONFIG: list = [None]    # set only inside use_config()
 
 
@@ -162,10 +168,9 @@ def _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg):
     # the weight's [N, K] rows are b's columns: a descriptor of b.t() (rows past M / N and k past K read as zeros)
     a_desc = desc.from_tensor(a2, [bm, bk], a_layout)
     b_desc = desc.from_tensor(b.t(), [bn, bk], b_layout)
-    from ..kernels import _gemm_wg
     unused = c
     grid = (min(cdiv(M, bm) * cdiv(N, bn), num_sms(c.device)),)     # persistent: at most one program per SM
-    launch(_gemm_wg._i8_wg_kernel, grid, a_desc, b_desc, c,
+    launch(_kwg()._i8_wg_kernel, grid, a_desc, b_desc, c,
            sa if sa is not None else unused, sb if sb is not None else unused, bias if bias is not None else unused,
            scale_c, M, N, K, c.stride(0), HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
            SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn,

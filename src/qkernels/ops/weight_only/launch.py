@@ -81,8 +81,8 @@ def fused_swiglu(cfg: dict) -> bool:
 def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg, swiglu=False):
     """out [M, N] ([M, N / 2] with swiglu: fused_swiglu(cfg) must hold) written by one kernel. x2 rows are
     contiguous; scale_zero is [N, G, 2] contiguous, read as one 32-bit word per group (stride in words: G).
-    With split-K the kernels add the partials up themselves: an fp32
-    workspace [split, M, N] and one counter per output tile (_runtime.splitk_scratch: both kept per stream)."""
+    With split-K the kernels add the partials up themselves: an fp32 workspace [split, M, N] and one counter per
+    output tile (_runtime.splitk_scratch: both kept per stream)."""
     M, K = x2.shape
     N = qweight.shape[0]
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu)
@@ -164,4 +164,3 @@ def _runnable(x, qweight, bits, group_size, cfg):
     if cfg["path"] in SUPPORTED and not SUPPORTED[cfg["path"]](bits, x.shape[1], group_size, qweight):
         return cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(x.shape[0]))
     return cfg
-
