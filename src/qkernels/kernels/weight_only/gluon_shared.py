@@ -1,5 +1,6 @@
 """What the Gluon weight-only kernels (tc.py, wg.py) share: free views of 32-bit words as bytes or 16-bit halves
-(identity asm: no instructions), and the split-K fix-up (the Gluon twin of _common._splitk_fixup)."""
+(identity asm: no instructions), the split-K fix-up (the Gluon twin of _common._splitk_fixup) and programmatic
+dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -54,3 +55,20 @@ def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, on, om, mask, M, N, SPLIT_K: gl.co
             acc += gl.load(ws_ptr + sk * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
         gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
     return acc, last
+
+
+@gluon.jit
+def _pdl_launch(PDL: gl.constexpr):
+    """Let the next kernel in the stream start its programs now (launch option launch_pdl; see
+    _common._pdl_launch): only reads of data no earlier kernel writes (weights) may come before _pdl_wait."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pdl_wait(PDL: gl.constexpr):
+    """Wait until the kernel before in the stream has completed and its writes are visible: every load of an
+    activation, every store and every touch of the split-K scratch comes after this."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)

@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .dequant import _NIBBLES_RAW_BF16
-from .gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _pdl_launch, _pdl_wait, _splitk_fixup
 
 TILE_K: gl.constexpr = gl.constexpr(128)     # k per step: two 64-k chunks = 64 code bytes per row
 BYTES: gl.constexpr = gl.constexpr(64)
@@ -117,13 +117,18 @@ def _tc_load_w(w_p, k0):
 
 
 @gluon.jit
-def _tc_load_sx(s_p, x_p, k0, sz, GROUP: gl.constexpr):
-    """One step's (scale, zero) words [BLOCK_N] (per channel: sz, loaded once) and x pairs for the low and high
-    nibbles [BLOCK_M, 32] each (word pointers), x kept in L1 for the other programs."""
+def _tc_load_sz(s_p, k0, sz, GROUP: gl.constexpr):
+    """One step's (scale, zero) words [BLOCK_N] (per channel: sz, loaded once)."""
     if GROUP != PER_CHANNEL:
         sz = gl.load(s_p + k0 // GROUP)
-    return sz, gl.load(x_p + k0 // 2, eviction_policy="evict_last"), \
-        gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
+    return sz
+
+
+@gluon.jit
+def _tc_load_x(x_p, k0):
+    """One step's x pairs for the low and high nibbles [BLOCK_M, 32] each (word pointers), kept in L1 for the
+    other programs."""
+    return gl.load(x_p + k0 // 2, eviction_policy="evict_last"), gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
 
 
 @gluon.jit
@@ -163,13 +168,15 @@ def _tc_math(acc, b, sz, x_lo, x_hi, a_l: gl.constexpr, b_l: gl.constexpr, mma: 
 def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr = 1):
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr = 1,
+                  PDL: gl.constexpr = False):
     """W4A16, K a multiple of 128, GROUP PER_CHANNEL or a multiple of 128. Program (n, k-slice, m):
     BLOCK_N weight rows x BLOCK_M (8 or 16) rows of x. SPLIT_K > 1: program column z covers slice z of K and
     writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32
     counter per (n, m) program, zero between launches). INT_Z: integer zero points, the conversion's magic
     number folds into them ((magic + u) - (magic + z) is exact). STAGES > 1: codes through a shared-memory
-    ring of async copies, STAGES - 1 steps ahead."""
+    ring of async copies, STAGES - 1 steps ahead. PDL (programmatic dependent launch): the first steps' codes and
+    (scale, zero) words are fetched before waiting for the kernel before, x after."""
     W: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
@@ -209,7 +216,7 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     # (STAGES 1) or through a ring of STAGES shared-memory buffers filled by async copies STAGES - 1 steps ahead
     # (many more bytes in flight, without registers). Steps past the slice's end read its first step again:
     # in bounds, unused. Each thread reads back only the bytes it copied: no barriers.
-    nsz, nxl, nxh = _tc_load_sx(s_p, x_p, k_lo, sz, GROUP)
+    nsz = _tc_load_sz(s_p, k_lo, sz, GROUP)
     if STAGES == 1:
         nw = _tc_load_w(w_p, k_lo)
     else:
@@ -219,11 +226,15 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             async_copy.async_copy_global_to_shared(ring.index(i), w_p + gl.where(ki < k_hi, ki, k_lo) // 8,
                                                    cache_modifier=".cg")
             async_copy.commit_group()
+    _pdl_launch(PDL)
+    _pdl_wait(PDL)
+    nxl, nxh = _tc_load_x(x_p, k_lo)
     for k0 in range(k_lo, k_hi, TILE_K):
         sz, xwl_, xwh_ = nsz, nxl, nxh
         k1 = k0 + TILE_K
         k1 = gl.where(k1 < k_hi, k1, k_lo)
-        nsz, nxl, nxh = _tc_load_sx(s_p, x_p, k1, sz, GROUP)
+        nsz = _tc_load_sz(s_p, k1, sz, GROUP)
+        nxl, nxh = _tc_load_x(x_p, k1)
         if STAGES == 1:
             words = nw
             nw = _tc_load_w(w_p, k1)

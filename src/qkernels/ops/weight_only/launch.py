@@ -94,14 +94,14 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
         ws = cnt = out
     if cfg["path"] == "tc":
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
-               scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs)
+               scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl_options(x2.device))
     elif cfg["path"] == "wg":
         # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
         # descriptor only by its class: its dtype follows out's, its blocks the constexprs
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
                ws, cnt, **constexprs)
-    else:      # gemv / mm: only the GEMV starts early under PDL (it prefetches its first weight step)
+    else:      # gemv / mm: the GEMV starts early under PDL (it prefetches its first weight step), as tc does
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
                qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs,
                **(pdl_options(x2.device) if cfg["path"] == "gemv" else {}))
