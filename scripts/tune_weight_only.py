@@ -1,7 +1,13 @@
 """Pick the weight-only (W4A16 / W8A16) path and kernel config per M bucket on this GPU and write them
 into src/qkernels/configs/<gpu>.json ("w4a16" / "w8a16"). Each candidate is timed with CUDA-graph
 replay on the three Llama-3-8B shapes; the score is the geometric mean of time / best time per shape.
-Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]"""
+Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]
+
+--chain (decode buckets, M <= 16): each candidate is timed as a decode step runs it instead, on Llama-3-8B's
+decode shapes, separate (a Hugging Face model's) and merged (the runtime's): one CUDA graph calling it
+on weight copies spanning >= 256 MB (bench.decode_gemv's method: no weight is in L2 when its call runs,
+and a call overlaps the previous one's tail under programmatic dependent launch). One-call graphs time a
+cold start after an L2 flush and pick other configs there."""
 import argparse
 import ast
 import itertools
@@ -16,11 +22,13 @@ import torch
 import qkernels as qk
 from qkernels import configs
 from qkernels._runtime import device_name, gpu_slug
+from qkernels.bench.decode_gemv import SPAN, chain_us
 from qkernels.bench.harness import time_us
 from qkernels.ops import weight_only as WO
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
+CHAIN_SHAPES = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
 
 
 def gemv(bn, bk, w, s, min_programs=0):
@@ -142,7 +150,12 @@ def main():
     ap.add_argument("--from-log", type=Path, nargs="+", help="no timing: shape overrides from earlier sweeps' logs")
     ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
     ap.add_argument("--paths", nargs="+", help="only candidates of these paths (and the table's current config)")
+    ap.add_argument("--chain", action="store_true",
+                    help="decode buckets (M <= 16) timed over weight copies as a decode step runs them (above)")
     args = ap.parse_args()
+    if args.chain and (args.from_log or max(args.buckets) > 16):
+        ap.error("--chain times decode buckets (--buckets of 16 or less) and cannot replay logs (--from-log)")
+    shapes = CHAIN_SHAPES if args.chain else SHAPES
     if args.from_log:
         path = Path(configs.__file__).parent / f"{args.gpu}.json"
         table = json.loads(path.read_text())
@@ -156,12 +169,15 @@ def main():
     slug = gpu_slug(device_name(dev))
     path = Path(configs.__file__).parent / f"{slug}.json"
     table = json.loads(path.read_text()) if path.exists() else {}
-    weights = {}
+    weights = {}      # (bits, N, K) -> the weight, or its copies with --chain
     for bits in args.bits:
-        for N, K in SHAPES:
+        for N, K in shapes:
             w = torch.randn(N, K, device=dev, dtype=torch.float16) / K ** 0.5
-            weights[bits, N, K] = (qk.PackedWeight.from_float(w, 4, 128, symmetric=False) if bits == 4 else
-                                   qk.PackedWeight.from_float(w, 8, -1, symmetric=True))
+            make = (lambda: qk.PackedWeight.from_float(w, 4, 128, symmetric=False)) if bits == 4 else \
+                (lambda: qk.PackedWeight.from_float(w, 8, -1, symmetric=True))
+            pw = make()
+            copies = max(2, math.ceil(SPAN / (pw.qweight.nbytes + pw.scale_zero.nbytes))) if args.chain else 1
+            weights[bits, N, K] = [pw] + [make() for _ in range(copies - 1)]
     t0 = time.time()
     for bits in args.bits:
         key = f"w{bits}a16"
@@ -184,22 +200,23 @@ def main():
             for cfg in cands:
                 times = []
                 try:
-                    for N, K in SHAPES:
-                        pw = weights[bits, N, K]
+                    for N, K in shapes:
+                        pws = weights[bits, N, K]
                         x = torch.randn(m, K, device=dev, dtype=torch.float16)
+                        calls = [lambda pw=pw: WO._weight_only(x, pw, None, bits, "tune") for pw in pws]
                         with WO.use_config(cfg):
-                            times.append(time_us(lambda: WO._weight_only(x, pw, None, bits, "tune"),
-                                                 mode="graph", rep_ms=25, warmup_ms=5))
+                            times.append(chain_us(calls, True) if args.chain else
+                                         time_us(calls[0], mode="graph", rep_ms=25, warmup_ms=5))
                 except Exception as e:   # e.g. out of shared memory or registers
                     print(f"{key} M={m} {cfg} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
                 results.append((times, cfg))
                 print(f"{key} M={m:5d} {cfg} {['%.2f' % t for t in times]}", flush=True)
-            best_per_shape = [min(r[0][i] for r in results) for i in range(len(SHAPES))]
-            score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(SHAPES))  # noqa
+            best_per_shape = [min(r[0][i] for r in results) for i in range(len(shapes))]
+            score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(shapes))  # noqa
             times, cfg = min(results, key=score)
             tab[str(m)] = cfg
-            configs.set_shape_overrides(tab, key, m, SHAPES, results, cfg)
+            configs.set_shape_overrides(tab, key, m, shapes, results, cfg)
             others = [r for r in results if r[1]["path"] not in WO.SUPPORTED]
             if others:
                 _attach_fallback(tab, m, min(others, key=score)[1])

@@ -44,7 +44,7 @@ def _nbytes(m) -> int:
                                                         list(m.parameters()) + list(m.buffers())}.values())
 
 
-def _chain_us(calls: list, gpu: bool) -> float:
+def chain_us(calls: list, gpu: bool) -> float:
     """Time per call of `calls` run back to back, captured in one CUDA graph (GPU) or eager (CPU)."""
     import time
     for c in calls:
@@ -161,7 +161,7 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
                                 calls = [lambda w=w: F.linear(x, w) for w in ws]
                             else:
                                 calls = [lambda w=w: w(x) for w in ws]
-                            us = _chain_us(calls, gpu)
+                            us = chain_us(calls, gpu)
                             kernels = _kernels_per_call(calls[0]) if gpu else float("nan")
                     except Exception as e:       # a peer that cannot run this shape: say so, go on
                         print(f"{model} {layer} {N}x{K} M={M} {prov}: failed: {type(e).__name__}: {str(e)[:160]}")
