@@ -128,7 +128,8 @@ def _tc_load_sz(s_p, k0, sz, GROUP: gl.constexpr):
 def _tc_load_x(x_p, k0):
     """One step's x pairs for the low and high nibbles [BLOCK_M, 32] each (word pointers), kept in L1 for the
     other programs."""
-    return gl.load(x_p + k0 // 2, eviction_policy="evict_last"), gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
+    return (gl.load(x_p + k0 // 2, eviction_policy="evict_last"),
+            gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last"))
 
 
 @gluon.jit
