@@ -29,7 +29,9 @@ shift), half a paired subtract of (magic + zero point) (exact for integer zero p
 The scale is applied per row after the MMA, once per 128-k step (group sizes of a multiple of 128; per
 channel: once at the end), in fp32. Measured on the H100 (docs/design.md): ~2.2
 instructions per weight in the loop, yet 1.6-1.8 TB/s of weights at M = 1 (ncu): latency-bound, not
-issue-bound; level with the GEMV at M = 1, ahead of the Triton mm kernel at M = 2-8 on some shapes.
+issue-bound. Launched with programmatic dependent launch on Hopper (the first steps' codes fetched before the
+wait, as the GEMV does): in a decode chain ahead of the GEMV at M = 1 on long-K shapes (4096x14336) and of the
+other kernels at M = 2-16 on most decode shapes (the H100 table, tuned by tune_weight_only.py --chain).
 """
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
