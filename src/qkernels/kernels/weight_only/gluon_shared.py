@@ -3,6 +3,7 @@
 dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import schemes
 
@@ -62,8 +63,7 @@ def _pdl_launch(PDL: gl.constexpr):
     """Let the next kernel in the stream start its programs now (launch option launch_pdl; see
     _common._pdl_launch): only reads of data no earlier kernel writes (weights) may come before _pdl_wait."""
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+        gdc_launch_dependents()
 
 
 @gluon.jit
@@ -71,4 +71,4 @@ def _pdl_wait(PDL: gl.constexpr):
     """Wait until the kernel before in the stream has completed and its writes are visible: every load of an
     activation, every store and every touch of the split-K scratch comes after this."""
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gdc_wait()
