@@ -74,3 +74,15 @@ def test_tp_table_and_targets(tmp_path):
     assert "| llama3-8b | w4a16 | 2 | 1250 | 800 | 50% | 20 | 1.6 |" in text
     assert "- llama3-8b W4A16 TP=2 ≥ 1.5x TP=1: 1.60x — met" in text
     assert "- llama3-70b W4A16 TP=2 ≥ 1.6x TP=1: 1.50x — **not met**" in text
+
+
+def test_ppl_targets_group_calibrated_methods_by_group_size():
+    rows = [dict(scheme="w4a16-g64-awq", delta_pct=16.9), dict(scheme="w4a16-g64-gptq-act", delta_pct=12.5),
+            dict(scheme="w4a16-g64-awq+gptq-act", delta_pct=7.9), dict(scheme="w4a16-g32-gptq", delta_pct=16.5),
+            dict(scheme="w4a16-g32-awq+gptq-act", delta_pct=7.5), dict(scheme="w4a16-g128", delta_pct=8.2)]
+    lines = report._ppl_targets(rows)
+    targets = [ln for ln in lines if ln.startswith("- ")]
+    assert "- w4a16-g64 (best calibrated method) ≤ +8%: +7.90% (w4a16-g64-awq+gptq-act) — met" in targets
+    assert "- w4a16-g32 (best calibrated method) ≤ +6%: +7.50% (w4a16-g32-awq+gptq-act) — not met" in targets
+    assert "- w4a16-g128 ≤ +8%: +8.20% (w4a16-g128) — not met" in targets
+    assert not any(ln.startswith("- w4a16 ") for ln in targets)      # no group keyed on the bare scheme

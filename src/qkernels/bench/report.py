@@ -234,7 +234,9 @@ def _ppl_targets(rows) -> list[str]:
     lines = ["Targets (perplexity increase over the unquantized bf16 model):", ""]
     groups = {}
     for scheme, lim in TARGETS.items():
-        key = scheme.rsplit("-", 2)[0] if "-g" in scheme and any(m in scheme for m in ("gptq", "awq")) else scheme
+        # calibrated weight-only rows ("w4a16-g64-awq+gptq-act"): one target per scheme and group size, met by the
+        # best of its methods
+        key = "-".join(scheme.split("-")[:2]) if any(m in scheme for m in ("gptq", "awq")) else scheme
         groups.setdefault((key, lim), []).append(scheme)
     for (key, lim), schemes in groups.items():
         got = [by[s] for s in schemes if s in by]
