@@ -361,6 +361,33 @@ def test_real_sizes(M, N, K, bits, group_size, path):
     _check(_run(x, pw, path=path), _ref(x, pw), torch.float16)
 
 
+def _table_entries():
+    """(kind, key, config) of every weight-only entry of this GPU's shipped table (none off a GPU or without one)."""
+    if not ON_GPU:
+        return []
+    from qkernels import configs
+    from qkernels._runtime import device_name, gpu_slug
+    table = configs.load(gpu_slug(device_name(torch.device(DEVICE))))
+    return [(kind, key, cfg) for kind in ("w4a16", "w8a16") for key, cfg in (table.get(kind) or {}).items()]
+
+
+@gpu
+@pytest.mark.parametrize("kind,key,cfg", _table_entries(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_shipped_config(kind, key, cfg):
+    """Each entry of this GPU's table (and its fallback) at its bucket's M on the shape it was tuned for (a shape
+    override's N x K; 4096 x 4096 for a bucket), as the dispatch runs it."""
+    bucket, *shape = key.split(":")
+    N, K = (int(shape[0][1:]), int(shape[1][1:])) if shape else (4096, 4096)
+    M = max(1, int(bucket) // 2 + 1)              # inside the bucket: the largest M of the one below plus one
+    bits = int(kind[1])
+    pw = _weight(N, K, bits, 128 if bits == 4 else -1, bits == 8)
+    x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+    for c in [cfg] + ([cfg["fallback"]] if "fallback" in cfg else []):
+        with qk.poison_outputs(), WO.use_config(c):
+            got = WO._weight_only(x, pw, None, bits, "test")
+        _check(got, _ref(x, pw), torch.float16)
+
+
 def test_force_path_is_scoped_and_checked():
     assert WO.dispatch.forced_path() is None
     with WO.force_path("mm-splitk"):
