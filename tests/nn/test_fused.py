@@ -123,8 +123,74 @@ def test_fuse_respects_skip_and_non_swiglu():
     model, _ = _tiny("llama")
     model.model.layers[0].mlp.act_fn = nn.GELU()
     assert not fusable(model.model.layers[0])
-    # weight-only schemes: norms become the kernel, the MLP stays (no quantized activations to fuse)
+    # weight-only schemes fuse too (gate|up with SwiGLU in one call); a skipped projection keeps its layer's MLP
+    model, _ = _tiny("llama")
+    quantize_(model, "w4a16", group_size=32, skip=("lm_head", "layers.1.mlp.up_proj"), progress=False)
+    assert isinstance(model.model.layers[0].input_layernorm, RMSNorm)
+    assert isinstance(model.model.layers[0].mlp, QuantizedMLP)
+    assert type(model.model.layers[1].mlp.up_proj) is nn.Linear
+
+
+WEIGHT_ONLY = [("w4a16", dict(group_size=32)), ("w8a16", {}),
+               ("w4a16", dict(group_size=32, method="gptq", act_order=True))]
+
+
+@pytest.mark.parametrize("scheme,kw", WEIGHT_ONLY, ids=["w4a16", "w8a16", "w4a16-gptq-act"])
+def test_weight_only_fused_model_matches_unfused(scheme, kw):
+    """The fused MLP holds the unfused layers' codes (gate|up concatenated, whatever method made them) and
+    computes the same function: norm kernel, gate|up with SwiGLU, down."""
+    model, cfg = _tiny("qwen3")
+    plain = _copy(model, cfg)
+    ids = torch.randint(0, 128, (2, 7), device=DEVICE)
+    if kw.get("method"):
+        kw = dict(kw, calibration=torch.randint(0, 128, (2, 16), device=DEVICE))
+    with torch.no_grad():
+        want = model(ids).logits
+        quantize_(model, scheme, progress=False, **kw)
+        quantize_(plain, scheme, progress=False, fuse=False, **kw)
+        got, unfused = model(ids).logits, plain(ids).logits
+    for layer, ref_layer in zip(model.model.layers, plain.model.layers):
+        assert isinstance(layer.mlp, QuantizedMLP) and isinstance(layer.post_attention_layernorm, nn.Identity)
+        g, u = ref_layer.mlp.gate_proj, ref_layer.mlp.up_proj
+        assert_bit_exact(layer.mlp.gate_up_proj.qweight, torch.cat([g.qweight, u.qweight]))
+        assert_bit_exact(layer.mlp.gate_up_proj.scale_zero, torch.cat([g.scale_zero, u.scale_zero]))
+        assert_bit_exact(layer.mlp.down_proj.qweight, ref_layer.mlp.down_proj.qweight)
+    # the same weights; the norm's and SwiGLU's roundings differ from the model's eager ops, and the fused model is
+    # as close to the float one as the unfused
+    assert rel_err(got, unfused) < 0.02
+    assert rel_err(got, want) < 1.1 * rel_err(unfused, want) + 0.005
+
+
+def test_weight_only_quantized_mlp_is_its_ops():
     model, _ = _tiny("llama")
     quantize_(model, "w4a16", group_size=32, progress=False)
-    assert isinstance(model.model.layers[0].input_layernorm, RMSNorm)
-    assert not any(isinstance(m, QuantizedMLP) for m in model.modules())
+    qm = model.model.layers[0].mlp
+    h = torch.randn(3, 5, 64, device=DEVICE, dtype=torch.float16)
+    with qk.poison_outputs(), torch.no_grad():
+        got = qm(h)
+        y = qk.rms_norm(h, qm.norm.weight, qm.norm.variance_epsilon)
+        gu = qk.w4a16_linear(y, qm.gate_up_proj.packed_weight())
+        want = qk.w4a16_linear(qk.silu_and_mul(gu), qm.down_proj.packed_weight())
+    assert rel_err(got, want) < 1e-3        # SwiGLU in the GEMV's epilogue or after the product: same roundings
+
+
+def test_weight_only_fused_save_load_and_gptq_round_trip(tmp_path):
+    model, cfg = _tiny("llama")
+    quantize_(model, "w4a16", group_size=32, symmetric=True, progress=False)
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    with torch.no_grad():
+        want = model(ids).logits
+    save_quantized(model, tmp_path / "qk")
+    loaded = load_quantized(cfg, tmp_path / "qk", device=DEVICE).eval()
+    assert isinstance(loaded.model.layers[1].mlp, QuantizedMLP)
+    with torch.no_grad():
+        assert_bit_exact(loaded(ids).logits, want)
+    # the GPTQ format writes the model's own modules (gate / up / down, post_attention_layernorm)
+    save_quantized(model, tmp_path / "gptq", format="gptq")
+    back = qk.load_pretrained(tmp_path / "gptq", device=DEVICE)
+    assert isinstance(back.model.layers[0].mlp.gate_proj, QuantizedLinear)
+    for a, b in zip(back.model.layers, model.model.layers):
+        assert_bit_exact(a.post_attention_layernorm.weight, b.mlp.norm.weight)
+        assert_bit_exact(torch.cat([a.mlp.gate_proj.qweight, a.mlp.up_proj.qweight]), b.mlp.gate_up_proj.qweight)
+    with torch.no_grad():
+        assert rel_err(back(ids).logits.float(), want.float()) < 0.02

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..nn.checkpoints import SafetensorsDir
-from ..nn.linear import QuantizedLinear
+from ..nn.linear import QuantizedLinear, same_act_order
 from ..schemes import Scheme, parse_scheme
 from .config import ModelArgs
 from .llama import Transformer
@@ -140,10 +140,8 @@ def _float_linear(w: torch.Tensor, b: torch.Tensor | None, device, dtype) -> nn.
 
 def merge_linears(mods: list[nn.Module], device, dtype) -> nn.Module:
     """One linear computing the outputs of `mods` side by side (they share the input). Float linears
-    concatenate their weights; QuantizedLinears of the same configuration concatenate their codes, scales
-    (and zero points) row-wise, which is exactly what quantizing the concatenated float weight gives,
-    since every scheme quantizes each output row on its own. Act-order layers merge only when their
-    permutations are equal (a different order of K per projection cannot share one input)."""
+    concatenate their weights, QuantizedLinears their codes and scales (QuantizedLinear.concat); act-order
+    layers whose permutations differ (each orders K its own way) stay side by side (Concat)."""
     if all(type(m) is nn.Linear for m in mods):
         w = torch.cat([m.weight.detach().to(device, dtype) for m in mods])
         has_b = any(m.bias is not None for m in mods)
@@ -154,26 +152,9 @@ def merge_linears(mods: list[nn.Module], device, dtype) -> nn.Module:
         kinds = sorted({type(m).__name__ for m in mods})
         raise ValueError(f"cannot merge a mix of float and quantized projections ({kinds}): quantize every "
                          f"projection of a block with the same scheme")
-    first = mods[0]
-    facts = lambda m: (m.scheme, m.in_features, getattr(m, "group_size", None), getattr(m, "symmetric", None),  # noqa
-                       getattr(m, "int_zeros", None), m.bias is not None)
-    if any(facts(m) != facts(first) for m in mods):
-        raise ValueError(f"cannot merge quantized projections of different configurations: "
-                         f"{[facts(m) for m in mods]}")
-    if first.scheme.weight_only:
-        perms = [m.perm for m in mods]
-        if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
-            return Concat([m.to(device) for m in mods])
-    N = sum(m.out_features for m in mods)
-    out = QuantizedLinear(first.in_features, N, first.bias is not None, first.scheme, "meta",
-                          dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16)
-    names = ["qweight", "scale_zero"] if first.scheme.weight_only else ["weight", "weight_scale"]
-    for n in names + (["bias"] if first.bias is not None else []):
-        setattr(out, n, torch.cat([getattr(m, n).detach().to(device) for m in mods]))
-    if first.scheme.weight_only:
-        out.perm = first.perm.to(device) if first.perm is not None else None
-        out.int_zeros = first.int_zeros
-    return out
+    if mods[0].scheme.weight_only and not same_act_order(mods):
+        return Concat([m.to(device) for m in mods])
+    return QuantizedLinear.concat(mods, device)
 
 
 class Concat(nn.Module):

@@ -347,7 +347,19 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
     a directory that load_pretrained / from_pretrained refuse with a clear error (other GPTQ loaders do not
     check it), never a half-written file."""
     from safetensors.torch import save_file
-    qs = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+
+    from .fused import QuantizedMLP
+    mlps = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedMLP)}
+    inside = tuple(f"{p}." for p in mlps)
+    qs = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear) and not n.startswith(inside)}
+    norms = {}
+    for p, m in mlps.items():     # a fused MLP (quantize_'s fuse) is written as the model's own modules
+        if p.rpartition(".")[2] != "mlp":
+            raise ValueError(f"a QuantizedMLP is written as its decoder layer's mlp and post_attention_layernorm: "
+                             f"expected it at '<layer>.mlp', got {p!r}")
+        qs[f"{p}.gate_proj"], qs[f"{p}.up_proj"] = m.gate_up_proj.split([m.intermediate_size] * 2)
+        qs[f"{p}.down_proj"] = m.down_proj
+        norms[f"{p[:-len('mlp')]}post_attention_layernorm.weight"] = m.norm.weight.detach().contiguous().cpu()
     if not qs:
         raise ValueError("model has no QuantizedLinear layers: nothing to write in the GPTQ format")
     bad = [n for n, m in qs.items() if not m.scheme.weight_only]
@@ -369,7 +381,8 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
     for n, m in qs.items():
         for k, v in gptq_tensors(m, checkpoint_format).items():
             tensors[f"{n}.{k}"] = v.cpu()
-    skip = tuple(f"{n}." for n in qs)
+    skip = tuple(f"{n}." for n in qs) + inside
+    tensors.update(norms)
     seen = {}
     for name, t in model.state_dict().items():
         if name.startswith(skip) or t is None:

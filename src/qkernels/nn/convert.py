@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .fused import QuantizedMLP, RMSNorm, fusable, is_rms_norm
+from .fused import QuantizedMLP, RMSNorm, fusable_quantized, is_rms_norm
 from ..schemes import PER_CHANNEL, SCHEME_NAMES, W8A8, Scheme, parse_scheme
 from .linear import QuantizedLinear
 
@@ -96,10 +96,11 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
     activation-aware per-channel scales folded into the preceding norm / linear and a clipping search,
     then round to nearest) or "awq+gptq" (AWQ's scales, then GPTQ's rounding and range search). All need
     `calibration`; with `device` each decoder layer is calibrated there.
-    fuse (default): Llama / Qwen-style RMSNorm modules become qkernels.nn.RMSNorm (one kernel), and
-    with the w8a8 schemes each decoder layer's post-attention RMSNorm + SwiGLU MLP becomes a
-    qkernels.nn.QuantizedMLP: the norm and SwiGLU kernels quantize the activations they produce,
-    gate and up run as one GEMM (qkernels.nn.fused).
+    fuse (default): Llama / Qwen-style RMSNorm modules become qkernels.nn.RMSNorm (one kernel), and each
+    decoder layer's post-attention RMSNorm + SwiGLU MLP whose projections were all quantized becomes a
+    qkernels.nn.QuantizedMLP: gate and up run as one GEMM (their codes concatenated), the w8a8 schemes'
+    norm and SwiGLU kernels quantize the activations they produce, the weight-only schemes apply SwiGLU in
+    the gate|up call (qkernels.nn.fused).
     Returns the model.
     """
     if not isinstance(model, nn.Module):
@@ -128,19 +129,8 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
     if act_order and "gptq" not in method:
         raise ValueError(f"act_order applies to method='gptq' / 'awq+gptq', got method {method!r}")
 
-    mlp_layers = []
-    if fuse and not scheme.weight_only:
-        for name, mod in model.named_modules():
-            if fusable(mod):
-                names = [f"{name}.mlp.{p}" if name else f"mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
-                if not any(_skipped(n, skip) or (filter_fn is not None and not filter_fn(model.get_submodule(n), n))
-                           or _layer_problem(model.get_submodule(n), scheme) for n in names):
-                    mlp_layers.append(name)
-    in_fused = tuple(f"{n}.mlp." if n else "mlp." for n in mlp_layers)
     targets, skipped = [], []
     for name, mod in model.named_modules():
-        if in_fused and name.startswith(in_fused):
-            continue
         if not isinstance(mod, nn.Linear) or isinstance(mod, QuantizedLinear):
             continue
         if _skipped(name, skip) or (filter_fn is not None and not filter_fn(mod, name)):
@@ -179,19 +169,6 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
             packed = gptq_(model, calibration, scheme.bits, scheme.group_size, scheme.symmetric,
                            wanted=lambda n, m: n in chosen, act_order=act_order, device=device, scale_dtype=sdt,
                            progress=progress)
-    if mlp_layers:
-        err = _scheme_error(scheme, device or model.get_submodule(mlp_layers[0]).mlp.gate_proj.weight.device)
-        if err:
-            raise RuntimeError(err)
-        if dtype is None:
-            wdt = model.get_submodule(mlp_layers[0]).mlp.gate_proj.weight.dtype
-            if wdt not in (torch.float16, torch.bfloat16):
-                raise TypeError(f"the quantized schemes take float16 / bfloat16 activations, got weight dtype "
-                                f"{str(wdt).replace('torch.', '')}: pass dtype=torch.float16 or torch.bfloat16")
-    for name in mlp_layers:     # fused norm + SwiGLU MLPs first (their linears are not in targets)
-        layer = model.get_submodule(name)
-        layer.mlp = QuantizedMLP.from_modules(layer.post_attention_layernorm, layer.mlp, scheme, device, dtype)
-        layer.post_attention_layernorm = nn.Identity()
     if fuse:
         for name in [n for n, m in model.named_modules() if is_rms_norm(m) and not isinstance(m, RMSNorm)]:
             _set_module(model, name, RMSNorm.from_module(model.get_submodule(name)))
@@ -216,6 +193,10 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
             q = QuantizedLinear.from_linear(src, scheme)
         _set_module(model, name, q)
         del src, lin, w                      # the float weight goes now, not at the end
+    if fuse:      # a block's post-attention norm + SwiGLU MLP with every projection quantized: one module
+        for layer in [m for m in model.modules() if fusable_quantized(m)]:
+            layer.mlp = QuantizedMLP.from_quantized(layer.post_attention_layernorm, layer.mlp)
+            layer.post_attention_layernorm = nn.Identity()
     if device is not None or dtype is not None:
         model.to(device=device, dtype=dtype)   # QuantizedLinear keeps its codes' and fp32 scales' dtypes
     if skipped:
@@ -291,7 +272,8 @@ def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
     replace_atomically(out / weights, lambda tmp: save_file(tensors, str(tmp)))
     digest = file_digest(out / weights)
     fused = {"mlps": {n: {"hidden": m.hidden_size, "intermediate": m.intermediate_size,
-                          "eps": m.norm.variance_epsilon, "scheme": m.scheme.name, "bias": m.down_proj.bias is not None}
+                          "eps": m.norm.variance_epsilon, "scheme": getattr(m.scheme, "spec", m.scheme.name),
+                          "bias": m.down_proj.bias is not None}
                       for n, m in model.named_modules() if isinstance(m, QuantizedMLP)},
              "norms": {n: {"hidden": m.weight.shape[0], "eps": m.variance_epsilon}
                        for n, m in model.named_modules()

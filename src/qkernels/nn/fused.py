@@ -2,11 +2,13 @@
 
 - `RMSNorm`: drop-in for the models' RMSNorm (weight, variance_epsilon), one qkernels.rms_norm kernel
   instead of six eager ops.
-- `QuantizedMLP` (w8a8 schemes): replaces a block's post-attention RMSNorm and its SwiGLU MLP.
-  The norm kernel writes the int8 / fp8 codes of its output and their per-token scales (the float
-  output never goes to memory), one GEMM computes gate and up together, silu_and_mul quantizes its
-  output in the same pass, and down_proj takes those codes. Per layer that removes two activation
-  quantization passes, the norm's float output, one GEMM launch and the eager SwiGLU ops.
+- `QuantizedMLP`: replaces a block's post-attention RMSNorm and its SwiGLU MLP; gate and up run as one
+  GEMM. w8a8 schemes: the norm kernel writes the int8 / fp8 codes of its output and their per-token
+  scales (the float output never goes to memory), silu_and_mul quantizes its output in the same pass,
+  and down_proj takes those codes: per layer two activation quantization passes, the norm's float
+  output, one GEMM launch and the eager SwiGLU ops fewer. Weight-only schemes: the norm kernel, then
+  the gate|up product with SwiGLU applied in the same call (at decode sizes in the GEMV's epilogue:
+  QuantizedLinear.forward_swiglu), then down: one launch and the eager SwiGLU ops fewer per layer.
 
 Attention stays the model's own (PyTorch scaled_dot_product_attention): the q/k/v projections
 still quantize the input norm's output themselves, because the model's attention module calls them
@@ -21,8 +23,8 @@ from torch import nn
 
 from .. import reference as ref
 from .._runtime import runs_kernels
-from ..schemes import W8A8, Scheme, parse_scheme
-from .linear import QuantizedLinear
+from ..schemes import Scheme, parse_scheme
+from .linear import QuantizedLinear, concat_problem
 
 
 class RMSNorm(nn.Module):
@@ -51,15 +53,14 @@ class RMSNorm(nn.Module):
 
 
 class QuantizedMLP(nn.Module):
-    """post-attention RMSNorm -> gate|up W8A8 GEMM -> SiLU(gate) * up -> down W8A8 GEMM, with the
-    activations quantized per token inside the norm and SwiGLU kernels."""
+    """post-attention RMSNorm -> gate|up GEMM -> SiLU(gate) * up -> down GEMM. w8a8 schemes quantize the
+    activations per token inside the norm and SwiGLU kernels; weight-only schemes apply SwiGLU in the gate|up
+    call (QuantizedLinear.forward_swiglu)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, eps: float = 1e-6, scheme: str | W8A8 = "w8a8",
+    def __init__(self, hidden_size: int, intermediate_size: int, eps: float = 1e-6, scheme: str | Scheme = "w8a8",
                  bias: bool = False, device=None, dtype: torch.dtype = torch.float16):
         super().__init__()
         scheme = parse_scheme(scheme)
-        if scheme.weight_only:
-            raise ValueError(f"scheme must be a W8A8 scheme ('w8a8' or 'w8a8-fp8'), got {scheme.name!r}")
         self.scheme, self.hidden_size, self.intermediate_size = scheme, hidden_size, intermediate_size
         self.norm = RMSNorm(hidden_size, eps, device=device, dtype=dtype)
         self.gate_up_proj = QuantizedLinear(hidden_size, 2 * intermediate_size, bias, scheme, device, dtype)
@@ -89,7 +90,23 @@ class QuantizedMLP(nn.Module):
         mod.down_proj = QuantizedLinear.from_linear(down, scheme)
         return mod
 
+    @classmethod
+    def from_quantized(cls, norm: nn.Module, mlp: nn.Module) -> "QuantizedMLP":
+        """From a layer's post-attention RMSNorm and an MLP whose gate / up / down are already QuantizedLinear
+        layers of one scheme (fusable_quantized): gate and up concatenated row-wise (QuantizedLinear.concat: the
+        same codes, whatever method quantized them), down as it is."""
+        g, u, d = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        w = norm.weight.detach()
+        mod = cls(g.in_features, g.out_features, float(norm.variance_epsilon), g.scheme, g.bias is not None, "meta",
+                  w.dtype)
+        mod.norm.weight = nn.Parameter(w, requires_grad=False)
+        mod.gate_up_proj = QuantizedLinear.concat([g, u])
+        mod.down_proj = d
+        return mod
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.scheme.weight_only:
+            return self.down_proj(self.gate_up_proj.forward_swiglu(self.norm(h)))
         fmt = self.scheme.format
         eps = self.norm.variance_epsilon
         if runs_kernels(h):
@@ -118,6 +135,21 @@ def is_rms_norm(mod: nn.Module) -> bool:
 
 def _is_silu(act) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def fusable_quantized(layer: nn.Module) -> bool:
+    """A decoder layer whose post_attention_layernorm -> mlp is RMSNorm -> SwiGLU(gate, up) -> down with
+    QuantizedLinear projections of one scheme, gate and up concatenable (QuantizedLinear.concat)."""
+    norm, mlp = getattr(layer, "post_attention_layernorm", None), getattr(layer, "mlp", None)
+    if norm is None or mlp is None or not is_rms_norm(norm):
+        return False
+    lins = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(m, QuantizedLinear) for m in lins) or not _is_silu(getattr(mlp, "act_fn", None)):
+        return False
+    g, u, d = lins
+    return (g.in_features == u.in_features == d.out_features and g.out_features == u.out_features == d.in_features
+            and g.scheme == u.scheme == d.scheme and (g.bias is None) == (d.bias is None)
+            and concat_problem([g, u]) is None)
 
 
 def fusable(layer: nn.Module) -> bool:

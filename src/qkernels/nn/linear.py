@@ -99,6 +99,45 @@ class QuantizedLinear(nn.Module):
             mod.bias.copy_(bias)
         return mod
 
+    @classmethod
+    def concat(cls, layers: list["QuantizedLinear"], device=None) -> "QuantizedLinear":
+        """One layer computing `layers`' outputs side by side (layers sharing their input: q | k | v, gate | up):
+        codes, scales (and zero points) and biases concatenated row-wise, which is exactly what quantizing the
+        concatenated float weight gives, since every scheme quantizes each output row on its own. The layers must
+        agree on scheme, in_features, group size, symmetry, integer zero points, bias or none, and act-order
+        permutation: a ValueError says what differs (concat_problem). device: where the new layer's tensors go
+        (default: the first layer's)."""
+        why = concat_problem(layers)
+        if why:
+            raise ValueError(f"cannot concatenate these quantized layers: {why}")
+        first = layers[0]
+        names = ["qweight", "scale_zero"] if first.scheme.weight_only else ["weight", "weight_scale"]
+        dev = device if device is not None else getattr(first, names[0]).device
+        out = cls(first.in_features, sum(m.out_features for m in layers), first.bias is not None, first.scheme, "meta")
+        for n in names + (["bias"] if first.bias is not None else []):
+            setattr(out, n, torch.cat([getattr(m, n).detach().to(dev) for m in layers]))
+        if first.scheme.weight_only:
+            out.perm = first.perm.to(dev) if first.perm is not None else None
+            out.int_zeros = first.int_zeros
+        return out
+
+    def split(self, sizes: list[int]) -> list["QuantizedLinear"]:
+        """The inverse of concat: layers of `sizes` consecutive output rows each (their buffers views of this
+        layer's rows)."""
+        if sum(sizes) != self.out_features:
+            raise ValueError(f"sizes must add up to out_features={self.out_features}, got {sizes}")
+        names = ["qweight", "scale_zero"] if self.scheme.weight_only else ["weight", "weight_scale"]
+        parts, start = [], 0
+        for n in sizes:
+            part = type(self)(self.in_features, n, self.bias is not None, self.scheme, "meta")
+            for name in names + (["bias"] if self.bias is not None else []):
+                setattr(part, name, getattr(self, name)[start:start + n])
+            if self.scheme.weight_only:
+                part.perm, part.int_zeros = self.perm, self.int_zeros
+            parts.append(part)
+            start += n
+        return parts
+
     def packed_weight(self):
         """The buffers as a PackedWeight; kept while the buffers are the same tensors (in-place loads keep
         them; .to() / .cuda() replace them), so a forward does not rebuild it."""
@@ -213,3 +252,21 @@ def _ops():
     import machinery on every call)."""
     from ..ops import _eager, gemm, weight_only
     return gemm, _eager, weight_only
+
+
+def concat_problem(layers) -> str | None:
+    """Why QuantizedLinear.concat cannot join `layers`, or None."""
+    facts = [(m.scheme, m.in_features, getattr(m, "group_size", None), getattr(m, "symmetric", None),
+              getattr(m, "int_zeros", None), m.bias is not None) for m in layers]
+    if any(f != facts[0] for f in facts):
+        return f"their configurations (scheme, in_features, group_size, symmetric, int_zeros, bias) differ: {facts}"
+    if layers[0].scheme.weight_only and not same_act_order(layers):
+        return "their act-order permutations differ: each orders K its own way, so they cannot share one input"
+    return None
+
+
+def same_act_order(layers) -> bool:
+    """Whether weight-only `layers` read K in one order: all without an act-order permutation, or all with equal
+    ones (what QuantizedLinear.concat needs)."""
+    perms = [m.perm for m in layers]
+    return all((p is None) == (perms[0] is None) and (p is None or torch.equal(p, perms[0])) for p in perms)
