@@ -367,6 +367,15 @@ def _check_target(model: nn.Module, name: str, e: dict, file: Path) -> None:
                          f"for another configuration")
 
 
+def _check_fused_target(model: nn.Module, name: str, e: dict, file: Path) -> None:
+    """The MLP a fused entry replaces must have the sizes it was saved from (its gate projection's shape)."""
+    try:
+        model.get_submodule(f"{name}.gate_proj")
+    except AttributeError:
+        return                       # a model already fused, or without that MLP: the tensor checks decide
+    _check_target(model, f"{name}.gate_proj", {"out_features": e["intermediate"], "in_features": e["hidden"]}, file)
+
+
 def _check_tensors(file: Path, state: dict, expected: dict, aliases: dict) -> None:
     """Every tensor the model needs is in the file, with its shape, and nothing else is."""
     have = set(state) | set(aliases)
@@ -427,6 +436,7 @@ def load_quantized(model_or_config, path, *, device="cpu") -> nn.Module:
     staged: list[tuple[str, nn.Module]] = []
     fused = cfg.get("fused", {})
     for name, e in fused.get("mlps", {}).items():      # the MLP absorbs its layer's post-attention norm
+        _check_fused_target(model, name, e, src / CONFIG_NAME)
         staged.append((name, QuantizedMLP(e["hidden"], e["intermediate"], e["eps"], e["scheme"], e["bias"],
                                           device="meta")))
         staged.append((f"{name.rpartition('.')[0]}.post_attention_layernorm", nn.Identity()))
