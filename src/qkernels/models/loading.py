@@ -120,7 +120,7 @@ class _ModuleSource(Source):
         return mod.perm if isinstance(mod, QuantizedLinear) and mod.scheme.weight_only else None
 
     def mlp(self, prefix: str):
-        """A fused QuantizedMLP (quantize_ with fuse=True on a w8a8 scheme), or None."""
+        """A fused QuantizedMLP (quantize_ with fuse=True), or None."""
         from ..nn.fused import QuantizedMLP
         mod = self._module(prefix + "mlp")
         return mod if isinstance(mod, QuantizedMLP) else None
