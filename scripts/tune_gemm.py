@@ -1,7 +1,9 @@
 """Pick per-M-bucket GEMM configs on this GPU and write src/qkernels/configs/<gpu>.json.
 Each candidate is timed on the Llama-3-8B shapes (geometric mean); a shape for which another candidate is
-clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Usage:
-PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8]"""
+clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" / "w8a8-fp8" are the
+W8A8 linear with dynamic per-token activations at M = 1: the GEMV that quantizes x itself against the quantize
+kernel + the GEMM its table picks ("path": "quantize", also every bucket above). Usage:
+PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8]"""
 import argparse
 import ast
 import json
@@ -39,6 +41,16 @@ GEMV = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_P
         for bn, bk, w, sp in [(2, 2048, 2, 4), (2, 1024, 1, 4), (2, 1024, 2, 4), (4, 2048, 4, 4), (4, 1024, 2, 4),
                               (8, 2048, 8, 1), (2, 4096, 2, 1), (4, 512, 2, 1)]]
 CANDIDATES["1"] = GEMV
+# the W8A8 linear at M = 1: x is quantized per step in every program (amortized over BLOCK_N rows) and each program
+# reads the row's absmax over all of K first, so wider row blocks and fewer slices than the plain GEMV's
+FUSED = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp)
+         for bn, bk, w, sp, mp in [(8, 1024, 2, 2, 1024), (8, 2048, 4, 2, 1024), (16, 1024, 4, 1, 0),
+                                   (16, 1024, 4, 2, 512), (16, 512, 2, 2, 1024), (16, 2048, 4, 2, 512),
+                                   (32, 1024, 4, 1, 0), (32, 512, 4, 2, 512), (8, 512, 2, 4, 1024),
+                                   (4, 1024, 2, 2, 1024), (4, 2048, 2, 1, 0),
+                                   (2, 2048, 2, 2, 1024), (4, 4096, 4, 1, 0), (8, 4096, 4, 1, 0)]]
+QUANTIZE = dict(path="quantize")
+W8A8_KINDS = {"w8a8": "int8", "w8a8-fp8": "fp8"}
 CANDIDATES["16384"] = CANDIDATES["4096"]
 
 
@@ -73,6 +85,25 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
     configs.overrides_from_runs(table, runs, SHAPES, log.name)
 
 
+def time_w8a8(cfg: dict, code: str, M: int, N: int, K: int) -> float:
+    """One-call graph time of the W8A8 linear (fp16 x) with `cfg` forced, or for "quantize" the quantize kernel and
+    the GEMM as the shipped tables pick it."""
+    x = torch.randn(M, K, dtype=torch.float16, device=dev)
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device=dev)
+    if code == "fp8":
+        w = (w.float() * 3).to(torch.float8_e4m3fn)
+    ws = torch.rand(N, device=dev) * 0.01
+    if cfg is QUANTIZE:
+        fmt = "int8" if code == "int8" else "fp8_e4m3"
+
+        def fn():
+            data, xs, _ = G._quantize_dynamic(x, fmt, "row", 0, True)
+            return G._scaled_mm_impl(data, w.t(), xs, ws, 1.0, None, "", x.dtype, code)
+        return time_us(fn, mode="graph", rep_ms=40, warmup_ms=10)
+    with G.use_config(cfg):
+        return time_us(lambda: G.w8a8_linear(x, w, ws, dtype=code), mode="graph", rep_ms=40, warmup_ms=10)
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--kinds", nargs="+", default=["int8", "fp8"])
 ap.add_argument("--buckets", nargs="+", default=["16", "1", "128", "1024", "4096", "16384"],
@@ -82,13 +113,13 @@ ap.add_argument("--from-log", type=Path, help="no timing: set shape overrides fr
 ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
 args = ap.parse_args()
 t0 = time.time()
+dev = torch.device("cuda")
 if args.from_log:
     path = Path(configs.__file__).parent / f"{args.gpu}.json"
     table = json.loads(path.read_text())
     from_log(args.from_log, table, args.kinds)
     path.write_text(json.dumps(table, indent=1) + "\n")
     raise SystemExit(0)
-dev = torch.device("cuda")
 slug = gpu_slug(device_name(dev))
 path = Path(configs.__file__).parent / f"{slug}.json"
 table = json.loads(path.read_text()) if path.exists() else {}
@@ -98,8 +129,12 @@ for kind in args.kinds:
         if time.time() - t0 > args.budget_s:
             print(f"budget spent: {kind} M<={bucket} and later keep their configs", flush=True)
             break
+        if kind in W8A8_KINDS and bucket != "1":
+            continue
         cands = CANDIDATES[bucket]
-        if bucket == "1":
+        if kind in W8A8_KINDS:
+            cands = FUSED + [QUANTIZE]
+        elif bucket == "1":
             cands = [dict(c, fallback=table[kind].get("16") or configs.DEFAULT_GEMM["16"]) for c in cands]
         best = None
         results = []     # (times, cfg); times ordered M-major over SHAPES
@@ -108,6 +143,9 @@ for kind in args.kinds:
             times = []
             for M in M_OF[bucket]:
                 for N, K in SHAPES:
+                    if kind in W8A8_KINDS:
+                        times.append(time_w8a8(cfg, W8A8_KINDS[kind], M, N, K))
+                        continue
                     a = torch.randint(-128, 128, (M, K), dtype=torch.int8, device=dev)
                     w = torch.randint(-128, 128, (N, K), dtype=torch.int8, device=dev)
                     if kind == "fp8":
@@ -144,6 +182,8 @@ for kind in args.kinds:
             if gm < best[0]:
                 best = (gm, cfg)
         table[kind][bucket] = best[1]
+        if kind in W8A8_KINDS:
+            table[kind]["65536"] = QUANTIZE
         print(f"==> {kind} M<={bucket}: {best[1]} ({best[0]:.2f} us, {time.time() - t0:.0f} s)", flush=True)
         configs.set_shape_overrides(table[kind], kind, bucket, SHAPES,
                                     [(per_shape(t, bucket), c) for t, c in results], best[1])

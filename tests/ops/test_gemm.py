@@ -288,6 +288,124 @@ def test_w8a8_linear_prequantized_input(x_dtype, dtype):
         qk.w8a8_linear(x, ql.weight, ql.weight_scale, dtype=dtype, x_scale=s)
 
 
+def _launched(monkeypatch) -> list:
+    """The kernels ops.gemm and ops.quant launch from now on (names, in order)."""
+    from qkernels.ops import gemm as G, quant as Q
+    names = []
+    for mod in (G, Q):
+        def spy(kernel, grid, *args, _launch=mod.launch, **kw):
+            names.append(kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel))
+            return _launch(kernel, grid, *args, **kw)
+        monkeypatch.setattr(mod, "launch", spy)
+    return names
+
+
+def _w8a8_case(dtype, x_dtype, M, N, K):
+    x = torch.randn(M, K, device=DEVICE, dtype=x_dtype) * 2
+    lin = torch.nn.Linear(K, N, device=DEVICE, dtype=x_dtype)
+    return x, qk.QuantizedLinear.from_linear(lin, "w8a8" if dtype == "int8" else "w8a8-fp8")
+
+
+# the W8A8 GEMV that quantizes x itself, forced (a GPU table takes it only where it measured faster)
+_TILE = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
+FUSED = dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, SPLIT_K=2, MIN_PROGRAMS=1 << 30, fallback=_TILE)
+
+
+@pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (1, 37, 200), (1, 300, 1000), (3, 45, 256)])
+def test_w8a8_gemv_quantizes_x_itself(M, N, K, x_dtype, dtype, monkeypatch):
+    """The one-launch W8A8 GEMV: x quantized per row inside the kernel with the quantize kernel's codes and scale,
+    so int8 gives the bits of quantize + GEMM and of the reference (fp8: fp32 sums in another order)."""
+    from qkernels.ops import gemm as G
+    x, ql = _w8a8_case(dtype, x_dtype, M, N, K)
+    x[:, 5] = -60.0          # an outlier sets each row's scale
+    launched = _launched(monkeypatch)
+    with G.use_config(FUSED), qk.poison_outputs():
+        got = ql(x)
+    assert launched == ["_gemv8_kernel"]
+    launched.clear()
+    with G.use_config(_TILE), qk.poison_outputs():          # quantize kernel, then the tile GEMM
+        two = ql(x)
+    assert launched == ["_quantize_segments_kernel", "_scaled_mm_kernel"]
+    want = ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, dtype)
+    if dtype == "int8":
+        assert_bit_exact(got, two, "one launch vs quantize + GEMM")
+        assert_bit_exact(got, want, "one launch vs reference")
+    else:
+        assert rel_err(got, want) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+        assert rel_err(got, two) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+
+
+@pytest.mark.parametrize("row", ["zeros", "nan_inf", "tiny"])
+def test_w8a8_gemv_special_rows(row):
+    """The in-kernel quantization on rows the quantize kernel has rules for: all zeros (scale 1), NaN / inf
+    (NaN codes 0, inf saturates, the scale from the finite values) and subnormal-sized values (scale floor)."""
+    from qkernels.ops import gemm as G
+    x, ql = _w8a8_case("int8", torch.float16, 1, 24, 128)
+    if row == "zeros":
+        x.zero_()
+    elif row == "nan_inf":
+        x[0, 3], x[0, 70], x[0, 71] = float("nan"), float("inf"), -float("inf")
+    else:
+        x.mul_(1e-6)
+    with G.use_config(FUSED):
+        got = ql(x)
+    assert_bit_exact(got, ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, "int8"))
+
+
+def test_w8a8_gemv_other_calls_quantize_first(monkeypatch):
+    """Calls the one-launch GEMV does not take (K not a multiple of 4, a strided row) quantize first; a bias and a
+    python w_scale are in its epilogue; the tables send M above their GEMV bucket to quantize + GEMM."""
+    from qkernels.ops import gemm as G
+    x, ql = _w8a8_case("int8", torch.float16, 1, 24, 130)
+    launched = _launched(monkeypatch)
+    with G.use_config(FUSED):
+        got = ql(x)
+    assert launched == ["_quantize_segments_kernel", "_scaled_mm_kernel"]      # (nor does the 8-bit GEMV)
+    assert_bit_exact(got, ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, "int8"))
+    x, ql = _w8a8_case("int8", torch.float16, 1, 24, 256)
+    strided = torch.randn(1, 512, device=DEVICE, dtype=torch.float16)[:, ::2]
+    launched.clear()
+    with G.use_config(FUSED):
+        got = ql(strided)
+        assert launched == ["_quantize_segments_kernel", "_gemv8_kernel"]
+        assert_bit_exact(got, ref.w8a8_linear(strided, ql.weight, ql.weight_scale, ql.bias, None, "int8"))
+        launched.clear()
+        got = qk.w8a8_linear(x, ql.weight, 0.01, bias=ql.bias)
+        assert launched == ["_gemv8_kernel"]
+    assert_bit_exact(got, ref.w8a8_linear(x, ql.weight, torch.tensor(0.01), ql.bias, None, "int8"))
+    launched.clear()
+    x3 = torch.randn(3, 256, device=DEVICE, dtype=torch.float16)
+    got = ql(x3)
+    assert launched[0] == "_quantize_segments_kernel" and len(launched) == 2
+    assert_bit_exact(got, ref.w8a8_linear(x3, ql.weight, ql.weight_scale, ql.bias, None, "int8"))
+
+
+@pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096)])
+@pytest.mark.parametrize("cfg", ["table", "fused"])
+@gpu
+def test_w8a8_decode_real_sizes(cfg, N, K, dtype):
+    """W8A8 at M = 1 on the decode shapes, as the shipped table runs it and forced through the one-launch GEMV
+    with a tuner candidate's tiles (split-K and all), against the reference; and replayed in a CUDA graph."""
+    import contextlib
+    from qkernels.ops import gemm as G
+    x, ql = _w8a8_case(dtype, torch.float16, 1, N, K)
+    scope = G.use_config(dict(FUSED, BLOCK_N=16, BLOCK_K=1024, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=512)) \
+        if cfg == "fused" else contextlib.nullcontext()
+    with scope:
+        with qk.poison_outputs():
+            got = ql(x)
+        replayed = graph_replay(lambda: ql(x))
+    want = ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, dtype)
+    if dtype == "int8":
+        assert_bit_exact(got, want)
+    else:
+        assert rel_err(got, want) < 2e-3
+    assert_bit_exact(replayed, got, "graph replay")
+
+
 def test_quantized_linear_state_dict_round_trip():
     lin = torch.nn.Linear(64, 32, device=DEVICE, dtype=torch.float16)
     ql = qk.QuantizedLinear.from_linear(lin)
@@ -348,14 +466,20 @@ def test_opcheck():
     torch.library.opcheck(G._scaled_mm_op, (a, w.t(), sa, sb, 0.5, None, "relu", torch.float16, "int8"))
     ap, bp = qk.pack_int4(a), qk.pack_int4(w)
     torch.library.opcheck(G._scaled_mm_op, (ap, bp.t(), None, None, 1.0, None, "", None, "int4"))
+    x = torch.randn(5, 64, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(24, device=DEVICE, dtype=torch.float16)
+    for rows in (x[:1], x):      # the one-launch GEMV, quantize + GEMM
+        torch.library.opcheck(G._w8a8_dynamic_op, (rows, w, sb, 1.0, None, "int8"))
+        torch.library.opcheck(G._w8a8_dynamic_op, (rows, w, sb, 0.5, bias, "int8"))
 
 
 def test_torch_compile_fullgraph():
     lin = torch.nn.Linear(64, 48, device=DEVICE, dtype=torch.float16)
     ql = qk.QuantizedLinear.from_linear(lin)
-    x = torch.randn(7, 64, device=DEVICE, dtype=torch.float16)
     compiled = torch.compile(ql, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
-    assert_bit_exact(compiled(x), ql(x))
+    for M in (7, 1):         # quantize + GEMM; the one-launch GEMV
+        x = torch.randn(M, 64, device=DEVICE, dtype=torch.float16)
+        assert_bit_exact(compiled(x), ql(x))
 
 
 @gpu

@@ -13,12 +13,14 @@ codes, and dp4a adds four signed byte products to an int32 lane per instruction:
 instruction per weight, so the kernel streams the weight at the memory's pace, with _scaled_mm_kernel's
 epilogue (the same bits). The Triton interpreter has no inline PTX: there _dp4a unpacks the bytes (the same
 integers). fp8: codes decoded to fp32 (exact products), fp32 sums in another order than the tensor cores'.
+With QUANT_A it also quantizes a float A row itself (W8A8 with dynamic per-token activations in one launch).
 """
 import triton
 import triton.language as tl
 
-from ._common import (INTERPRET, _cast, _fp8_bits_to_f32, _grouped_pid, _k_slice, _pdl_launch, _pdl_wait,
-                      _splitk_fixup)
+from ._common import (INTERPRET, _cast, _finite_or_zero, _fp8_bits_to_f32, _grouped_pid, _k_slice, _pdl_launch,
+                      _pdl_wait, _splitk_fixup)
+from ._quant import _quantize_values, _scale_and_zero_point
 
 
 @triton.jit
@@ -109,17 +111,24 @@ def _epilogue(acc, c_ptrs, mask, sa_ptr, sb_ptr, bias_ptr, scale_c, rows, cols, 
             out = out * tl.load(sa_ptr + rows, mask=rows < M, other=0.0)
         else:
             out = out * tl.load(sa_ptr)
-        if SB_PER_COL:
-            out = out * tl.load(sb_ptr + cols, mask=cols < N, other=0.0)
-        else:
-            out = out * tl.load(sb_ptr)
-        out = out * scale_c
-        if HAS_BIAS:
-            out = out + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        out = _activation(out, ACT)
-        tl.store(c_ptrs, _cast(out, c_ptrs.dtype.element_ty), mask=mask)
+        _epilogue_after_a(out, c_ptrs, mask, sb_ptr, bias_ptr, scale_c, cols, N, SB_PER_COL, HAS_BIAS, ACT)
     else:
         tl.store(c_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _epilogue_after_a(out, c_ptrs, mask, sb_ptr, bias_ptr, scale_c, cols, N, SB_PER_COL: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    """The epilogue from `out` = acc * scale_a (fp32) on: * scale_b * scale_c (+ bias), activation, cast."""
+    if SB_PER_COL:
+        out = out * tl.load(sb_ptr + cols, mask=cols < N, other=0.0)
+    else:
+        out = out * tl.load(sb_ptr)
+    out = out * scale_c
+    if HAS_BIAS:
+        out = out + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    out = _activation(out, ACT)
+    tl.store(c_ptrs, _cast(out, c_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -169,33 +178,93 @@ def _gemv8_acc(w, x, acc, FP8: tl.constexpr):
 
 
 @triton.jit
+def _row_absmax(x_ptr, K, XBLOCK: tl.constexpr):
+    """max |x[k]| over the finite values of a float row x[0:K], in fp32 (the dynamic per-token quantization's
+    statistic: exact, so any order gives the quantize kernel's value), XBLOCK elements per round of loads."""
+    amax = tl.zeros((), tl.float32)
+    for k0 in range(0, K, XBLOCK):
+        k = k0 + tl.arange(0, XBLOCK)
+        v = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(_finite_or_zero(v)), axis=0))
+    return amax
+
+
+@triton.jit
+def _pack_bytes4(q, R: tl.constexpr):
+    """int32 codes [R, 4] -> [R] int32 words, code j in byte j (little-endian: what a word load of the codes gives)."""
+    a, b = tl.split(tl.reshape(q, (R, 2, 2)))      # a: j = 0, 2; b: j = 1, 3
+    q0, q2 = tl.split(a)
+    q1, q3 = tl.split(b)
+    return (q0 & 0xFF) | ((q1 & 0xFF) << 8) | ((q2 & 0xFF) << 16) | (q3 << 24)
+
+
+@triton.jit
+def _gemv8_quant_x(x_ptr, k0, K, inv, QMIN: tl.constexpr, QMAX: tl.constexpr, FP8: tl.constexpr,
+                   FP_MAX: tl.constexpr, FP8_EMULATE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A float row's step at k0 quantized with 1 / scale `inv` (the quantize kernel's arithmetic, so its codes):
+    in _gemv8_load's layout (int8: [BLOCK_K / 4] words of four codes; fp8: [BLOCK_K] e4m3 bit patterns)."""
+    if FP8:
+        k = k0 + tl.arange(0, BLOCK_K)
+    else:
+        k = k0 + tl.arange(0, BLOCK_K // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    if EVEN_K:
+        v = tl.load(x_ptr + k)
+    else:
+        v = tl.load(x_ptr + k, mask=k < K, other=0.0)
+    q = _quantize_values(v.to(tl.float32), inv, 0.0, QMIN, QMAX, FP8, FP_MAX, 3, 7, FP8_EMULATE)
+    if not FP8:
+        q = _pack_bytes4(q, BLOCK_K // 4)
+    return q
+
+
+@triton.jit
 def _gemv8_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr, cnt_ptr, M, N, K,
                   stride_am, stride_bn, stride_cm,
                   HAS_SCALES: tl.constexpr, SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr,
                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False):
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False,
+                  QUANT_A: tl.constexpr = False, QMIN: tl.constexpr = 0, QMAX: tl.constexpr = 0,
+                  QSYM: tl.constexpr = 1.0, FP_MAX: tl.constexpr = 0.0, FP8_EMULATE: tl.constexpr = False,
+                  XBLOCK: tl.constexpr = 0):
     """C[m, n] for BLOCK_N columns n and row m = program_id(1); K split SPLIT_K ways over program_id(2) (the tile's
     last program adds the partials in slice order: int32 partials stay exact). int8: strides in bytes and K
-    multiples of 4 (the launcher checks). The first step's B is loaded before _pdl_wait (weights)."""
+    multiples of 4 (the launcher checks). The first step's B is loaded before _pdl_wait (weights).
+
+    QUANT_A (W8A8 at decode sizes, one launch): A is the float activation (fp16 / bf16, stride in elements), quantized
+    per row inside the kernel: every program takes its row's absmax over all of K (XBLOCK at a time, up to 64
+    elements per thread: one round of loads for most rows; the row is a few KB, from cache for most programs), the
+    quantize kernel's scale from it, and quantizes its steps of the row as it goes; scale_a is that scale (sa_ptr is
+    unread). The same codes and scale as quantize(x, fmt, "row"), so int8 gives
+    the bits of quantize + GEMM."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = rows % N                                                    # wrapped: loads need no row mask
     unit = 1 if FP8 else 4
     rows_b = offs_n.to(tl.int64) * (stride_bn // unit)
-    x_row = m * (stride_am // unit)
     k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
     _pdl_launch(PDL)
     w = _gemv8_load(b_ptr, rows_b[:, None], k_lo, K, FP8, EVEN_K, BLOCK_K)
     _pdl_wait(PDL)
-    x = _gemv8_load(a_ptr, x_row, k_lo, K, FP8, EVEN_K, BLOCK_K)
+    if QUANT_A:
+        x_row = a_ptr + m * stride_am
+        amax = _row_absmax(x_row, K, XBLOCK)
+        scale_a = _scale_and_zero_point(amax, amax, amax, QSYM, QMIN, QMAX, True)[0]
+        inv = tl.math.div_rn(1.0, scale_a)
+        x = _gemv8_quant_x(x_row, k_lo, K, inv, QMIN, QMAX, FP8, FP_MAX, FP8_EMULATE, EVEN_K, BLOCK_K)
+    else:
+        x_row = m * (stride_am // unit)
+        x = _gemv8_load(a_ptr, x_row, k_lo, K, FP8, EVEN_K, BLOCK_K)
     if FP8:
         acc = _gemv8_acc(w, x, tl.zeros((BLOCK_N, BLOCK_K), tl.float32), FP8)
     else:
         acc = _gemv8_acc(w, x, tl.zeros((BLOCK_N, BLOCK_K // 4), tl.int32), FP8)
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         w = _gemv8_load(b_ptr, rows_b[:, None], k0, K, FP8, EVEN_K, BLOCK_K)
-        x = _gemv8_load(a_ptr, x_row, k0, K, FP8, EVEN_K, BLOCK_K)
+        if QUANT_A:
+            x = _gemv8_quant_x(x_row, k0, K, inv, QMIN, QMAX, FP8, FP_MAX, FP8_EMULATE, EVEN_K, BLOCK_K)
+        else:
+            x = _gemv8_load(a_ptr, x_row, k0, K, FP8, EVEN_K, BLOCK_K)
         acc = _gemv8_acc(w, x, acc, FP8)
     tot = tl.sum(acc, axis=1)
     o_mask = rows < N
@@ -204,5 +273,9 @@ def _gemv8_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr
         tot, last = _splitk_fixup(tot, ws_ptr, cnt_ptr, m * tl.num_programs(0) + pid_n, m * N + rows, o_mask, M * N,
                                   tl.program_id(2), SPLIT_K)
     if last:
-        _epilogue(tot, c_ptr + m * stride_cm + rows, o_mask, sa_ptr, sb_ptr, bias_ptr, scale_c, m, rows, M, N,
-                  HAS_SCALES, SA_PER_ROW, SB_PER_COL, HAS_BIAS, ACT)
+        if QUANT_A:
+            _epilogue_after_a(tot.to(tl.float32) * scale_a, c_ptr + m * stride_cm + rows, o_mask, sb_ptr, bias_ptr,
+                              scale_c, rows, N, SB_PER_COL, HAS_BIAS, ACT)
+        else:
+            _epilogue(tot, c_ptr + m * stride_cm + rows, o_mask, sa_ptr, sb_ptr, bias_ptr, scale_c, m, rows, M, N,
+                      HAS_SCALES, SA_PER_ROW, SB_PER_COL, HAS_BIAS, ACT)

@@ -20,7 +20,7 @@ from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, c
                         not_replayable, num_sms, pdl_options, register_twin, scoped_value, splitk_scratch, warn_once)
 from .. import reference as ref
 from ..reference import ACTIVATIONS
-from .quant import _quantize_dynamic, _quantize_dynamic_op, quantize
+from .quant import _format_constexprs, _fp8_emulate, _quantize_dynamic, quantize
 
 _ACT_ID = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -64,7 +64,8 @@ def use_config(cfg: dict):
 def _gemm_config_bucket(kind: str, m_bucket: int, N: int, K: int, device: torch.device) -> dict | None:
     """Config lookup, cached per (kind, M bucket, N, K, device): the per-call cost is one dict hit."""
     if is_interpreter():
-        return configs.pick(configs.INTERPRETER_GEMM, m_bucket)
+        return configs.pick(configs.INTERPRETER_W8A8 if kind in W8A8_TABLES.values() else configs.INTERPRETER_GEMM,
+                            m_bucket)
     table = configs.load(gpu_slug(device_name(device))).get(kind)
     return configs.lookup(table, m_bucket, N, K) if table else None
 
@@ -180,8 +181,9 @@ def _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg):
 
 def _gemv_ok(a2: torch.Tensor, b: torch.Tensor, K: int) -> bool:
     """Whether the 8-bit GEMV runs this case: it reads a's rows and b's columns (rows of the [N, K] weight b is
-    a view of) as contiguous runs (int8: 32-bit words of four codes)."""
-    return (K % 4 == 0 and a2.stride(1) == 1 and b.stride(0) == 1 and a2.stride(0) % 4 == 0
+    a view of) as contiguous runs (int8: 32-bit words of four codes); K = 0 goes to the tile kernel (the GEMV's
+    unmasked loads assume at least one step of data)."""
+    return (K > 0 and K % 4 == 0 and a2.stride(1) == 1 and b.stride(0) == 1 and a2.stride(0) % 4 == 0
             and b.stride(1) % 4 == 0 and a2.data_ptr() % 4 == 0 and b.data_ptr() % 4 == 0)
 
 
@@ -278,6 +280,74 @@ register_twin(_scaled_mm_op, _scaled_mm_twin)
 @_scaled_mm_op.register_fake
 def _(a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, kind):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# W8A8 with per-token dynamic activation quantization: one custom op. Where the table's "w8a8" / "w8a8-fp8"
+# entry for M says "gemv" (decode sizes) it is one launch of the 8-bit GEMV that quantizes x itself
+# (kernels/_gemm._gemv8_kernel, QUANT_A); elsewhere ("path": "quantize") the quantize kernel, then the GEMM
+# its own table picks.
+
+W8A8_TABLES = {"int8": "w8a8", "fp8": "w8a8-fp8"}     # config-table kind of the fused op, per code format
+_W8A8_FORMAT = {"int8": "int8", "fp8": "fp8_e4m3"}
+
+
+def _w8a8_dynamic(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, scale_c: float,
+                  bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """x2: float [M, K]; w_q: [N, K] codes; w_scale: flat fp32 (1 or N); kind "int8" / "fp8". Output x2's dtype."""
+    M, K = x2.shape
+    N = w_q.shape[0]
+    b = w_q.t()
+    if M and N and not (kind == "fp8" and lacks_fp8(x2.device)) and _gemv_ok(x2, b, K):
+        cfg = _gemm_config(W8A8_TABLES[kind], M, N, K, x2.device)
+        if cfg is not None and cfg.get("path") == "gemv":
+            return _launch_gemv_quant(x2, b, w_scale, scale_c, bias, kind, M, N, K, cfg)
+    data, xs, _ = _quantize_dynamic(x2, _W8A8_FORMAT[kind], "row", 0, True)
+    return _scaled_mm_impl(data, b, xs, w_scale, scale_c, bias, "", x2.dtype, kind)
+
+
+def _launch_gemv_quant(x2, b, w_scale, scale_c, bias, kind, M, N, K, cfg):
+    c = alloc((M, N), x2.dtype, x2.device)
+    grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
+    if split > 1:
+        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[1])
+        if kind == "int8":
+            ws = ws.view(torch.int32)
+    else:
+        ws = cnt = c
+    if kind == "fp8":
+        b = b.view(torch.uint8)
+    launch(_kg()._gemv8_kernel, grid,
+           x2, b, c, c, w_scale, bias if bias is not None else c, scale_c, ws, cnt, M, N, K, x2.stride(0),
+           b.stride(1), c.stride(0),
+           **_gemv_keywords(constexprs, True, False, w_scale.numel() > 1, bias is not None, None,
+                            pdl_options(c.device)),
+           **_quant_a_constexprs(kind, _fp8_emulate(c.device), min(next_pow2(K), 2048 * constexprs["num_warps"])))
+    return c
+
+
+@functools.cache
+def _quant_a_constexprs(kind: str, fp8_emulate: bool, xblock: int) -> dict:
+    """The GEMV's in-kernel activation quantization: the quantize kernel's format constexprs (so its codes)."""
+    f = _format_constexprs(_W8A8_FORMAT[kind], True, fp8_emulate)
+    return dict(QUANT_A=True, QMIN=f["QMIN"], QMAX=f["QMAX"], QSYM=f["QSYM"], FP_MAX=f["FP_MAX"] or 0.0,
+                FP8_EMULATE=f["FP8_EMULATE"], XBLOCK=xblock)
+
+
+_w8a8_dynamic_op = torch.library.custom_op("qkernels::w8a8_dynamic", mutates_args=())(_w8a8_dynamic)
+
+
+def _w8a8_dynamic_twin(x2, w_q, w_scale, scale_c, bias, kind):
+    q, s, _ = ref.quantize(x2, _W8A8_FORMAT[kind], "row")
+    return _scaled_mm_twin(q, w_q.t(), s, w_scale, scale_c, bias, "", x2.dtype, kind)
+
+
+register_twin(_w8a8_dynamic_op, _w8a8_dynamic_twin)
+
+
+@_w8a8_dynamic_op.register_fake
+def _(x2, w_q, w_scale, scale_c, bias, kind):
+    return x2.new_empty((x2.shape[0], w_q.shape[0]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +471,6 @@ def int4_matmul(a_packed: torch.Tensor, b_packed: torch.Tensor, k: int) -> torch
 
 
 _W8A8_CODES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
-_W8A8_FORMAT = {"int8": "int8", "fp8": "fp8_e4m3"}
 _X_FLOAT = (torch.float16, torch.bfloat16)
 
 
@@ -426,8 +495,7 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
         # the common call (a float x on a GPU, per-channel fp32 weight scales, no bias) validated in a few checks;
         # anything else goes through the full checks below, which name what is wrong
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        data, xs, _ = call_op(_quantize_dynamic_op, _quantize_dynamic, x2, _W8A8_FORMAT[dtype], "row", 0, True)
-        y = call_op(_scaled_mm_op, _scaled_mm_impl, data, w_q.t(), xs, w_scale, 1.0, None, "", x.dtype, dtype)
+        y = call_op(_w8a8_dynamic_op, _w8a8_dynamic, x2, w_q, w_scale, 1.0, None, dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], w_q.shape[0])
     if dtype not in ("int8", "fp8"):
         raise ValueError(f"dtype must be 'int8' or 'fp8', got {dtype!r}")
@@ -461,18 +529,17 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
             raise ValueError(f"x_scale must hold one fp32 scale per row of x (M={M}), got shape {tuple(x_scale.shape)}")
         y = mm(x2, w_q.t(), x_scale.reshape(M, 1), w_scale, bias=bias, out_dtype=out_dtype or torch.float16)
     elif act_scale is None:
-        # dynamic per-token quantization, then the GEMM: the same two custom ops as quantize(x2, fmt, "row") and
-        # int8_matmul / fp8_matmul, called directly (one check of each argument; no QuantizedTensor, no reshapes)
+        # dynamic per-token quantization and the GEMM: one custom op (quantize(x2, fmt, "row") then int8_matmul /
+        # fp8_matmul, or at decode sizes one GEMV that quantizes x itself), one check of each argument
         N, K = w_q.shape
         check_kernel_device("x", x)
         check_same_device("x", x, w_q=w_q)
         _check_k(dtype, K)
         ws, factor = _flat_scale("w_scale", w_scale, N, x, f"one per output channel, N={N}")
         bias = _check_epilogue(bias, None, None, N, x)
-        data, xs, _ = call_op(_quantize_dynamic_op, _quantize_dynamic, x2, fmt, "row", 0, True)
         if ws is None:
             ws = torch.ones(1, dtype=torch.float32, device=x.device)
-        y = call_op(_scaled_mm_op, _scaled_mm_impl, data, w_q.t(), xs, ws, factor, bias, "", x.dtype, dtype)
+        y = call_op(_w8a8_dynamic_op, _w8a8_dynamic, x2, w_q, ws, factor, bias, dtype)
     else:
         qt = quantize(x2, fmt, "tensor", scale=act_scale)
         y = mm(qt.data, w_q.t(), qt.scale, w_scale, bias=bias, out_dtype=x.dtype)

@@ -81,7 +81,6 @@ _GRAN_ID = {"tensor": 0, "row": 1, "column": 2, "group": 3}
 
 
 @functools.cache
-@functools.cache
 def _format_constexprs(dtype: str, symmetric: bool, fp8_emulate: bool) -> dict:
     """The kernels' format constexprs (one dict per format: callers only read it)."""
     fmt = get_format(dtype)
