@@ -226,8 +226,9 @@ def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     return c
 
 
-# (id(plan constexprs), epilogue flags, id(launch options)) -> the GEMV launch's keywords; cleared with _GEMV_PLANS,
-# which keeps the constexprs alive (so their ids stay unique)
+# (id(plan constexprs), epilogue flags, id(launch options)) -> the GEMV launch's keywords, and (id(those), kind, fp8
+# emulation, K) -> them with the in-kernel activation quantization's; cleared with _GEMV_PLANS, which keeps the
+# constexprs alive (so their ids stay unique)
 _GEMV_KEYWORDS: dict = {}
 
 
@@ -317,18 +318,21 @@ def _launch_gemv_quant(x2, b, w_scale, scale_c, bias, kind, M, N, K, cfg):
         ws = cnt = c
     if kind == "fp8":
         b = b.view(torch.uint8)
+    kw = _gemv_keywords(constexprs, True, False, w_scale.numel() > 1, bias is not None, None, pdl_options(c.device))
+    key = (id(kw), kind, _fp8_emulate(c.device), K)
+    qkw = _GEMV_KEYWORDS.get(key)
+    if qkw is None:
+        xblock = min(next_pow2(K), 2048 * constexprs["num_warps"])
+        qkw = _GEMV_KEYWORDS[key] = dict(kw, **_quant_a_constexprs(kind, key[2], xblock))
     launch(_kg()._gemv8_kernel, grid,
            x2, b, c, c, w_scale, bias if bias is not None else c, scale_c, ws, cnt, M, N, K, x2.stride(0),
-           b.stride(1), c.stride(0),
-           **_gemv_keywords(constexprs, True, False, w_scale.numel() > 1, bias is not None, None,
-                            pdl_options(c.device)),
-           **_quant_a_constexprs(kind, _fp8_emulate(c.device), min(next_pow2(K), 2048 * constexprs["num_warps"])))
+           b.stride(1), c.stride(0), **qkw)
     return c
 
 
-@functools.cache
 def _quant_a_constexprs(kind: str, fp8_emulate: bool, xblock: int) -> dict:
-    """The GEMV's in-kernel activation quantization: the quantize kernel's format constexprs (so its codes)."""
+    """The GEMV's in-kernel activation quantization: the quantize kernel's format constexprs (so its codes) and
+    XBLOCK, the row elements its absmax pass loads per round (up to 64 per thread)."""
     f = _format_constexprs(_W8A8_FORMAT[kind], True, fp8_emulate)
     return dict(QUANT_A=True, QMIN=f["QMIN"], QMAX=f["QMAX"], QSYM=f["QSYM"], FP_MAX=f["FP_MAX"] or 0.0,
                 FP8_EMULATE=f["FP8_EMULATE"], XBLOCK=xblock)
