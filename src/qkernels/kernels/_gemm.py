@@ -234,8 +234,7 @@ def _gemv8_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr
     per row inside the kernel: every program takes its row's absmax over all of K (XBLOCK at a time, up to 64
     elements per thread: one round of loads for most rows; the row is a few KB, from cache for most programs), the
     quantize kernel's scale from it, and quantizes its steps of the row as it goes; scale_a is that scale (sa_ptr is
-    unread). The same codes and scale as quantize(x, fmt, "row"), so int8 gives
-    the bits of quantize + GEMM."""
+    unread). The same codes and scale as quantize(x, fmt, "row"), so int8 gives the bits of quantize + GEMM."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
