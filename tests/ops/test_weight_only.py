@@ -306,6 +306,41 @@ def test_tc_alignment_and_fallback(M):
 
 
 @gpu
+@pytest.mark.parametrize("cfg", [dict(BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2),
+                                 dict(BLOCK_N=4, BLOCK_K=4096, WPT=4, num_warps=4),
+                                 dict(BLOCK_N=16, BLOCK_K=1024, WPT=2, num_warps=2),
+                                 dict(BLOCK_N=8, BLOCK_K=512, WPT=1, num_warps=2, SPLIT_K=3, MIN_PROGRAMS=1 << 30)])
+def test_gv_tails_scales_and_fallback(cfg):
+    """The paired-fp16 GEMV: K not a multiple of its step (masked chunks), split-K slices, N tails, M > 1, bias,
+    per channel / group 64 / 128, symmetric and not, a 2-byte-offset x view (copied first); x of 1e-3 (fp16
+    subnormal products) and of 3e4 (no lane may overflow). bf16 x and group 32 take the fallback. Against the
+    reference."""
+    cfg = dict(path="gv", **cfg)
+    cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 200, 320, DEVICE)
+    for M, N, k, group_size, sym, scale in ((1, 200, 4160, 64, True, 1.0), (3, 77, 2048, 128, False, 1.0),
+                                            (1, 300, 4096, -1, False, 1e-3), (2, 64, 1536, 128, True, 3e4),
+                                            (1, 1000, 14336, 128, False, 1.0), (5, 72, 384, 32, False, 1.0)):
+        w = torch.randn(N, k, device=DEVICE) * (1e-4 if scale > 1 else 1.0)     # large x: small weights, finite out
+        pw = qk.PackedWeight.from_float(w, 4, group_size, sym, scale_dtype=torch.float16)
+        buf = torch.randn(M * k + 1, device=DEVICE, dtype=torch.float16)
+        x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
+        if scale != 1.0:
+            x = (x.float() * scale).clamp(-6e4, 6e4).half()
+        bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
+        assert torch.isfinite(got).all()
+        _check(got, _ref(x, pw, bias), torch.float16)
+        assert WO.gv_supported(4, k, group_size, pw.qweight, torch.float16) == (group_size != 32)
+    xb = torch.randn(3, 2048, device=DEVICE, dtype=torch.bfloat16)
+    pw = _weight(64, 2048, 4, 128, False, torch.bfloat16)
+    assert not WO.gv_supported(4, 2048, 128, pw.qweight, torch.bfloat16)
+    with qk.poison_outputs():
+        got = WO.launch.run_config(xb, pw.qweight, pw.scale_zero, None, 4, pw.group_size, pw.int_zeros, cfg)
+    _check(got, _ref(xb, pw), torch.bfloat16)
+
+
+@gpu
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4),
                                  dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3),
                                  dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, STAGES=3),

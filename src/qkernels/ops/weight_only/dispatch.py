@@ -3,12 +3,14 @@
 Paths (the "path" of a config-table entry; tables per GPU in configs/<gpu>.json, keys "w4a16" / "w8a16",
 M-bucketed, shape overrides; defaults in configs/__init__.py):
   "gemv"     Triton-language GEMV, fp32 FMA reduction (decode)
+  "gv"       Gluon GEMV with paired fp16 products (decode): 4-bit weights, fp16 x, K a multiple of 64, groups of a
+             multiple of 64 or per channel
   "tc"       Gluon tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of TC_K or per channel
   "mm"       Triton-language tensor-core GEMM with in-register dequantization
   "wg"       Gluon Hopper kernel (wgmma on in-register dequantized weights, overlapped with the next tile's
              dequantization): 4-bit weights, groups of a multiple of WG_K or per channel
   "dequant"  dequantize to x's dtype, then cuBLAS
-A "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run (SUPPORTED). A GPU
+A "gv", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run (SUPPORTED). A GPU
 without a table autotunes once per shape (qkernels.autotune). Tests and tuners pin a path with force_path() or a
 whole config with use_config(): scoped, never by assigning module globals.
 """
@@ -27,16 +29,18 @@ from ...schemes import PER_CHANNEL
 # multiple of WG_K, groups of a multiple of WG_K or per channel, sm_90 (Hopper) only.
 TC_K = 128
 WG_K = 64
+GV_K = 64
 TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048)
 WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
-_GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT}
-_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm"}    # the Triton-language path a forced Gluon path falls back to
+GV_DEFAULT = dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2, SPLIT_K=4, MIN_PROGRAMS=1024)
+_GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT}
+_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv"}    # the Triton-language path a forced Gluon path falls back to
 # what force_path takes: a path, or "<path>-splitk" (K split 3 ways, whatever the grid)
-PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gemv-splitk", "mm-splitk", "tc-splitk", "wg-splitk")
+PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gemv-splitk", "mm-splitk", "tc-splitk", "wg-splitk", "gv-splitk")
 FORCED_SPLIT_K = 3
 
 
-def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor) -> bool:
+def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     """Whether the Gluon tensor-core kernel runs this case: NVIDIA sm_80+ (mma.sync, cp.async); it has no
     interpreter twin (the Triton-language kernels are its CPU stand-ins). It reads code rows as 16-byte
     vectors: rows must be 16-byte aligned."""
@@ -45,7 +49,7 @@ def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor) -> b
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
-def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor) -> bool:
+def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     """Whether the Gluon wgmma kernel runs this case: sm_90 (wgmma is Hopper's; no interpreter twin), code
     rows 16-byte aligned (TMA descriptors need 16-byte aligned bases and row strides)."""
     return (bits == 4 and K % WG_K == 0 and (group_size == PER_CHANNEL or group_size % WG_K == 0) and not is_interpreter()
@@ -53,8 +57,18 @@ def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor) -> b
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
-# the Gluon paths: which cases their kernels run (elsewhere their configs' "fallback" runs)
-SUPPORTED = {"tc": tc_supported, "wg": wg_supported}
+def gv_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+    """Whether the Gluon paired-fp16 GEMV runs this case: fp16 x (dtype; None: any the caller has), NVIDIA sm_80+
+    (no interpreter twin: the Triton-language GEMV is its CPU stand-in), code rows 16-byte aligned."""
+    return (bits == 4 and dtype in (None, torch.float16) and K % GV_K == 0
+            and (group_size == PER_CHANNEL or group_size % GV_K == 0) and not is_interpreter()
+            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) >= (8, 0)
+            and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
+
+
+# the Gluon paths: which cases their kernels run (elsewhere their configs' "fallback" runs); the x dtype is
+# passed where the caller has x
+SUPPORTED = {"tc": tc_supported, "wg": wg_supported, "gv": gv_supported}
 
 
 def _capability(device: torch.device) -> tuple:

@@ -9,7 +9,7 @@ import torch
 
 from ... import configs
 from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, splitk_scratch
-from .dispatch import SUPPORTED, TC_K, WG_K
+from .dispatch import GV_K, SUPPORTED, TC_K, WG_K
 
 
 @functools.cache
@@ -34,6 +34,18 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     if cfg["path"] not in SUPPORTED and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
+    if cfg["path"] == "gv":
+        # one x row per program column, as the GEMV; K split as the GEMV splits it
+        split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
+        # a thread holds WPT words of a chunk, 8 / WPT threads a chunk, so one step spans 4 WPT chunks per warp
+        if p["WPT"] not in (1, 2, 4, 8) or p["BLOCK_K"] % (4 * p["WPT"] * p["num_warps"] * GV_K):
+            raise RuntimeError(f"gv config needs WPT in (1, 2, 4, 8) and BLOCK_K a multiple of 256 x WPT x num_warps: "
+                               f"{cfg}")
+        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % p["BLOCK_K"] == 0, **p)
+        if swiglu:
+            constexprs["SWIGLU"] = True
+        return _keep_plan(key, cfg, (_kernels("gv")._wo_gv_kernel, (cdiv(N, p["BLOCK_N"]), split, M), split,
+                                     constexprs))
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
@@ -73,9 +85,9 @@ def _keep_plan(key, cfg, plan):
 
 
 def fused_swiglu(cfg: dict) -> bool:
-    """Whether the config's kernel applies SwiGLU itself (the GEMV, with an even BLOCK_N: pairs of gate / up
+    """Whether the config's kernel applies SwiGLU itself (the GEMVs, with an even BLOCK_N: pairs of gate / up
     rows); elsewhere silu_and_mul runs after the product."""
-    return cfg["path"] == "gemv" and cfg["BLOCK_N"] % 2 == 0
+    return cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
 
 
 def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg, swiglu=False):
@@ -88,11 +100,11 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu)
     bias_arg = bias if bias is not None else scale_zero
     if split > 1:
-        ws, cnt = splitk_scratch(x2.device, split * M * N, grid[0] * grid[2] if cfg["path"] == "tc" else
+        ws, cnt = splitk_scratch(x2.device, split * M * N, grid[0] * grid[2] if cfg["path"] in ("tc", "gv") else
                                  grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
-    if cfg["path"] == "tc":
+    if cfg["path"] in ("tc", "gv"):
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl_options(x2.device))
     elif cfg["path"] == "wg":
@@ -161,6 +173,6 @@ def run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg, s
 
 def _runnable(x, qweight, bits, group_size, cfg):
     """cfg, or its "fallback" where cfg's Gluon kernel does not run this case."""
-    if cfg["path"] in SUPPORTED and not SUPPORTED[cfg["path"]](bits, x.shape[1], group_size, qweight):
+    if cfg["path"] in SUPPORTED and not SUPPORTED[cfg["path"]](bits, x.shape[1], group_size, qweight, x.dtype):
         return cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(x.shape[0]))
     return cfg

@@ -1,0 +1,296 @@
+"""Gluon GEMV for W4A16 with fp16 activations (decode, one x row per program column): paired fp16 products.
+Launcher: ops/weight_only/launch.py (path "gv"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
+The Triton-language GEMV (gemv.py) computes the same thing and is its CPU twin (Gluon has no interpreter); the
+tests run this one on GPUs against the reference.
+
+Why. The Triton-language GEMV keeps every product exact in fp32: about 5 instructions per weight (unpack,
+u - z, fp16 -> fp32, FMA), which leaves it issue-bound below the memory bandwidth at M = 1. Here a 32-bit code
+word (8 codes) costs 17 instructions, about 2 per weight:
+  - prmt spreads two code bytes into the halves of a register; lop3 ORs a nibble into the mantissa of 1024.0
+    (the high nibble in place, as 16 u); a paired fma leaves u / 64 exactly ((1024 + u) / 64 - 16, and
+    (1024 + 16 u) / 1024 - 1);
+  - four paired fp16 fmas multiply by x, two k per lane and two products per lane and run of 32; the two lanes
+    are added in fp32. |u / 64| < 1/4, so no lane can overflow for any finite fp16 x;
+  - the zero point leaves the products: sum_k (u_k - z) x_k = sum_k u_k x_k - z sum_k x_k, the x sums taken
+    once per run for all rows, in fp32; the scale is applied once per run and row, in fp32.
+Products are rounded to fp16 (a relative 2**-11 each; below 2**-14 in magnitude, fp16's subnormal spacing) where
+the Triton GEMV keeps them exact: within the tests' tolerance (|x| @ |W|.T relative), not bit-identical.
+
+Layouts (explicit, so x is read once per thread for all its rows and nothing moves through shared memory in the
+loop): a step is BLOCK_K k as NC = BLOCK_K / 64 chunks; the code tile is [BLOCK_N, NC, 8] words (word i of chunk c:
+bytes 4 i .. 4 i + 3, low nibbles k = 64 c + 4 i + e, high nibbles that + 32), each thread holding all BLOCK_N rows
+and WPT consecutive words of a chunk; x is read as [NC, 8, 2] words of fp16 pairs in the same thread order.
+The next step's codes, (scale, zero) words and x are loaded a step ahead. Hopper: programmatic dependent launch,
+the first step's codes and scales fetched before the wait. SPLIT_K > 1: the slices' fp32 partials are added by
+the last program of each output tile (gluon_shared._splitk_fixup).
+"""
+import triton  # noqa: F401  (Gluon needs Triton's runtime)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from .gluon_shared import PER_CHANNEL, _pdl_launch, _pdl_wait, _splitk_fixup
+
+CHUNK_K: gl.constexpr = gl.constexpr(64)      # k per chunk: 32 code bytes, 8 words
+
+
+def _dot_asm(two: bool) -> str:
+    """PTX: $I code word, $X0..$X3 x pairs (k, k + 1), (k + 2, k + 3), (k + 32, k + 33), (k + 34, k + 35) ->
+    the sum over the word's 8 codes of (u / 64) x in fp32 (two: the low and the high nibbles' sums apart)."""
+    head = """{
+        .reg .b32 t0, t1, a0, a1, a2, a3, c0, c1, z, sl, bl, sh, bh;
+        .reg .f16 h0, h1, h2, h3;
+        .reg .f32 f0, f1, f2, f3;
+        mov.b32 z, 0;
+        mov.b32 sl, 0x24002400;
+        mov.b32 bl, 0xCC00CC00;
+        mov.b32 sh, 0x14001400;
+        mov.b32 bh, 0xBC00BC00;
+        prmt.b32 t0, $I, z, 0x4140;
+        prmt.b32 t1, $I, z, 0x4342;
+        lop3.b32 a0, t0, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 a1, t1, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 a2, t0, 0x00F000F0, 0x64006400, 0xEA;
+        lop3.b32 a3, t1, 0x00F000F0, 0x64006400, 0xEA;
+        fma.rn.f16x2 a0, a0, sl, bl;
+        fma.rn.f16x2 a1, a1, sl, bl;
+        fma.rn.f16x2 a2, a2, sh, bh;
+        fma.rn.f16x2 a3, a3, sh, bh;
+        mul.rn.f16x2 c0, a0, $X0;
+        fma.rn.f16x2 c0, a1, $X1, c0;
+"""
+    if two:
+        tail = """        mul.rn.f16x2 c1, a2, $X2;
+        fma.rn.f16x2 c1, a3, $X3, c1;
+        mov.b32 {h0, h1}, c0;
+        mov.b32 {h2, h3}, c1;
+        cvt.f32.f16 f0, h0;
+        cvt.f32.f16 f1, h1;
+        cvt.f32.f16 f2, h2;
+        cvt.f32.f16 f3, h3;
+        add.f32 $0, f0, f1;
+        add.f32 $1, f2, f3;
+        }"""
+        first = 2
+    else:
+        tail = """        fma.rn.f16x2 c0, a2, $X2, c0;
+        fma.rn.f16x2 c0, a3, $X3, c0;
+        mov.b32 {h0, h1}, c0;
+        cvt.f32.f16 f0, h0;
+        cvt.f32.f16 f1, h1;
+        add.f32 $0, f0, f1;
+        }"""
+        first = 1
+    asm = head + tail
+    for j, name in enumerate(("I", "X0", "X1", "X2", "X3")):
+        asm = asm.replace("$" + name, f"${first + j}")
+    return asm
+
+
+_DOT: gl.constexpr = gl.constexpr(_dot_asm(False))
+
+
+@gluon.constexpr_function
+def _code_layout(BLOCK_N, WPT, num_warps):
+    """[BLOCK_N, NC, 8] code words: a thread holds all BLOCK_N rows and WPT consecutive words of a chunk; 8 / WPT
+    lanes along the words, 4 WPT along the chunks, warps along the chunks."""
+    return gl.BlockedLayout([BLOCK_N, 1, WPT], [1, 4 * WPT, 8 // WPT], [1, num_warps, 1], [2, 1, 0])
+
+
+@gluon.constexpr_function
+def _x_layout(WPT, num_warps):
+    """[NC, 8, 2] x words (fp16 pairs; the last axis: the two pairs a code word's low, or high, nibbles multiply),
+    the threads in _code_layout's order."""
+    return gl.BlockedLayout([1, WPT, 2], [4 * WPT, 8 // WPT, 1], [num_warps, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _halves_f32(w, SHIFT: gl.constexpr):
+    """The fp16 in bits SHIFT .. SHIFT + 15 of each word, as fp32."""
+    return ((w >> SHIFT) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+
+
+@gluon.jit
+def _load_x(x_p, k0, K, xc, sl: gl.constexpr, rl: gl.constexpr, EVEN_K: gl.constexpr):
+    """One step's x: the four pair tiles [NC, 8] in slice layout sl (the code tile's, less the row axis), and
+    the sum of x over each chunk [NC] (fp32, / 64) in rl's slice along the rows. xc: the chunks; not EVEN_K:
+    chunks past K read as zeros."""
+    if EVEN_K:
+        lo = gl.load(x_p + k0 // 2, eviction_policy="evict_last")
+        hi = gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
+    else:
+        ok = gl.expand_dims(gl.expand_dims(k0 + xc * CHUNK_K < K, 1), 2)
+        lo = gl.load(x_p + k0 // 2, mask=ok, other=0, eviction_policy="evict_last")
+        hi = gl.load(x_p + k0 // 2 + 16, mask=ok, other=0, eviction_policy="evict_last")
+    x0, x1 = gl.split(lo)
+    x2, x3 = gl.split(hi)
+    s = _halves_f32(lo, 0) + _halves_f32(lo, 16) + _halves_f32(hi, 0) + _halves_f32(hi, 16)
+    xs = gl.sum(gl.sum(s, axis=2), axis=1) * (1.0 / 64)
+    return (gl.convert_layout(x0, sl, assert_trivial=True), gl.convert_layout(x1, sl, assert_trivial=True),
+            gl.convert_layout(x2, sl, assert_trivial=True), gl.convert_layout(x3, sl, assert_trivial=True),
+            gl.convert_layout(xs, gl.SliceLayout(0, rl), assert_trivial=True))
+
+
+@gluon.jit
+def _load_sz(s_p, k0, K, c, sz, GROUP: gl.constexpr, EVEN_K: gl.constexpr):
+    """One step's (scale, zero) words [BLOCK_N, NC] (per channel: sz, loaded once). s_p: the rows' words
+    [BLOCK_N, 1]; c: the chunks [NC]; not EVEN_K: chunks past K read as zeros."""
+    if GROUP != PER_CHANNEL:
+        kc = k0 + c * CHUNK_K
+        if EVEN_K:
+            sz = gl.load(s_p + gl.expand_dims(kc // GROUP, 0))
+        else:
+            sz = gl.load(s_p + gl.expand_dims(kc // GROUP, 0), mask=gl.expand_dims(kc < K, 0), other=0)
+    return sz
+
+
+@gluon.jit
+def _copy_w(slot, w_p, k0, K, c, EVEN_K: gl.constexpr):
+    """One step's code words into a shared-memory slot by async copies (16-byte pieces, each thread its own);
+    not EVEN_K: chunks past K as zeros."""
+    if EVEN_K:
+        async_copy.async_copy_global_to_shared(slot, w_p + k0 // 8, cache_modifier=".cg")
+    else:
+        ok = gl.expand_dims(gl.expand_dims(k0 + c * CHUNK_K < K, 0), 2)
+        async_copy.async_copy_global_to_shared(slot, w_p + k0 // 8, mask=ok, cache_modifier=".cg")
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _load_w(w_p, k0, K, c, EVEN_K: gl.constexpr):
+    """One step's code words [BLOCK_N, NC, 8], streamed past L1 (read once); not EVEN_K: chunks past K read as
+    zeros."""
+    if EVEN_K:
+        w = gl.load(w_p + k0 // 8, cache_modifier=".cg")
+    else:
+        ok = gl.expand_dims(gl.expand_dims(k0 + c * CHUNK_K < K, 0), 2)
+        w = gl.load(w_p + k0 // 8, mask=ok, other=0, cache_modifier=".cg")
+    return w
+
+
+@gluon.jit
+def _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st: gl.constexpr):
+    """acc + s (sum u x - z sum x) / 64 over each chunk and row of one step."""
+    p = gl.inline_asm_elementwise(asm=_DOT, constraints="=r,r,r,r,r,r",
+                                  args=[cw, gl.expand_dims(x0, 0), gl.expand_dims(x1, 0), gl.expand_dims(x2, 0),
+                                        gl.expand_dims(x3, 0)], dtype=gl.float32, is_pure=True, pack=1)
+    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+    return acc + s * (gl.sum(p, axis=2) - z * gl.expand_dims(xs, 0))
+
+
+@gluon.jit
+def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+                  stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
+                  GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                  WPT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, STAGES: gl.constexpr = 1,
+                  SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False):
+    """W4A16, fp16 x, K a multiple of 64 (EVEN_K: of BLOCK_K), GROUP PER_CHANNEL or a multiple of 64. Program (n, k-slice, m):
+    BLOCK_N weight rows, one x row. SPLIT_K > 1: program column z covers slice z of K (whole steps) and writes
+    its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32 counter
+    per (n, m) program, zero between launches). STAGES > 1: the codes stream through a shared-memory ring of
+    async copies STAGES - 1 steps ahead (more bytes in flight than registers allow); each thread reads back only
+    the words it copied, so no barrier is needed. SWIGLU: the N = 2 I rows are a merged [gate; up] projection; a
+    program takes BLOCK_N / 2 output columns c, reads gate c and up c alternately and writes silu(gate) * up."""
+    W: gl.constexpr = gl.num_warps()
+    NC: gl.constexpr = BLOCK_K // CHUNK_K
+    cl: gl.constexpr = _code_layout(BLOCK_N, WPT, W)
+    xl: gl.constexpr = _x_layout(WPT, W)
+    rl: gl.constexpr = gl.SliceLayout(2, cl)          # [BLOCK_N, NC]: per chunk and row
+    xsl: gl.constexpr = gl.SliceLayout(0, cl)         # [NC, 8]: per word, shared by the rows
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+
+    pid_n = gl.program_id(0)
+    m = gl.program_id(2)
+    rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rl))
+    if SWIGLU:    # gate c, up c, gate c + 1, ... (wrapped)
+        rn = ((rows // 2) % (N // 2) + (rows % 2) * (N // 2)).to(gl.int64)
+    else:
+        rn = (rows % N).to(gl.int64)                  # wrapped: no row masks
+    c = gl.arange(0, NC, layout=gl.SliceLayout(0, rl))
+    i = gl.arange(0, 8, layout=gl.SliceLayout(0, xsl))
+    # the launcher guarantees 16-byte aligned rows for the codes and 4-byte aligned x rows
+    w_p = (w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+           + gl.expand_dims(gl.expand_dims(rn, 1) * gl.multiple_of(stride_wn // 4, 4) + gl.expand_dims(c, 0) * 8, 2)
+           + gl.expand_dims(gl.expand_dims(i, 0), 0))
+    s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + gl.expand_dims(rn, 1) * stride_sn
+    xc = gl.arange(0, NC, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
+    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
+    xe = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
+    x_p = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + m.to(gl.int64) * (stride_xm // 2)
+           + gl.expand_dims(gl.expand_dims(xc * 32, 1) + gl.expand_dims(xi * 2, 0), 2)
+           + gl.expand_dims(gl.expand_dims(xe, 0), 1))
+
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:    # slices of whole steps
+        k_per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = gl.program_id(1) * k_per
+        k_hi = gl.minimum(K, k_lo + k_per)
+    acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
+    sz = gl.load(s_p + gl.expand_dims(c * 0, 0))      # per channel: the one word per row, for every step
+    sz = _load_sz(s_p, k_lo, K, c, sz, GROUP, EVEN_K)
+    _pdl_launch(PDL)
+    if STAGES == 1:
+        nw = _load_w(w_p, k_lo, K, c, EVEN_K)
+    else:
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, NC, 8],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        for j in gl.static_range(STAGES - 1):
+            kj = k_lo + j * BLOCK_K
+            _copy_w(ring.index(j), w_p, gl.where(kj < k_hi, kj, k_lo), K, c, EVEN_K)
+    nsz = sz
+    _pdl_wait(PDL)
+    nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k_lo, K, xc, xsl, rl, EVEN_K)
+    # the next step's codes, (scale, zero) words and x a step ahead; past the slice's end the first step again
+    # (in bounds, unused)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        sz, x0, x1, x2, x3, xs = nsz, nx0, nx1, nx2, nx3, nxs
+        k1 = k0 + BLOCK_K
+        k1 = gl.where(k1 < k_hi, k1, k_lo)
+        if STAGES == 1:
+            cw = nw
+            nw = _load_w(w_p, k1, K, c, EVEN_K)
+        else:
+            it = (k0 - k_lo) // BLOCK_K
+            kf = k0 + (STAGES - 1) * BLOCK_K
+            _copy_w(ring.index((it + STAGES - 1) % STAGES), w_p, gl.where(kf < k_hi, kf, k_lo), K, c, EVEN_K)
+            async_copy.wait_group(STAGES - 1)
+            cw = ring.index(it % STAGES).load(cl)
+        nsz = _load_sz(s_p, k1, K, c, sz, GROUP, EVEN_K)
+        nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k1, K, xc, xsl, rl, EVEN_K)
+        acc = _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st)
+    if STAGES > 1:
+        async_copy.wait_group(0)
+
+    out = gl.sum(acc, axis=1) * 64.0
+    if SPLIT_K > 1:    # the fix-up works on [BLOCK_N, 1] tiles (its Gluon twin is shared with tc)
+        om = m + gl.arange(0, 1, layout=gl.SliceLayout(0, rl))
+        mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(om < M, 0)
+        out2, last = _splitk_fixup(gl.expand_dims(out, 1), ws_ptr, cnt_ptr, m * gl.num_programs(0) + pid_n, rows, om,
+                                   mask, M, N, SPLIT_K)
+        if last:
+            _gv_store(gl.sum(out2, axis=1), bias_ptr, out_ptr + m.to(gl.int64) * stride_om, pid_n, rows, rn, N,
+                      HAS_BIAS, SWIGLU)
+    else:
+        _gv_store(out, bias_ptr, out_ptr + m.to(gl.int64) * stride_om, pid_n, rows, rn, N, HAS_BIAS, SWIGLU)
+
+
+@gluon.jit
+def _gv_store(out, bias_ptr, out_row, pid_n, rows, rn, N, HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr):
+    """The output row: out [BLOCK_N] for weight rows rn (tile index rows); SWIGLU: silu(gate) * up of the (gate,
+    up) pairs, each rounded to out's dtype first (the bits of the product followed by silu_and_mul)."""
+    ty: gl.constexpr = out_row.dtype.element_ty
+    if HAS_BIAS:
+        out += gl.load(bias_ptr + rn).to(gl.float32)
+    if SWIGLU:
+        BN: gl.constexpr = out.shape[0]
+        g, u = gl.split(gl.reshape(out, [BN // 2, 2]))
+        g = g.to(ty).to(gl.float32)
+        u = u.to(ty).to(gl.float32)
+        h = (gl.div_rn(g, 1.0 + gl.exp(-g)) * u).to(ty)
+        cols = pid_n * (BN // 2) + gl.arange(0, BN // 2, layout=h.type.layout)
+        gl.store(out_row + cols, h, mask=cols < N // 2)
+    else:
+        gl.store(out_row + rows, out.to(ty), mask=rows < N)
