@@ -309,9 +309,11 @@ def test_tc_alignment_and_fallback(M):
 @pytest.mark.parametrize("cfg", [dict(BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2),
                                  dict(BLOCK_N=4, BLOCK_K=4096, WPT=4, num_warps=4),
                                  dict(BLOCK_N=16, BLOCK_K=1024, WPT=2, num_warps=2),
-                                 dict(BLOCK_N=8, BLOCK_K=512, WPT=1, num_warps=2, SPLIT_K=3, MIN_PROGRAMS=1 << 30)])
+                                 dict(BLOCK_N=8, BLOCK_K=512, WPT=1, num_warps=2, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
+                                 dict(BLOCK_N=4, BLOCK_K=1024, WPT=4, num_warps=1, STAGES=3)])
 def test_gv_tails_scales_and_fallback(cfg):
     """The paired-fp16 GEMV: K not a multiple of its step (masked chunks), split-K slices, N tails, M > 1, bias,
+    the codes through a shared-memory ring (STAGES), SwiGLU in the epilogue (the bits of product + silu_and_mul),
     per channel / group 64 / 128, symmetric and not, a 2-byte-offset x view (copied first); x of 1e-3 (fp16
     subnormal products) and of 3e4 (no lane may overflow). bf16 x and group 32 take the fallback. Against the
     reference."""
@@ -332,6 +334,14 @@ def test_gv_tails_scales_and_fallback(cfg):
         assert torch.isfinite(got).all()
         _check(got, _ref(x, pw, bias), torch.float16)
         assert WO.gv_supported(4, k, group_size, pw.qweight, torch.float16) == (group_size != 32)
+    pw = _weight(2 * 72, 2048, 4, 128, False)                   # SwiGLU in the epilogue: the bits of product + silu
+    x = torch.randn(3, 2048, device=DEVICE, dtype=torch.float16)
+    assert WO.launch.fused_swiglu(cfg)
+    with qk.poison_outputs():
+        got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size, pw.int_zeros, cfg, True)
+        want = qk.silu_and_mul(WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size,
+                                                    pw.int_zeros, cfg))
+    assert_bit_exact(got, want)
     xb = torch.randn(3, 2048, device=DEVICE, dtype=torch.bfloat16)
     pw = _weight(64, 2048, 4, 128, False, torch.bfloat16)
     assert not WO.gv_supported(4, 2048, 128, pw.qweight, torch.bfloat16)
