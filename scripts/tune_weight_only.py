@@ -47,6 +47,14 @@ def tc(bn, bm, w, split=1, min_programs=0, stages=1):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs or 1 << 30)
 
 
+def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0):
+    """The Gluon paired-fp16 GEMV (fp16 x, 4-bit; others fall back): a thread holds all BLOCK_N rows and WPT words
+    of a chunk, so BLOCK_K is a multiple of 256 x WPT x warps."""
+    c = dict(path="gv", BLOCK_N=bn, BLOCK_K=bk, WPT=wpt, num_warps=w)
+    c = c if stages == 1 else dict(c, STAGES=stages)
+    return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
+
+
 def wg(bm, bn, w, stages, g=8, split=1, min_programs=264):
     """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
     on the H100 / H200's 132 SMs)."""
@@ -78,6 +86,9 @@ def candidates(m: int) -> list[dict]:
         c += [gemv(*p, mp) for p in [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 8, 1), (8, 512, 2, 1),
                                      (4, 1024, 4, 1), (4, 2048, 4, 1), (8, 2048, 8, 1), (2, 2048, 2, 1),
                                      (4, 4096, 8, 1)] for mp in (0, 1024, 2048)]
+        # the paired-fp16 GEMV: the configs that won somewhere in the H100 / H200 decode-chain sweeps
+        c += [gv(8, 1024, 4, 1), gv(8, 1024, 4, 1, stages=3), gv(16, 1024, 4, 1), gv(8, 2048, 2, 4), gv(8, 4096, 4, 4),
+              gv(16, 2048, 4, 2), gv(8, 1024, 2, 2), gv(8, 1024, 4, 1, split=4, min_programs=1024)]
     if m <= 32:
         bms = [8] if m <= 8 else [m // 2, m]     # M = 16 as two 8-row blocks (weights re-read from L2) or one
         c += [mm(bm, bn, bk, w, s, split=sp) for bm in bms for bn, bk, w, s in small_mm for sp in (1, 2, 4, 8)]
