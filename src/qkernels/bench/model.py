@@ -176,6 +176,9 @@ def decode_step_ms(model, batch: int, ctx: int, device, graph: bool, compiled: b
     model(ids, past_key_values=cache, cache_position=torch.arange(ctx, device=device), logits_to_keep=1)
     fwd = model
     if compiled:
+        # a fresh compiler state per timed model, as a user's process compiles one model: no recompiles of the
+        # shared forward (with guards and automatic dynamic shapes) or CUDA-graph trees left by the model before
+        torch._dynamo.reset()
         fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     tok = torch.randint(0, _vocab(model), (batch, 1), device=device)
     pos = torch.tensor([ctx], device=device)
