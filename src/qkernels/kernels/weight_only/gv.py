@@ -5,7 +5,7 @@ tests run this one on GPUs against the reference.
 
 Why. The Triton-language GEMV keeps every product exact in fp32: about 5 instructions per weight (unpack,
 u - z, fp16 -> fp32, FMA), which leaves it issue-bound below the memory bandwidth at M = 1. Here a 32-bit code
-word (8 codes) costs 17 instructions, about 2 per weight:
+word (8 codes) costs 17 instructions (about 3 per weight in the whole loop, with x, the scales and the sums):
   - prmt spreads two code bytes into the halves of a register; lop3 ORs a nibble into the mantissa of 1024.0
     (the high nibble in place, as 16 u); a paired fma leaves u / 64 exactly ((1024 + u) / 64 - 16, and
     (1024 + 16 u) / 1024 - 1);
@@ -34,20 +34,20 @@ from .gluon_shared import PER_CHANNEL, _pdl_launch, _pdl_wait, _splitk_fixup
 CHUNK_K: gl.constexpr = gl.constexpr(64)      # k per chunk: 32 code bytes, 8 words
 
 
-def _dot_asm(two: bool) -> str:
-    """PTX: $I code word, $X0..$X3 x pairs (k, k + 1), (k + 2, k + 3), (k + 32, k + 33), (k + 34, k + 35) ->
-    the sum over the word's 8 codes of (u / 64) x in fp32 (two: the low and the high nibbles' sums apart)."""
-    head = """{
-        .reg .b32 t0, t1, a0, a1, a2, a3, c0, c1, z, sl, bl, sh, bh;
-        .reg .f16 h0, h1, h2, h3;
-        .reg .f32 f0, f1, f2, f3;
+def _dot_asm() -> str:
+    """PTX: $1 code word, $2..$5 x pairs (k, k + 1), (k + 2, k + 3), (k + 32, k + 33), (k + 34, k + 35) ->
+    $0: the sum over the word's 8 codes of (u / 64) x, in fp32 (a chunk's low and high nibbles share a group)."""
+    return """{
+        .reg .b32 t0, t1, a0, a1, a2, a3, c0, z, sl, bl, sh, bh;
+        .reg .f16 h0, h1;
+        .reg .f32 f0, f1;
         mov.b32 z, 0;
         mov.b32 sl, 0x24002400;
         mov.b32 bl, 0xCC00CC00;
         mov.b32 sh, 0x14001400;
         mov.b32 bh, 0xBC00BC00;
-        prmt.b32 t0, $I, z, 0x4140;
-        prmt.b32 t1, $I, z, 0x4342;
+        prmt.b32 t0, $1, z, 0x4140;
+        prmt.b32 t1, $1, z, 0x4342;
         lop3.b32 a0, t0, 0x000F000F, 0x64006400, 0xEA;
         lop3.b32 a1, t1, 0x000F000F, 0x64006400, 0xEA;
         lop3.b32 a2, t0, 0x00F000F0, 0x64006400, 0xEA;
@@ -56,38 +56,18 @@ def _dot_asm(two: bool) -> str:
         fma.rn.f16x2 a1, a1, sl, bl;
         fma.rn.f16x2 a2, a2, sh, bh;
         fma.rn.f16x2 a3, a3, sh, bh;
-        mul.rn.f16x2 c0, a0, $X0;
-        fma.rn.f16x2 c0, a1, $X1, c0;
-"""
-    if two:
-        tail = """        mul.rn.f16x2 c1, a2, $X2;
-        fma.rn.f16x2 c1, a3, $X3, c1;
-        mov.b32 {h0, h1}, c0;
-        mov.b32 {h2, h3}, c1;
-        cvt.f32.f16 f0, h0;
-        cvt.f32.f16 f1, h1;
-        cvt.f32.f16 f2, h2;
-        cvt.f32.f16 f3, h3;
-        add.f32 $0, f0, f1;
-        add.f32 $1, f2, f3;
-        }"""
-        first = 2
-    else:
-        tail = """        fma.rn.f16x2 c0, a2, $X2, c0;
-        fma.rn.f16x2 c0, a3, $X3, c0;
+        mul.rn.f16x2 c0, a0, $2;
+        fma.rn.f16x2 c0, a1, $3, c0;
+        fma.rn.f16x2 c0, a2, $4, c0;
+        fma.rn.f16x2 c0, a3, $5, c0;
         mov.b32 {h0, h1}, c0;
         cvt.f32.f16 f0, h0;
         cvt.f32.f16 f1, h1;
         add.f32 $0, f0, f1;
         }"""
-        first = 1
-    asm = head + tail
-    for j, name in enumerate(("I", "X0", "X1", "X2", "X3")):
-        asm = asm.replace("$" + name, f"${first + j}")
-    return asm
 
 
-_DOT: gl.constexpr = gl.constexpr(_dot_asm(False))
+_DOT: gl.constexpr = gl.constexpr(_dot_asm())     # sl, bl / sh, bh: 1/64, -16 / 1/1024, -1
 
 
 @gluon.constexpr_function
@@ -185,13 +165,13 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                   WPT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, STAGES: gl.constexpr = 1,
                   SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False):
-    """W4A16, fp16 x, K a multiple of 64 (EVEN_K: of BLOCK_K), GROUP PER_CHANNEL or a multiple of 64. Program (n, k-slice, m):
-    BLOCK_N weight rows, one x row. SPLIT_K > 1: program column z covers slice z of K (whole steps) and writes
-    its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr: one int32 counter
-    per (n, m) program, zero between launches). STAGES > 1: the codes stream through a shared-memory ring of
-    async copies STAGES - 1 steps ahead (more bytes in flight than registers allow); each thread reads back only
-    the words it copied, so no barrier is needed. SWIGLU: the N = 2 I rows are a merged [gate; up] projection; a
-    program takes BLOCK_N / 2 output columns c, reads gate c and up c alternately and writes silu(gate) * up."""
+    """W4A16, fp16 x, K a multiple of 64 (EVEN_K: of BLOCK_K), GROUP PER_CHANNEL or a multiple of 64. Program
+    (n, k-slice, m): BLOCK_N weight rows, one x row. SPLIT_K > 1: program column z covers slice z of K (whole
+    steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr:
+    one int32 counter per (n, m) program, zero between launches). STAGES > 1: the codes stream through a
+    shared-memory ring of async copies STAGES - 1 steps ahead; each thread reads back only the words it copied,
+    so no barrier is needed. SWIGLU: the N = 2 I rows are a merged [gate; up] projection; a program takes
+    BLOCK_N / 2 output columns c, reads gate c and up c alternately and writes silu(gate) * up."""
     W: gl.constexpr = gl.num_warps()
     NC: gl.constexpr = BLOCK_K // CHUNK_K
     cl: gl.constexpr = _code_layout(BLOCK_N, WPT, W)

@@ -34,7 +34,8 @@ TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_
 WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
 GV_DEFAULT = dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2, SPLIT_K=4, MIN_PROGRAMS=1024)
 _GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT}
-_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv"}    # the Triton-language path a forced Gluon path falls back to
+# the Triton-language path a forced Gluon path falls back to
+_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv"}
 # what force_path takes: a path, or "<path>-splitk" (K split 3 ways, whatever the grid)
 PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gemv-splitk", "mm-splitk", "tc-splitk", "wg-splitk", "gv-splitk")
 FORCED_SPLIT_K = 3
