@@ -433,6 +433,18 @@ def test_every_shipped_config(kind, key, cfg):
         _check(got, _ref(x, pw), torch.float16)
 
 
+def test_gv_config_checked():
+    """A paired-fp16 GEMV config whose step does not cover its threads' chunks (BLOCK_K a multiple of 256 x WPT x
+    warps) or with another WPT is refused with the config named, before anything launches."""
+    for bad in (dict(BLOCK_N=8, BLOCK_K=1024, WPT=4, num_warps=2), dict(BLOCK_N=8, BLOCK_K=1536, WPT=3, num_warps=1)):
+        want = r"gv config needs WPT in \(1, 2, 4, 8\).*'BLOCK_K': " + str(bad["BLOCK_K"])
+        with pytest.raises(RuntimeError, match=want):
+            WO.launch._plan(dict(path="gv", **bad), 1, 64, 4096, 4, 128, False, True)
+    kernel, grid, split, cx = WO.launch._plan(dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2), 3, 100,
+                                              4160, 4, 128, True, True, True)
+    assert grid == (13, 1, 3) and split == 1 and cx["SWIGLU"] and not cx["EVEN_K"] and cx["HAS_BIAS"]
+
+
 def test_force_path_is_scoped_and_checked():
     assert WO.dispatch.forced_path() is None
     with WO.force_path("mm-splitk"):
