@@ -130,13 +130,20 @@ def results_dir(root: str | os.PathLike) -> Path:
     return Path(root) / slug
 
 
-def write_json(name: str, rows: list[Row], root: str | os.PathLike, meta: dict | None = None) -> Path:
-    out = results_dir(root)
-    out.mkdir(parents=True, exist_ok=True)
+def results_doc(rows: list[Row], meta: dict | None = None) -> dict:
+    """A results file's document: this run's environment (GPU, versions, date), `meta`, and the rows."""
     doc = environment()
     if meta:
         doc.update(meta)
     doc["rows"] = [r.flat() for r in rows]
+    return doc
+
+
+def write_json(name: str, rows: list[Row] | dict, root: str | os.PathLike, meta: dict | None = None) -> Path:
+    """results/<gpu>/<name>.json from rows (and meta), or a whole document (results_doc), written atomically."""
+    out = results_dir(root)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = rows if isinstance(rows, dict) else results_doc(rows, meta)
     path = out / f"{name}.json"
     write_text_atomically(path, json.dumps(doc, indent=1) + "\n")
     return path

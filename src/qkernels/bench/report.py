@@ -94,6 +94,10 @@ def _runtime(d: dict) -> list[str]:
                 if ("qkernels runtime", "fp16", b) in dec}
         out += [f"#### {model}: decode (context {mr[0].get('ctx', 128)}), tokens/s, x runtime fp16, "
                 f"% of the bandwidth floor", ""]
+        runs = {(r.get("date"), r.get("torch"), r.get("triton")) for r in mr if r.get("date")}
+        if runs and runs != {(d.get("date"), d.get("torch"), d.get("triton"))}:    # kept from an earlier run
+            out += [f"From the run of {str(date)[:10]} (torch {tv}, Triton {trv})." for date, tv, trv in sorted(runs)]
+            out += [""]
         body = []
         for s in schemes:
             cells = [s]

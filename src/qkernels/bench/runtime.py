@@ -23,6 +23,10 @@ Method:
   quantize_ (lm_head fp16), and every linear but lm_head on PyTorch's int4 kernel (tinygemm, bf16 model, group
   128), as a torchao int4 weight-only user runs it.
 On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
+
+`--models` naming some models (one GPU call may not hold them all) merges their rows into this GPU's runtime.json:
+the named models' rows and profiles are replaced, the others kept. Every row carries the date and versions of
+the run it comes from, so each model's figures stay those of one run.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import time
 
 import torch
 
-from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, write_json
+from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, results_dir, results_doc, write_json
 from .model import _median_ms, decode_step_ms, hf_model, model_configs, vl_configs
 
 # "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
@@ -78,6 +82,24 @@ def _hf_converted(hf, scheme: str):
             if isinstance(child, torch.nn.Linear) and child is not head:
                 setattr(parent, name, _TinygemmLinear(child))
     return m
+
+
+RUN_KEYS = ("date", "torch", "triton")      # stamped on every row: the run it comes from
+
+
+def merge_by_model(old: dict | None, new: dict, models: list[str]) -> dict:
+    """The runtime results document `new` (its rows from this run, of `models`) merged into `old` (the GPU's
+    earlier document, or None): old rows and profiles of other models kept, each row stamped with its run's
+    date and versions (RUN_KEYS) unless it already carries them. An old document from another GPU is not merged."""
+    stamp = lambda rows, doc: [{**{k: doc.get(k) for k in RUN_KEYS}, **r} for r in rows]  # noqa: E731
+    out = dict(new, rows=stamp(new["rows"], new))
+    if not old or old.get("gpu") != new.get("gpu"):
+        return out
+    kept = [r for r in stamp(old.get("rows", []), old) if r.get("model") not in models]
+    out["rows"] = kept + out["rows"]
+    profiles = {k: v for k, v in old.get("profiles", {}).items() if k.split(" ")[0] not in models}
+    out["profiles"] = {**profiles, **new.get("profiles", {})}
+    return out
 
 
 def step_bytes(model, batch: int, ctx: int) -> int:
@@ -147,6 +169,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
     print(f"copy bandwidth {bw:.0f} GB/s")
     rows: list[Row] = []
     profiles = {}
+    earlier = results_dir(root) / "runtime.json"
+    prev = earlier.read_text() if models and earlier.exists() else None
     for mname, cfg in cfgs.items():
         text = cfg.get_text_config()            # a vision-language config: its language model's
         if layers:
@@ -215,6 +239,10 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
         del hf
     meta = {"copy_bw_gbps": bw, "profiles": profiles,
             "method": method_text(__doc__, gpu, "tiny model")}
-    path = write_json("runtime", rows, root, meta)
+    doc = results_doc(rows, meta)
+    if models:       # the named models' rows replace theirs in the GPU's earlier results; others kept
+        import json
+        doc = merge_by_model(json.loads(prev) if prev else None, doc, list(cfgs))
+    path = write_json("runtime", doc, root)
     print(f"wrote {path}")
     return rows

@@ -1,0 +1,45 @@
+"""bench.runtime: a run naming some models merges their rows into the GPU's earlier runtime results."""
+from qkernels.bench import report
+from qkernels.bench.runtime import merge_by_model
+
+
+def _doc(date, gpu, rows, profiles=None):
+    return dict(gpu=gpu, torch="2.x", triton="3.y", date=date, rows=rows, profiles=profiles or {})
+
+
+def _row(model, scheme, tps):
+    return dict(op="decode", provider="qkernels runtime", mode="graph", model=model, scheme=scheme, batch=1, ctx=128,
+                tokens_per_s=tps, bw_share=0.5, capture_s=1.0, median_us=1e6 / tps)
+
+
+def test_merge_replaces_the_named_models_and_stamps_every_row():
+    old = _doc("2026-01-01T00:00", "GPU X", [_row("a", "fp16", 100.0), _row("b", "fp16", 50.0)],
+               {"a fp16": [1], "b fp16": [2]})
+    new = _doc("2026-01-05T00:00", "GPU X", [_row("a", "fp16", 110.0)], {"a fp16": [3]})
+    got = merge_by_model(old, new, ["a"])
+    assert got["date"] == "2026-01-05T00:00" and got["gpu"] == "GPU X"
+    by_model = {r["model"]: r for r in got["rows"]}
+    assert len(got["rows"]) == 2 and by_model["a"]["tokens_per_s"] == 110.0 and by_model["b"]["tokens_per_s"] == 50.0
+    assert by_model["a"]["date"] == "2026-01-05T00:00" and by_model["b"]["date"] == "2026-01-01T00:00"
+    assert all(r["torch"] == "2.x" and r["triton"] == "3.y" for r in got["rows"])
+    assert got["profiles"] == {"b fp16": [2], "a fp16": [3]}
+    # rows stamped by an earlier merge keep their own run; a document of another GPU is not merged
+    again = merge_by_model(got, _doc("2026-01-09T00:00", "GPU X", [_row("a", "w4a16", 300.0)]), ["a"])
+    assert {r["model"]: r["date"] for r in again["rows"]} == {"b": "2026-01-01T00:00", "a": "2026-01-09T00:00"}
+    other = merge_by_model(old, _doc("2026-01-05T00:00", "GPU Y", [_row("a", "fp16", 1.0)]), ["a"])
+    assert [r["model"] for r in other["rows"]] == ["a"]
+    assert merge_by_model(None, new, ["a"])["rows"][0]["date"] == "2026-01-05T00:00"
+
+
+def test_report_names_the_run_of_kept_models(tmp_path):
+    import json
+    old = _doc("2026-01-01T00:00", "GPU X", [_row("b", "fp16", 50.0)])
+    new = _doc("2026-01-05T00:00", "GPU X", [_row("a", "fp16", 110.0)])
+    d = tmp_path / "results" / "h100"
+    d.mkdir(parents=True)
+    (d / "runtime.json").write_text(json.dumps(merge_by_model(old, new, ["a"])))
+    text = report.build(tmp_path / "results")
+    kept = text.split("#### b:")[1].split("####")[0]
+    fresh = text.split("#### a:")[1].split("####")[0]
+    assert "From the run of 2026-01-01 (torch 2.x, Triton 3.y)." in kept
+    assert "From the run of" not in fresh
