@@ -209,8 +209,10 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         k_lo = gl.program_id(1) * k_per
         k_hi = gl.minimum(K, k_lo + k_per)
     acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
-    sz = gl.load(s_p + gl.expand_dims(c * 0, 0))      # per channel: the one word per row, for every step
-    sz = _load_sz(s_p, k_lo, K, c, sz, GROUP, EVEN_K)
+    if GROUP == PER_CHANNEL:
+        sz = gl.load(s_p + gl.expand_dims(c * 0, 0))  # the one word per row, for every step
+    else:
+        sz = _load_sz(s_p, k_lo, K, c, 0, GROUP, EVEN_K)
     _pdl_launch(PDL)
     if STAGES == 1:
         nw = _load_w(w_p, k_lo, K, c, EVEN_K)
