@@ -4,7 +4,8 @@ cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one lau
   ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section LaunchStats python3 scripts/profile_ncu.py [case ...]
 
-Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), tc1 / tc1-nosplit (the tc kernel at M=1), wo128, w8 (W8A16 M=1),
+Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), tc1 / tc1-nosplit (the tc kernel at M=1), gv1 / gv1-ring (the
+paired-fp16 GEMV at M=1: its default config; one warp per program with a 3-stage async-copy ring), wo128, w8 (W8A16 M=1),
 wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
 unless --nk says otherwise.
@@ -48,6 +49,9 @@ def cases(n: int, k: int, dev: str = "cuda"):
         "tc1": lambda: _forced("tc", xs[1], pw4),
         "tc1-nosplit": lambda: _with_config(dict(path="tc", BLOCK_N=32, BLOCK_M=8, num_warps=2),
                                             lambda: qkernels.w4a16_linear(xs[1], pw4)),
+        "gv1": lambda: _forced("gv", xs[1], pw4),
+        "gv1-ring": lambda: _with_config(dict(path="gv", BLOCK_N=8, BLOCK_K=1024, WPT=4, num_warps=1, STAGES=3),
+                                         lambda: qkernels.w4a16_linear(xs[1], pw4)),
         "wo128": lambda: qkernels.w4a16_linear(xs[128], pw4),
         "w8": lambda: qkernels.w8a16_linear(xs[1], pw8),
         # the Gluon wgmma kernel (WG_DEFAULT tiles) and cuBLAS at M = 1024
