@@ -66,10 +66,7 @@ def _init_tp(tp: int, command: str) -> int:
                          f"torchrun --nproc-per-node {tp} -m qkernels.cli {command} ... --tp {tp}")
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    # torch.distributed.nn's functions take group=group.WORLD as a default, read when the module is imported
-    # (loading a model imports it). Imported after init, they would keep the default group alive past
-    # destroy_process_group: its worker threads then outlive the interpreter and abort the process at exit.
-    import torch.distributed.nn  # noqa: F401
+    import qkernels.models.parallel  # noqa: F401  (before the group exists: see its torch.distributed.nn import)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank()
 

@@ -110,6 +110,27 @@ def test_groups_cut_in_the_middle_are_refused():
         shard_linear(full, Part(1, ((0, 32),)), "o_proj")
 
 
+def test_default_group_dies_with_destroy_process_group():
+    """A script that imports qkernels.models and then initializes its group: torch.distributed.nn (imported by
+    qkernels.models, and later by loading a model) holds no reference to the group in its defaults, so
+    destroy_process_group frees it (its gloo threads, left alive, aborted the process at exit)."""
+    import subprocess
+    import sys
+    script = (
+        "import sys, torch, torch.distributed as dist\n"
+        "import qkernels.models\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
+        "import torch.distributed.nn.functional as f\n"
+        "pg = dist.group.WORLD\n"
+        "dist.destroy_process_group()\n"
+        "print(f.broadcast.__defaults__[-1] is None, sys.getrefcount(pg))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    defaults_free, refs = run.stdout.split()
+    assert defaults_free == "True"
+    assert int(refs) == 2          # the script's own name and getrefcount's argument: nothing else holds it
+
+
 # ---------------------------------------------------------------------------------------------
 # TP=2 against TP=1, in two processes
 

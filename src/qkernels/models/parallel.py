@@ -30,6 +30,13 @@ from torch import nn
 from ..nn.linear import QuantizedLinear
 from ..schemes import PER_CHANNEL
 
+if torch.distributed.is_available():
+    # torch.distributed.nn's functions take group=group.WORLD as a default, read when that module is imported
+    # (loading a model imports it). Imported after init_process_group, they would keep the default group alive
+    # past destroy_process_group: its gloo worker threads then outlive the interpreter and abort the process at
+    # exit. Imported here, before a script that imports qkernels.models initializes its group, they hold None.
+    import torch.distributed.nn  # noqa: F401
+
 
 @dataclass(frozen=True)
 class Part:
