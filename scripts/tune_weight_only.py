@@ -55,6 +55,13 @@ def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
+def gvt(tiles, wpt, w, split=1, min_programs=0):
+    """The Gluon tensor-core GEMV (fp16 x, 4-bit with integer zero points, M <= 16; others fall back): TILES
+    16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step."""
+    c = dict(path="gvt", TILES=tiles, WPT=wpt, num_warps=w)
+    return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
+
+
 def wg(bm, bn, w, stages, g=8, split=1, min_programs=264):
     """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
     on the H100 / H200's 132 SMs)."""
@@ -78,6 +85,10 @@ def candidates(m: int) -> list[dict]:
               for sp, mp in [(1, 0), (4, 1024), (8, 2048), (16, 4096), (8, 4096), (16, 8192)]]
         c += [tc(bn, bm, w, sp, mp, stages=st) for bn, w in [(64, 4), (32, 2), (128, 4), (128, 8)]
               for sp, mp in [(1, 0), (4, 1024), (8, 2048)] for st in (3, 5, 8)]
+    if m <= 16:
+        # the tensor-core GEMV (untuned: a spread of tile counts, step lengths and splits)
+        c += [gvt(t, wpt, w, sp, mp) for t, w in [(1, 1), (2, 1), (4, 1), (4, 2), (8, 4)] for wpt in (4, 8)
+              for sp, mp in [(1, 0), (4, 1024), (8, 2048)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:

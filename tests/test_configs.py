@@ -36,7 +36,7 @@ def test_shipped_tables_are_well_formed(slug):
                     continue
                 assert key.split(":")[0] == "1", key      # decode sizes only
             elif kind.startswith("w"):
-                assert cfg["path"] in ("gemv", "gv", "tc", "mm", "wg", "dequant"), cfg
+                assert cfg["path"] in ("gemv", "gv", "gvt", "tc", "mm", "wg", "dequant"), cfg
             if cfg.get("path") == "tc":      # the Gluon kernel: BLOCK_N = 16 x warps x a power of two
                 assert kind == "w4a16" and cfg["BLOCK_M"] in (8, 16), cfg
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
@@ -52,8 +52,11 @@ def test_shipped_tables_are_well_formed(slug):
             if cfg.get("path") == "gv":      # the Gluon GEMV: a step spans 4 WPT chunks of 64 per warp
                 assert kind == "w4a16" and cfg["WPT"] in (1, 2, 4, 8), cfg
                 assert cfg["BLOCK_K"] % (256 * cfg["WPT"] * cfg["num_warps"]) == 0, cfg
-            if cfg.get("path") in ("tc", "wg", "gv"):     # Gluon: a fallback for what its kernel does not run
-                assert cfg["fallback"].get("path") not in ("tc", "wg", "gv"), cfg
+            if cfg.get("path") == "gvt":     # the Gluon tensor-core GEMV: 4-bit, up to 16 x rows per program
+                assert kind == "w4a16" and cfg["WPT"] in (4, 8, 16) and cfg["TILES"] % cfg["num_warps"] == 0, cfg
+                assert int(key.split(":")[0]) <= 16, key
+            if cfg.get("path") in ("tc", "wg", "gv", "gvt"):     # Gluon: a fallback for what its kernel does not run
+                assert cfg["fallback"].get("path") not in ("tc", "wg", "gv", "gvt"), cfg
                 cfg = cfg["fallback"]
             if cfg.get("path") == "cublas":          # torch._scaled_mm: fp8 only, a tile config for what it does not take
                 assert kind == "fp8" and "path" not in cfg["fallback"], cfg

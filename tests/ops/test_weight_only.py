@@ -351,6 +351,53 @@ def test_gv_tails_scales_and_fallback(cfg):
 
 
 @gpu
+@pytest.mark.parametrize("cfg", [dict(TILES=2, WPT=4, num_warps=1),
+                                 dict(TILES=4, WPT=8, num_warps=2),
+                                 dict(TILES=1, WPT=16, num_warps=1),
+                                 dict(TILES=2, WPT=4, num_warps=1, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
+                                 dict(TILES=4, WPT=4, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=1 << 30)])
+def test_gvt_tails_scales_and_fallback(cfg):
+    """The tensor-core GEMV: K not a multiple of its step (masked chunks), split-K slices, N tails (wrapped rows),
+    M of 1..16 (one or two x tiles per program) and past 16, bias, per channel / group 128 / 256, symmetric and
+    not, GPTQ's zero point 16, a 2-byte-offset x view (copied first), x of 1e-3 and 3e4. Float zero points, bf16
+    x and group 64 take the fallback. Against the reference."""
+    cfg = dict(path="gvt", **cfg)
+    cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 200, 320, DEVICE)
+    for M, N, k, group_size, sym, scale in ((1, 200, 4160, -1, True, 1.0), (3, 77, 2048, 128, False, 1.0),
+                                            (8, 300, 4096, -1, False, 1e-3), (9, 64, 1536, 256, True, 3e4),
+                                            (16, 1000, 14336, 128, False, 1.0), (19, 72, 384, -1, False, 1.0),
+                                            (5, 72, 384, 64, False, 1.0)):
+        w = torch.randn(N, k, device=DEVICE) * (1e-4 if scale > 1 else 1.0)     # large x: small weights, finite out
+        pw = qk.PackedWeight.from_float(w, 4, group_size, sym, scale_dtype=torch.float16)
+        buf = torch.randn(M * k + 1, device=DEVICE, dtype=torch.float16)
+        x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
+        if scale != 1.0:
+            x = (x.float() * scale).clamp(-6e4, 6e4).half()
+        bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
+        assert torch.isfinite(got).all()
+        _check(got, _ref(x, pw, bias), torch.float16)
+        assert WO.gvt_supported(4, k, group_size, pw.qweight, torch.float16, pw.int_zeros) == (group_size != 64)
+    q = torch.randint(0, 16, (48, 1024), device=DEVICE)
+    s = torch.rand(48, 8, device=DEVICE, dtype=torch.float16) / 8
+    for z, want in ((torch.full((48, 8), 16.0, device=DEVICE), True),           # GPTQ's stored-minus-one zero
+                    (torch.rand(48, 8, device=DEVICE) * 15, False)):            # float zero points: the fallback
+        pw = qk.PackedWeight.from_int(q, s, z.half(), bits=4, group_size=128)
+        assert pw.int_zeros == want and WO.gvt_supported(4, 1024, 128, pw.qweight, torch.float16, pw.int_zeros) == want
+        x = torch.randn(6, 1024, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size, pw.int_zeros, cfg)
+        _check(got, _ref(x, pw), torch.float16)
+    xb = torch.randn(3, 2048, device=DEVICE, dtype=torch.bfloat16)
+    pw = _weight(64, 2048, 4, 128, False, torch.bfloat16)
+    assert not WO.gvt_supported(4, 2048, 128, pw.qweight, torch.bfloat16)
+    with qk.poison_outputs():
+        got = WO.launch.run_config(xb, pw.qweight, pw.scale_zero, None, 4, pw.group_size, pw.int_zeros, cfg)
+    _check(got, _ref(xb, pw), torch.bfloat16)
+
+
+@gpu
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4),
                                  dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3),
                                  dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, STAGES=3),
@@ -443,6 +490,20 @@ def test_gv_config_checked():
     kernel, grid, split, cx = WO.launch._plan(dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2), 3, 100,
                                               4160, 4, 128, True, True, True)
     assert grid == (13, 1, 3) and split == 1 and cx["SWIGLU"] and not cx["EVEN_K"] and cx["HAS_BIAS"]
+
+
+def test_gvt_config_checked():
+    """A tensor-core GEMV config with a WPT other than 4, 8, 16 or tiles its warps cannot share is refused with the
+    config named; a plan takes one x tile per program up to M = 8 and two above."""
+    for bad in (dict(TILES=2, WPT=2, num_warps=1), dict(TILES=1, WPT=4, num_warps=2)):
+        with pytest.raises(RuntimeError, match=r"gvt config needs WPT in \(4, 8, 16\).*'TILES': " + str(bad["TILES"])):
+            WO.launch._plan(dict(path="gvt", **bad), 1, 64, 4096, 4, 128, False, True)
+    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 100, 4160, 4, 128,
+                                              True, True)
+    assert grid == (4, 1, 1) and split == 1 and cx["MT"] == 1 and not cx["EVEN_K"] and cx["HAS_BIAS"]
+    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=8, num_warps=1, SPLIT_K=4,
+                                                   MIN_PROGRAMS=1 << 30), 12, 4096, 4096, 4, -1, False, True)
+    assert grid == (128, 4, 1) and split == 4 and cx["MT"] == 2 and cx["EVEN_K"] and cx["GROUP"] == -1
 
 
 def test_force_path_is_scoped_and_checked():

@@ -1,6 +1,6 @@
-"""What the Gluon weight-only kernels (tc.py, wg.py) share: free views of 32-bit words as bytes or 16-bit halves
-(identity asm: no instructions), the split-K fix-up (the Gluon twin of _common._splitk_fixup) and programmatic
-dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
+"""What the Gluon weight-only kernels (tc.py, wg.py, gv.py, gvt.py) share: free views of 32-bit words as bytes or
+16-bit halves (identity asm: no instructions), the split-K fix-up (the Gluon twin of _common._splitk_fixup) and
+programmatic dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -40,20 +40,27 @@ def _halves_of(w, dt: gl.constexpr, layout: gl.constexpr):
 
 @gluon.jit
 def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, on, om, mask, M, N, SPLIT_K: gl.constexpr):
-    """Split-K fix-up inside the kernel (no second launch), shared by the tc and wg kernels: every program
-    stores its fp32 partial tile to ws_ptr [SPLIT_K, M, N] (slice = program_id(1)); the last of a tile's SPLIT_K
-    programs to finish (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice
-    order (deterministic) and resets the counter for the next launch. Returns (the sum, whether this program
-    is the tile's last: only then is the sum complete)."""
+    """Split-K fix-up inside the kernel (no second launch), shared by the tc and wg kernels, for a partial tile
+    [BLOCK_N, BLOCK_M] (weight rows on, x rows om): see _splitk_fixup_at."""
     offs = om.to(gl.int64)[None, :] * N + on[:, None]
-    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + offs, acc, mask=mask)
+    return _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, M * N, SPLIT_K)
+
+
+@gluon.jit
+def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, SPLIT_K: gl.constexpr):
+    """Split-K fix-up for a partial tile of any shape: offs (int64) = x row * N + weight row of each element of
+    acc, mask its valid elements, MN = M * N. Every program stores its fp32 partial to slice program_id(1) of
+    ws_ptr [SPLIT_K, M, N]; the last of a tile's SPLIT_K programs to finish (cnt_ptr: an int32 counter per tile,
+    zero between launches, acq_rel) adds them in slice order (deterministic) and resets the counter for the next
+    launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
+    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * MN + offs, acc, mask=mask)
     gl.thread_barrier()     # the whole tile is stored before the counter says so
     done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
     last = done == SPLIT_K - 1
     if last:
         acc = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
         for sk in range(1, SPLIT_K):
-            acc += gl.load(ws_ptr + sk * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            acc += gl.load(ws_ptr + sk * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
         gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
     return acc, last
 

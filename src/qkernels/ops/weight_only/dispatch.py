@@ -5,12 +5,14 @@ M-bucketed, shape overrides; defaults in configs/__init__.py):
   "gemv"     Triton-language GEMV, fp32 FMA reduction (decode)
   "gv"       Gluon GEMV with paired fp16 products (decode): 4-bit weights, fp16 x, K a multiple of 64, groups of a
              multiple of 64 or per channel
+  "gvt"      Gluon GEMV on tensor cores (decode, M <= 16): 4-bit weights with integer zero points, fp16 x, K a
+             multiple of 64, groups of a multiple of 128 or per channel
   "tc"       Gluon tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of TC_K or per channel
   "mm"       Triton-language tensor-core GEMM with in-register dequantization
   "wg"       Gluon Hopper kernel (wgmma on in-register dequantized weights, overlapped with the next tile's
              dequantization): 4-bit weights, groups of a multiple of WG_K or per channel
   "dequant"  dequantize to x's dtype, then cuBLAS
-A "gv", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run (SUPPORTED). A GPU
+A "gv", "gvt", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run (SUPPORTED). A GPU
 without a table autotunes once per shape (qkernels.autotune). Tests and tuners pin a path with force_path() or a
 whole config with use_config(): scoped, never by assigning module globals.
 """
@@ -30,18 +32,22 @@ from ...schemes import PER_CHANNEL
 TC_K = 128
 WG_K = 64
 GV_K = 64
+GVT_K = 128
 TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048)
 WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
 GV_DEFAULT = dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2, SPLIT_K=4, MIN_PROGRAMS=1024)
-_GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT}
+GVT_DEFAULT = dict(path="gvt", TILES=2, WPT=4, num_warps=1, SPLIT_K=4, MIN_PROGRAMS=1024)
+_GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT, "gvt": GVT_DEFAULT}
 # the Triton-language path a forced Gluon path falls back to
-_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv"}
+_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv", "gvt": "gemv"}
 # what force_path takes: a path, or "<path>-splitk" (K split 3 ways, whatever the grid)
-PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gemv-splitk", "mm-splitk", "tc-splitk", "wg-splitk", "gv-splitk")
+PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gvt", "gemv-splitk", "mm-splitk", "tc-splitk", "wg-splitk",
+         "gv-splitk", "gvt-splitk")
 FORCED_SPLIT_K = 3
 
 
-def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None,
+                 int_zeros: bool = True) -> bool:
     """Whether the Gluon tensor-core kernel runs this case: NVIDIA sm_80+ (mma.sync, cp.async); it has no
     interpreter twin (the Triton-language kernels are its CPU stand-ins). It reads code rows as 16-byte
     vectors: rows must be 16-byte aligned."""
@@ -50,7 +56,8 @@ def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtyp
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
-def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None,
+                 int_zeros: bool = True) -> bool:
     """Whether the Gluon wgmma kernel runs this case: sm_90 (wgmma is Hopper's; no interpreter twin), code
     rows 16-byte aligned (TMA descriptors need 16-byte aligned bases and row strides)."""
     return (bits == 4 and K % WG_K == 0 and (group_size == PER_CHANNEL or group_size % WG_K == 0) and not is_interpreter()
@@ -58,7 +65,8 @@ def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtyp
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
-def gv_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+def gv_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None,
+                 int_zeros: bool = True) -> bool:
     """Whether the Gluon paired-fp16 GEMV runs this case: fp16 x (dtype; None: any the caller has), NVIDIA sm_80+
     (no interpreter twin: the Triton-language GEMV is its CPU stand-in), code rows 16-byte aligned."""
     return (bits == 4 and dtype in (None, torch.float16) and K % GV_K == 0
@@ -67,9 +75,20 @@ def gv_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtyp
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
-# the Gluon paths: which cases their kernels run (elsewhere their configs' "fallback" runs); the x dtype is
-# passed where the caller has x
-SUPPORTED = {"tc": tc_supported, "wg": wg_supported, "gv": gv_supported}
+def gvt_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None,
+                  int_zeros: bool = True) -> bool:
+    """Whether the Gluon tensor-core GEMV runs this case: fp16 x (dtype; None: any the caller has), integer zero
+    points (int_zeros: PackedWeight.int_zeros; its MMA multiplies u - z exactly), NVIDIA sm_80+ (no interpreter
+    twin: the Triton-language GEMV is its CPU stand-in), code rows 16-byte aligned."""
+    return (bits == 4 and dtype in (None, torch.float16) and int_zeros and K % GV_K == 0
+            and (group_size == PER_CHANNEL or group_size % GVT_K == 0) and not is_interpreter()
+            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) >= (8, 0)
+            and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
+
+
+# the Gluon paths: which cases their kernels run (elsewhere their configs' "fallback" runs); the x dtype and
+# whether the zero points are integers are passed where the caller has them
+SUPPORTED = {"tc": tc_supported, "wg": wg_supported, "gv": gv_supported, "gvt": gvt_supported}
 
 
 def _capability(device: torch.device) -> tuple:

@@ -9,7 +9,7 @@ import torch
 
 from ... import configs
 from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, splitk_scratch
-from .dispatch import GV_K, SUPPORTED, TC_K, WG_K
+from .dispatch import GV_K, GVT_K, SUPPORTED, TC_K, WG_K
 
 
 @functools.cache
@@ -46,6 +46,17 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
             constexprs["SWIGLU"] = True
         return _keep_plan(key, cfg, (_kernels("gv")._wo_gv_kernel, (cdiv(N, p["BLOCK_N"]), split, M), split,
                                      constexprs))
+    if cfg["path"] == "gvt":
+        # 16-row tiles, 8 x rows per x tile and up to two x tiles per program (M <= 16: every weight read once);
+        # a step is WPT / 4 blocks of 128 k (4 words per lane of a quad each); K split as the GEMV splits it
+        if p["WPT"] not in (4, 8, 16) or p["TILES"] % p["num_warps"]:
+            raise RuntimeError(f"gvt config needs WPT in (4, 8, 16) and TILES a multiple of num_warps: {cfg}")
+        mt = 1 if M <= 8 else 2
+        step = GVT_K * p["WPT"] // 4
+        grid_n, grid_m = cdiv(N, 16 * p["TILES"]), cdiv(M, 8 * mt)
+        split = k_splits(split, cdiv(K, step), grid_n * grid_m, int(p.pop("MIN_PROGRAMS", 0)))
+        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % step == 0, MT=mt, **p)
+        return _keep_plan(key, cfg, (_kernels("gvt")._wo_gvt_kernel, (grid_n, split, grid_m), split, constexprs))
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
@@ -100,11 +111,12 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu)
     bias_arg = bias if bias is not None else scale_zero
     if split > 1:
-        ws, cnt = splitk_scratch(x2.device, split * M * N, grid[0] * grid[2] if cfg["path"] in ("tc", "gv") else
-                                 grid[0] * grid[1] if cfg["path"] == "gemv" else grid[0])
+        tiles = (grid[0] * grid[2] if cfg["path"] in ("tc", "gv", "gvt") else grid[0] * grid[1] if cfg["path"] == "gemv"
+                 else grid[0])
+        ws, cnt = splitk_scratch(x2.device, split * M * N, tiles)
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
-    if cfg["path"] in ("tc", "gv"):
+    if cfg["path"] in ("tc", "gv", "gvt"):
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl_options(x2.device))
     elif cfg["path"] == "wg":
@@ -152,13 +164,13 @@ def run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg, s
     case runs its "fallback"); swiglu: silu(gate) * up of the merged [gate; up] product, in the GEMV's epilogue
     (fused_swiglu) or by silu_and_mul after the product."""
     if swiglu:
-        cfg = _runnable(x, qweight, bits, group_size, cfg)
+        cfg = _runnable(x, qweight, bits, group_size, int_zeros, cfg)
         if not fused_swiglu(cfg):
             from ..fused import silu_and_mul
             return silu_and_mul(run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg))
     M, K = x.shape
     N = qweight.shape[0]
-    cfg = _runnable(x, qweight, bits, group_size, cfg)
+    cfg = _runnable(x, qweight, bits, group_size, int_zeros, cfg)
     if cfg["path"] in SUPPORTED and (x.data_ptr() % 16 or x.stride(0) % 8):
         x = x.clone(memory_format=torch.contiguous_format)    # x rows are read as 16-byte vectors too
     if cfg["path"] == "dequant":
@@ -171,8 +183,9 @@ def run_config(x, qweight, scale_zero, bias, bits, group_size, int_zeros, cfg, s
                    group_size, int_zeros, cfg, swiglu)
 
 
-def _runnable(x, qweight, bits, group_size, cfg):
+def _runnable(x, qweight, bits, group_size, int_zeros, cfg):
     """cfg, or its "fallback" where cfg's Gluon kernel does not run this case."""
-    if cfg["path"] in SUPPORTED and not SUPPORTED[cfg["path"]](bits, x.shape[1], group_size, qweight, x.dtype):
+    if cfg["path"] in SUPPORTED and not SUPPORTED[cfg["path"]](bits, x.shape[1], group_size, qweight, x.dtype,
+                                                               int_zeros):
         return cfg.get("fallback") or configs.pick(configs.DEFAULT_WEIGHT_ONLY, next_pow2(x.shape[0]))
     return cfg

@@ -1,0 +1,308 @@
+"""Gluon decode GEMV for W4A16 on tensor cores (M <= 16): gv's explicit layouts, the products in mma.sync.
+Launcher: ops/weight_only/launch.py (path "gvt"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
+The Triton-language GEMV (gemv.py) and tensor-core GEMM (mm.py) compute the same thing and are its CPU twins
+(Gluon has no interpreter); the tests run this one on GPUs against the reference.
+
+Why. gv spends ~3 instructions per weight, two of them on the products and their sums: on the H200 that bounds
+it below the memory bandwidth. Here the products go to the tensor cores, which also serve M = 2..16 at the cost
+of M = 1 (the dequantization is shared by all rows of x):
+
+  out.T = W @ x.T with mma.sync m16n8k16 (fp16 operands, exact products, fp32 sums): A = a 16-row weight tile,
+  B = up to 8 rows of x (a second set of MMAs on the same A for x rows 8..15, MT = 2).
+
+A lane (g, t) (g = lane / 4, t = lane % 4) holds the A fragments of rows g and g + 8 and the B fragments of x row
+g. It loads 4 consecutive code words (one 16-byte load) per row and 128-k block: the 4 lanes of a quad cover the
+block's 16 words. The order in which k is summed is free, as long as A and B follow the same one, so each word's
+nibbles go to the A registers as lop3 leaves them (the pairs (low nibble of byte 0, of byte 2), (high nibble of
+byte 0, of byte 2), and the same for bytes 1 and 3), and x is permuted to match with one prmt per register.
+Per code word: 4 lop3 + 1 shift (1024 + u and 1024 + 16 u as fp16 pairs), 4 paired fp16 operations that leave
+u - z exactly ((1024 + u) - (1024 + z) and (1024 + 16 u) / 16 - (64 + z)), and half an MMA. In the loop (offline
+SASS, sm_90, groups of 128): 2.3 instructions per weight with two 16-row tiles per thread, 2.0 with four (gv:
+3.07), 1.1 of them the conversion; 2.6 with two x tiles (M = 9..16) for twice the rows of x.
+
+Numerics: the MMA multiplies u - z (an integer in [-16, 15]) by x exactly and sums in fp32; the scale is applied
+per 128-k block and row in fp32. So integer zero points only (PackedWeight.int_zeros: symmetric, GPTQ, AWQ and
+round-to-nearest weights); others run the config's fallback. Not bit-identical to the reference (summation order),
+within the weight-only tolerance.
+
+Layout [TILES, 8, 4, NB, 4]: 16-row tiles (TILES / num_warps per thread, warps along them), the lane group g, the
+lane t of the quad, the step's NB = WPT / 4 blocks of 128 k, and a thread's 4 words of a block (the asm's pack).
+One asm instance takes those 4 words of rows g and g + 8 and chains 8 MMAs (16 with MT = 2); its 4 outputs per
+x tile are the accumulator fragment (rows g, g, g + 8, g + 8; x rows 2 t, 2 t + 1, 2 t, 2 t + 1).
+SPLIT_K > 1: the slices' fp32 partials are added by the last program of each output tile.
+Hopper: programmatic dependent launch, the first step's codes and scales fetched before the wait.
+"""
+import triton  # noqa: F401  (Gluon needs Triton's runtime)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from .gluon_shared import PER_CHANNEL, _pdl_launch, _pdl_wait, _splitk_fixup_at
+
+BLOCK_K: gl.constexpr = gl.constexpr(128)     # k per MMA chain: 16 code words of a row, 4 per lane of a quad
+
+
+def _mma_asm(mt: int) -> str:
+    """PTX: one 128-k block of rows g and g + 8 for mt x tiles. Operands: the outputs (4 per x tile: the
+    accumulator fragment), then 4 elements each of: the words of row g, of row g + 8, the (1024 + z) pairs of the
+    two rows, and per x tile the B registers b0 / b1 of MMA j = 0 and j = 1."""
+    n_out = 4 * mt
+    wa, wb, za, zb = n_out, n_out + 4, n_out + 8, n_out + 12
+    xb = n_out + 16                                   # per x tile: b0 j0, b1 j0, b0 j1, b1 j1, 4 elements each
+    d = [[f"d{q}{i}" for i in range(4)] for q in range(mt)]
+    lines = [".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, ta, tb, zla, zlb, zha, zhb, m1, c960, s16;",
+             ".reg .f32 " + ", ".join(v for q in d for v in q) + ";",
+             "mov.b32 m1, 0xBC00BC00;", "mov.b32 c960, 0x63806380;", "mov.b32 s16, 0x2C002C00;",
+             f"mov.b32 zla, ${za};", f"mov.b32 zlb, ${zb};",
+             # -(64 + z) = (1024 + z) * -1 + 960, exactly
+             "fma.rn.f16x2 zha, zla, m1, c960;", "fma.rn.f16x2 zhb, zlb, m1, c960;"]
+    lines += [f"mov.f32 {v}, 0f00000000;" for q in d for v in q]
+    for e in range(4):
+        lines += [
+            f"lop3.b32 pa0, ${wa + e}, 0x000F000F, 0x64006400, 0xEA;",
+            f"lop3.b32 pa1, ${wa + e}, 0x00F000F0, 0x64006400, 0xEA;",
+            f"shr.u32 ta, ${wa + e}, 8;",
+            "lop3.b32 pa2, ta, 0x000F000F, 0x64006400, 0xEA;",
+            "lop3.b32 pa3, ta, 0x00F000F0, 0x64006400, 0xEA;",
+            f"lop3.b32 pb0, ${wb + e}, 0x000F000F, 0x64006400, 0xEA;",
+            f"lop3.b32 pb1, ${wb + e}, 0x00F000F0, 0x64006400, 0xEA;",
+            f"shr.u32 tb, ${wb + e}, 8;",
+            "lop3.b32 pb2, tb, 0x000F000F, 0x64006400, 0xEA;",
+            "lop3.b32 pb3, tb, 0x00F000F0, 0x64006400, 0xEA;",
+            "sub.f16x2 pa0, pa0, zla;", "sub.f16x2 pa2, pa2, zla;",
+            "fma.rn.f16x2 pa1, pa1, s16, zha;", "fma.rn.f16x2 pa3, pa3, s16, zha;",
+            "sub.f16x2 pb0, pb0, zlb;", "sub.f16x2 pb2, pb2, zlb;",
+            "fma.rn.f16x2 pb1, pb1, s16, zhb;", "fma.rn.f16x2 pb3, pb3, s16, zhb;",
+        ]
+        for q in range(mt):
+            acc = "{" + ", ".join(d[q]) + "}"
+            b = [f"${xb + 16 * q + 4 * r + e}" for r in range(4)]
+            lines += [
+                f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {acc}, {{pa0, pb0, pa1, pb1}}, "
+                f"{{{b[0]}, {b[1]}}}, {acc};",
+                f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {acc}, {{pa2, pb2, pa3, pb3}}, "
+                f"{{{b[2]}, {b[3]}}}, {acc};",
+            ]
+    lines += [f"mov.f32 ${4 * q + i}, {d[q][i]};" for q in range(mt) for i in range(4)]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_MMA1: gl.constexpr = gl.constexpr(_mma_asm(1))
+_MMA2: gl.constexpr = gl.constexpr(_mma_asm(2))
+_MMA1_C: gl.constexpr = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 32))
+_MMA2_C: gl.constexpr = gl.constexpr(",".join(["=f"] * 8 + ["r"] * 48))
+# x words (k, k + 1), (k + 2, k + 3) of a word's low nibbles and the same of its high nibbles -> the B registers
+# (k, k + 2), (k + 32, k + 34), (k + 1, k + 3), (k + 33, k + 35): b0 / b1 of MMA j = 0 and j = 1
+_XPERM: gl.constexpr = gl.constexpr("prmt.b32 $0, $4, $5, 0x5410; prmt.b32 $1, $6, $7, 0x5410; "
+                                    "prmt.b32 $2, $4, $5, 0x7632; prmt.b32 $3, $6, $7, 0x7632;")
+
+
+@gluon.constexpr_function
+def _layout(TPT, NB, num_warps):
+    """[TILES, 8, 4, NB, 4]: see the module docstring. Lanes: t the fastest (the MMA's quad), then g."""
+    return gl.BlockedLayout([TPT, 1, 1, NB, 4], [1, 8, 4, 1, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+
+
+@gluon.jit
+def _axis(n: gl.constexpr, dim: gl.constexpr, L: gl.constexpr):
+    """arange(n) along dim of the 5-d layout L, expanded to rank 5 (size 1 elsewhere)."""
+    if dim == 0:
+        a = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 1), 2), 3), 4)
+    elif dim == 1:
+        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 2), 3), 4)
+    elif dim == 2:
+        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 1), 3), 4)
+    elif dim == 3:
+        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 1), 2), 4)
+    else:
+        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 1), 2), 3)
+
+
+@gluon.jit
+def _load_codes(p, k0, K, okc, EVEN_K: gl.constexpr):
+    """One step's code words of one row set (16-byte loads, streamed past L1); not EVEN_K: chunks past K as 0."""
+    if EVEN_K:
+        return gl.load(p + k0 // 8, cache_modifier=".cg")
+    return gl.load(p + k0 // 8, mask=k0 + okc < K, other=0, cache_modifier=".cg")
+
+
+@gluon.jit
+def _load_sz(p, k0, blk, GROUP: gl.constexpr):
+    """The (scale, zero) words of one row set for the step's blocks [.., NB, 1]."""
+    return gl.load(p + (k0 + blk * BLOCK_K) // GROUP)
+
+
+@gluon.jit
+def _load_x(p, k0, K, xm, okc, EVEN_K: gl.constexpr):
+    """One x tile's B registers for a step: 4 int32 tensors [1, 8, 4, NB, 4] (b0 j0, b1 j0, b0 j1, b1 j1). xm: the
+    lane group's x row exists; not EVEN_K: chunks past K read as zeros."""
+    ok = xm
+    if not EVEN_K:
+        ok = ok & (k0 + okc < K)
+    lo = gl.load(p + k0 // 2, mask=ok, other=0)
+    lo1 = gl.load(p + k0 // 2 + 1, mask=ok, other=0)
+    hi = gl.load(p + k0 // 2 + 16, mask=ok, other=0)
+    hi1 = gl.load(p + k0 // 2 + 17, mask=ok, other=0)
+    return gl.inline_asm_elementwise(asm=_XPERM, constraints="=r,=r,=r,=r,r,r,r,r", args=[lo, lo1, hi, hi1],
+                                     dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _zero_pairs(sz, st: gl.constexpr):
+    """(scale, zero) words -> (1024 + z) as an fp16 pair (exact for integer z in [0, 16])."""
+    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32) + 1024.0
+    h = z.to(gl.float16).to(gl.uint16, bitcast=True).to(gl.int32)
+    return h | (h << 16)
+
+
+@gluon.jit
+def _scales(sz, st: gl.constexpr):
+    return (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+
+
+@gluon.jit
+def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+                   stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
+                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr,
+                   MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, PDL: gl.constexpr = False):
+    """W4A16, fp16 x, integer zero points, K a multiple of 64 (EVEN_K: of 32 WPT), GROUP PER_CHANNEL or a
+    multiple of 128. Program (n, k-slice, m): TILES 16-row tiles, 8 MT rows of x. SPLIT_K > 1: program column z
+    covers slice z of K (whole steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last
+    program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches)."""
+    W: gl.constexpr = gl.num_warps()
+    NB: gl.constexpr = WPT // 4
+    STEP: gl.constexpr = NB * BLOCK_K
+    L: gl.constexpr = _layout(TILES // W, NB, W)
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+
+    pid_n = gl.program_id(0)
+    m0 = gl.program_id(2) * (8 * MT)
+    tile = _axis(TILES, 0, L)
+    g = _axis(8, 1, L)
+    t = _axis(4, 2, L)
+    blk = _axis(NB, 3, L)
+    e = _axis(4, 4, L)
+    row_a = pid_n * (16 * TILES) + tile * 16 + g                      # [TILES, 8, 1, 1, 1]
+    row_b = row_a + 8
+    ra = (row_a % N).to(gl.int64)                                     # wrapped: no row masks on loads
+    rb = (row_b % N).to(gl.int64)
+    wi = blk * 16 + t * 4 + e                                         # the step's word [1, 1, 4, NB, 4]
+    okc = (wi // 8) * 64                                              # its chunk's first k, from the step's
+    # the launcher guarantees 16-byte aligned code rows and 4-byte aligned x rows
+    w32 = w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    wa_p = w32 + ra * gl.multiple_of(stride_wn // 4, 4) + wi
+    wb_p = w32 + rb * gl.multiple_of(stride_wn // 4, 4) + wi
+    s32 = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    sa_p = s32 + ra * stride_sn
+    sb_p = s32 + rb * stride_sn
+    x32 = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    xw = 2 * wi + 16 * (wi // 8)                                      # x pair word of the word's first k
+    x0_p = x32 + (m0 + g).to(gl.int64) * (stride_xm // 2) + xw
+    xm0 = (m0 + g) < M
+    if MT == 2:
+        x1_p = x32 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 2) + xw
+        xm1 = (m0 + 8 + g) < M
+
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:    # slices of whole steps
+        k_per = gl.cdiv(gl.cdiv(K, STEP), SPLIT_K) * STEP
+        k_lo = gl.program_id(1) * k_per
+        k_hi = gl.minimum(K, k_lo + k_per)
+
+    acc0 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
+    if MT == 2:
+        acc1 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
+    nwa = _load_codes(wa_p, k_lo, K, okc, EVEN_K)
+    nwb = _load_codes(wb_p, k_lo, K, okc, EVEN_K)
+    if GROUP == PER_CHANNEL:    # one word per row, for every step
+        nsa = gl.load(sa_p + blk * 0)
+        nsb = gl.load(sb_p + blk * 0)
+    else:
+        nsa = _load_sz(sa_p, k_lo, blk, GROUP)
+        nsb = _load_sz(sb_p, k_lo, blk, GROUP)
+    _pdl_launch(PDL)
+    _pdl_wait(PDL)
+    nx0, nx1, nx2, nx3 = _load_x(x0_p, k_lo, K, xm0, okc, EVEN_K)
+    if MT == 2:
+        ny0, ny1, ny2, ny3 = _load_x(x1_p, k_lo, K, xm1, okc, EVEN_K)
+    # the next step's codes, (scale, zero) words and x a step ahead; past the slice's end the first step again
+    # (in bounds, unused)
+    for k0 in range(k_lo, k_hi, STEP):
+        wa, wb, sa, sb = nwa, nwb, nsa, nsb
+        xa0, xa1, xa2, xa3 = nx0, nx1, nx2, nx3
+        k1 = k0 + STEP
+        k1 = gl.where(k1 < k_hi, k1, k_lo)
+        nwa = _load_codes(wa_p, k1, K, okc, EVEN_K)
+        nwb = _load_codes(wb_p, k1, K, okc, EVEN_K)
+        if GROUP != PER_CHANNEL:
+            nsa = _load_sz(sa_p, k1, blk, GROUP)
+            nsb = _load_sz(sb_p, k1, blk, GROUP)
+        nx0, nx1, nx2, nx3 = _load_x(x0_p, k1, K, xm0, okc, EVEN_K)
+        s = gl.where(e < 2, _scales(sa, st), _scales(sb, st))
+        za = _zero_pairs(sa, st)
+        zb = _zero_pairs(sb, st)
+        if MT == 1:
+            d = gl.inline_asm_elementwise(asm=_MMA1, constraints=_MMA1_C,
+                                          args=[wa, wb, za, zb, xa0, xa1, xa2, xa3],
+                                          dtype=gl.float32, is_pure=True, pack=4)
+            acc0 += s * d
+        else:
+            ya0, ya1, ya2, ya3 = ny0, ny1, ny2, ny3
+            ny0, ny1, ny2, ny3 = _load_x(x1_p, k1, K, xm1, okc, EVEN_K)
+            d0, d1 = gl.inline_asm_elementwise(asm=_MMA2, constraints=_MMA2_C,
+                                               args=[wa, wb, za, zb, xa0, xa1, xa2, xa3, ya0, ya1, ya2, ya3],
+                                               dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
+            acc0 += s * d0
+            acc1 += s * d1
+
+    # element (tile, g, t, e): weight row a (e < 2) or b, x row m0 (+ 8 for acc1) + 2 t + e % 2
+    e4 = gl.sum(e, axis=3)                                            # [1, 1, 1, 4]
+    t4 = gl.sum(t, axis=3)                                            # [1, 1, 4, 1]
+    row = gl.where(e4 < 2, gl.sum(row_a, axis=3), gl.sum(row_b, axis=3)) + 0 * t4      # [TILES, 8, 4, 4]
+    tok = m0 + 2 * t4 + e4 % 2 + 0 * row
+    out0 = gl.sum(acc0, axis=3)
+    if MT == 2:
+        out1 = gl.sum(acc1, axis=3)
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + row % N).to(gl.float32)
+        out0 += bias
+        if MT == 2:
+            out1 += bias
+    if SPLIT_K > 1:
+        if MT == 2:
+            acc = gl.join(out0, out1)
+            toks = gl.join(tok, tok + 8)
+            rows = gl.join(row, row)
+        else:
+            acc = out0
+            toks = tok
+            rows = row
+        acc, last = _splitk_fixup_at(acc, ws_ptr, cnt_ptr, gl.program_id(2) * gl.num_programs(0) + pid_n,
+                                     toks.to(gl.int64) * N + rows, (toks < M) & (rows < N), M * N, SPLIT_K)
+        if last:
+            if MT == 2:
+                out0, out1 = gl.split(acc)
+                out0 = gl.convert_layout(out0, row.type.layout, assert_trivial=True)
+                out1 = gl.convert_layout(out1, row.type.layout, assert_trivial=True)
+            else:
+                out0 = acc
+            _gvt_store(out0, out_ptr, stride_om, tok, row, M, N)
+            if MT == 2:
+                _gvt_store(out1, out_ptr, stride_om, tok + 8, row, M, N)
+    else:
+        _gvt_store(out0, out_ptr, stride_om, tok, row, M, N)
+        if MT == 2:
+            _gvt_store(out1, out_ptr, stride_om, tok + 8, row, M, N)
+
+
+@gluon.jit
+def _gvt_store(out, out_ptr, stride_om, tok, row, M, N):
+    """out [TILES, 8, 4, 4]: x row tok, weight row row."""
+    gl.store(out_ptr + tok.to(gl.int64) * stride_om + row, out.to(out_ptr.dtype.element_ty),
+             mask=(tok < M) & (row < N))
