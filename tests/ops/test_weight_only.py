@@ -359,8 +359,9 @@ def test_gv_tails_scales_and_fallback(cfg):
 def test_gvt_tails_scales_and_fallback(cfg):
     """The tensor-core GEMV: K not a multiple of its step (masked chunks), split-K slices, N tails (wrapped rows),
     M of 1..16 (one or two x tiles per program) and past 16, bias, per channel / group 128 / 256, symmetric and
-    not, GPTQ's zero point 16, a 2-byte-offset x view (copied first), x of 1e-3 and 3e4. Float zero points, bf16
-    x and group 64 take the fallback. Against the reference."""
+    not, GPTQ's zero point 16, a 2-byte-offset x view (copied first), x of 1e-3 and 3e4, SwiGLU in the epilogue
+    (the bits of product + silu_and_mul). Float zero points, bf16 x and group 64 take the fallback. Against the
+    reference."""
     cfg = dict(path="gvt", **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 200, 320, DEVICE)
     for M, N, k, group_size, sym, scale in ((1, 200, 4160, -1, True, 1.0), (3, 77, 2048, 128, False, 1.0),
@@ -379,6 +380,15 @@ def test_gvt_tails_scales_and_fallback(cfg):
         assert torch.isfinite(got).all()
         _check(got, _ref(x, pw, bias), torch.float16)
         assert WO.gvt_supported(4, k, group_size, pw.qweight, torch.float16, pw.int_zeros) == (group_size != 64)
+    pw = _weight(2 * 72, 2048, 4, 128, False)                   # SwiGLU in the epilogue: the bits of product + silu
+    assert WO.launch.fused_swiglu(cfg)
+    for M in (3, 12):
+        x = torch.randn(M, 2048, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size, pw.int_zeros, cfg, True)
+            want = qk.silu_and_mul(WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size,
+                                                        pw.int_zeros, cfg))
+        assert_bit_exact(got, want)
     q = torch.randint(0, 16, (48, 1024), device=DEVICE)
     s = torch.rand(48, 8, device=DEVICE, dtype=torch.float16) / 8
     for z, want in ((torch.full((48, 8), 16.0, device=DEVICE), True),           # GPTQ's stored-minus-one zero
@@ -504,6 +514,9 @@ def test_gvt_config_checked():
     kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=8, num_warps=1, SPLIT_K=4,
                                                    MIN_PROGRAMS=1 << 30), 12, 4096, 4096, 4, -1, False, True)
     assert grid == (128, 4, 1) and split == 4 and cx["MT"] == 2 and cx["EVEN_K"] and cx["GROUP"] == -1
+    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 144, 2048, 4, 128,
+                                              False, True, True)     # SwiGLU: 8 gate rows and their up rows per tile
+    assert grid == (5, 1, 1) and cx["SWIGLU"] and WO.launch.fused_swiglu(dict(path="gvt"))
 
 
 def test_force_path_is_scoped_and_checked():

@@ -29,7 +29,8 @@ Layout [TILES, 8, 4, NB, 4]: 16-row tiles (TILES / num_warps per thread, warps a
 lane t of the quad, the step's NB = WPT / 4 blocks of 128 k, and a thread's 4 words of a block (the asm's pack).
 One asm instance takes those 4 words of rows g and g + 8 and chains 8 MMAs (16 with MT = 2); its 4 outputs per
 x tile are the accumulator fragment (rows g, g, g + 8, g + 8; x rows 2 t, 2 t + 1, 2 t, 2 t + 1).
-SPLIT_K > 1: the slices' fp32 partials are added by the last program of each output tile.
+SWIGLU: rows g and g + 8 of a tile are gate c and up c of a merged [gate; up] projection, so silu(gate) * up is
+in the thread. SPLIT_K > 1: the slices' fp32 partials are added by the last program of each output tile.
 Hopper: programmatic dependent launch, the first step's codes and scales fetched before the wait.
 """
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
@@ -168,9 +169,11 @@ def _scales(sz, st: gl.constexpr):
 def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                    stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr,
-                   MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, PDL: gl.constexpr = False):
+                   MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False,
+                   PDL: gl.constexpr = False):
     """W4A16, fp16 x, integer zero points, K a multiple of 64 (EVEN_K: of 32 WPT), GROUP PER_CHANNEL or a
-    multiple of 128. Program (n, k-slice, m): TILES 16-row tiles, 8 MT rows of x. SPLIT_K > 1: program column z
+    multiple of 128. Program (n, k-slice, m): TILES 16-row tiles (SWIGLU: 8 gate rows and their 8 up rows each),
+    8 MT rows of x. SPLIT_K > 1: program column z
     covers slice z of K (whole steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last
     program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
@@ -186,10 +189,17 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     t = _axis(4, 2, L)
     blk = _axis(NB, 3, L)
     e = _axis(4, 4, L)
-    row_a = pid_n * (16 * TILES) + tile * 16 + g                      # [TILES, 8, 1, 1, 1]
-    row_b = row_a + 8
-    ra = (row_a % N).to(gl.int64)                                     # wrapped: no row masks on loads
-    rb = (row_b % N).to(gl.int64)
+    if SWIGLU:    # rows a: gate c, rows b: up c
+        col = pid_n * (8 * TILES) + tile * 8 + g                      # [TILES, 8, 1, 1, 1]
+        row_a = col
+        row_b = col + N // 2
+        ra = (col % (N // 2)).to(gl.int64)                            # wrapped: no row masks on loads
+        rb = ra + N // 2
+    else:
+        row_a = pid_n * (16 * TILES) + tile * 16 + g
+        row_b = row_a + 8
+        ra = (row_a % N).to(gl.int64)
+        rb = (row_b % N).to(gl.int64)
     wi = blk * 16 + t * 4 + e                                         # the step's word [1, 1, 4, NB, 4]
     okc = (wi // 8) * 64                                              # its chunk's first k, from the step's
     # the launcher guarantees 16-byte aligned code rows and 4-byte aligned x rows
@@ -266,6 +276,10 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     t4 = gl.sum(t, axis=3)                                            # [1, 1, 4, 1]
     row = gl.where(e4 < 2, gl.sum(row_a, axis=3), gl.sum(row_b, axis=3)) + 0 * t4      # [TILES, 8, 4, 4]
     tok = m0 + 2 * t4 + e4 % 2 + 0 * row
+    if SWIGLU:    # the rows that exist: gate c and up c for c < N / 2
+        ok_row = gl.sum(row_a, axis=3) + 0 * row < N // 2
+    else:
+        ok_row = row < N
     out0 = gl.sum(acc0, axis=3)
     if MT == 2:
         out1 = gl.sum(acc1, axis=3)
@@ -279,12 +293,14 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             acc = gl.join(out0, out1)
             toks = gl.join(tok, tok + 8)
             rows = gl.join(row, row)
+            oks = gl.join(ok_row, ok_row)
         else:
             acc = out0
             toks = tok
             rows = row
+            oks = ok_row
         acc, last = _splitk_fixup_at(acc, ws_ptr, cnt_ptr, gl.program_id(2) * gl.num_programs(0) + pid_n,
-                                     toks.to(gl.int64) * N + rows, (toks < M) & (rows < N), M * N, SPLIT_K)
+                                     toks.to(gl.int64) * N + rows, (toks < M) & oks, M * N, SPLIT_K)
         if last:
             if MT == 2:
                 out0, out1 = gl.split(acc)
@@ -292,17 +308,35 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                 out1 = gl.convert_layout(out1, row.type.layout, assert_trivial=True)
             else:
                 out0 = acc
-            _gvt_store(out0, out_ptr, stride_om, tok, row, M, N)
+            _gvt_store(out0, out_ptr, stride_om, tok, row, ok_row, e4, M, SWIGLU)
             if MT == 2:
-                _gvt_store(out1, out_ptr, stride_om, tok + 8, row, M, N)
+                _gvt_store(out1, out_ptr, stride_om, tok + 8, row, ok_row, e4, M, SWIGLU)
     else:
-        _gvt_store(out0, out_ptr, stride_om, tok, row, M, N)
+        _gvt_store(out0, out_ptr, stride_om, tok, row, ok_row, e4, M, SWIGLU)
         if MT == 2:
-            _gvt_store(out1, out_ptr, stride_om, tok + 8, row, M, N)
+            _gvt_store(out1, out_ptr, stride_om, tok + 8, row, ok_row, e4, M, SWIGLU)
 
 
 @gluon.jit
-def _gvt_store(out, out_ptr, stride_om, tok, row, M, N):
-    """out [TILES, 8, 4, 4]: x row tok, weight row row."""
-    gl.store(out_ptr + tok.to(gl.int64) * stride_om + row, out.to(out_ptr.dtype.element_ty),
-             mask=(tok < M) & (row < N))
+def _pick(v, e4, i: gl.constexpr):
+    """Element i of the in-thread last axis of v [TILES, 8, 4, 4]: [TILES, 8, 4] (a select and an in-thread sum)."""
+    return gl.sum(gl.where(e4 == i, v, 0 * v), axis=3)
+
+
+@gluon.jit
+def _gvt_store(out, out_ptr, stride_om, tok, row, ok_row, e4, M, SWIGLU: gl.constexpr):
+    """out [TILES, 8, 4, 4]: x row tok, weight row row (ok_row: it exists). SWIGLU: silu(gate) * up of elements
+    e and e + 2 (gate c and up c), each rounded to out's dtype first (the bits of the product followed by
+    silu_and_mul), to column c = row of the gate."""
+    ty: gl.constexpr = out_ptr.dtype.element_ty
+    if SWIGLU:
+        for i in gl.static_range(2):
+            gate = _pick(out, e4, i).to(ty).to(gl.float32)
+            up = _pick(out, e4, i + 2).to(ty).to(gl.float32)
+            h = (gl.div_rn(gate, 1.0 + gl.exp(-gate)) * up).to(ty)
+            tk = _pick(tok, e4, i)
+            c = _pick(row, e4, i)
+            ok = _pick(ok_row.to(gl.int32), e4, i) != 0
+            gl.store(out_ptr + tk.to(gl.int64) * stride_om + c, h, mask=(tk < M) & ok)
+    else:
+        gl.store(out_ptr + tok.to(gl.int64) * stride_om + row, out.to(ty), mask=(tok < M) & ok_row)

@@ -53,9 +53,12 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
             raise RuntimeError(f"gvt config needs WPT in (4, 8, 16) and TILES a multiple of num_warps: {cfg}")
         mt = 1 if M <= 8 else 2
         step = GVT_K * p["WPT"] // 4
-        grid_n, grid_m = cdiv(N, 16 * p["TILES"]), cdiv(M, 8 * mt)
+        # SwiGLU: a tile holds 8 gate rows and their 8 up rows
+        grid_n, grid_m = cdiv(N // 2, 8 * p["TILES"]) if swiglu else cdiv(N, 16 * p["TILES"]), cdiv(M, 8 * mt)
         split = k_splits(split, cdiv(K, step), grid_n * grid_m, int(p.pop("MIN_PROGRAMS", 0)))
         constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % step == 0, MT=mt, **p)
+        if swiglu:
+            constexprs["SWIGLU"] = True
         return _keep_plan(key, cfg, (_kernels("gvt")._wo_gvt_kernel, (grid_n, split, grid_m), split, constexprs))
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
@@ -96,9 +99,9 @@ def _keep_plan(key, cfg, plan):
 
 
 def fused_swiglu(cfg: dict) -> bool:
-    """Whether the config's kernel applies SwiGLU itself (the GEMVs, with an even BLOCK_N: pairs of gate / up
-    rows); elsewhere silu_and_mul runs after the product."""
-    return cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
+    """Whether the config's kernel applies SwiGLU itself (the GEMVs: gemv / gv with an even BLOCK_N, pairs of gate /
+    up rows; gvt, gate and up rows in one thread); elsewhere silu_and_mul runs after the product."""
+    return cfg["path"] == "gvt" or cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
 
 
 def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg, swiglu=False):
