@@ -55,10 +55,12 @@ def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def gvt(tiles, wpt, w, split=1, min_programs=0):
+def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False):
     """The Gluon tensor-core GEMV (fp16 x, 4-bit with integer zero points, M <= 16; others fall back): TILES
-    16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step."""
+    16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step; pairs: two steps per
+    loop iteration (fewer instructions, more registers)."""
     c = dict(path="gvt", TILES=tiles, WPT=wpt, num_warps=w)
+    c = dict(c, PAIRS=True) if pairs else c
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -89,6 +91,8 @@ def candidates(m: int) -> list[dict]:
         # the tensor-core GEMV (untuned: a spread of tile counts, step lengths and splits)
         c += [gvt(t, wpt, w, sp, mp) for t, w in [(1, 1), (2, 1), (4, 1), (4, 2), (8, 4)] for wpt in (4, 8)
               for sp, mp in [(1, 0), (4, 1024), (8, 2048)]]
+        if m <= 8:
+            c += [gvt(t, 4, 1, sp, mp, pairs=True) for t in (2, 4) for sp, mp in [(1, 0), (4, 1024)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:

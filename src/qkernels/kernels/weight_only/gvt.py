@@ -18,7 +18,9 @@ byte 0, of byte 2), and the same for bytes 1 and 3), and x is permuted to match 
 Per code word: 4 lop3 + 1 shift (1024 + u and 1024 + 16 u as fp16 pairs), 4 paired fp16 operations that leave
 u - z exactly ((1024 + u) - (1024 + z) and (1024 + 16 u) / 16 - (64 + z)), and half an MMA. In the loop (offline
 SASS, sm_90, groups of 128): 2.3 instructions per weight with two 16-row tiles per thread, 2.0 with four (gv:
-3.07), 1.1 of them the conversion; 2.6 with two x tiles (M = 9..16) for twice the rows of x.
+3.07), 1.1 of them the conversion; 2.6 with two x tiles (M = 9..16) for twice the rows of x. PAIRS (two steps per
+loop iteration, each in its own registers) drops the register copies ptxas puts around a loop-carried prefetch:
+2.0 / 1.8 per weight, at 128 / 178 registers instead of 96 / 168.
 
 Numerics: the MMA multiplies u - z (an integer in [-16, 15]) by x exactly and sums in fp32; the scale is applied
 per 128-k block and row in fp32. So integer zero points only (PackedWeight.int_zeros: symmetric, GPTQ, AWQ and
@@ -166,14 +168,50 @@ def _scales(sz, st: gl.constexpr):
 
 
 @gluon.jit
+def _fetch(wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb, GROUP: gl.constexpr,
+           MT: gl.constexpr, EVEN_K: gl.constexpr):
+    """One step's operands: the code words of both row sets, their (scale, zero) words (per channel: sa, sb as
+    they are) and the B registers of each x tile (MT == 1: the first tile's twice)."""
+    wa = _load_codes(wa_p, k0, K, okc, EVEN_K)
+    wb = _load_codes(wb_p, k0, K, okc, EVEN_K)
+    if GROUP != PER_CHANNEL:
+        sa = _load_sz(sa_p, k0, blk, GROUP)
+        sb = _load_sz(sb_p, k0, blk, GROUP)
+    x0, x1, x2, x3 = _load_x(x0_p, k0, K, xm0, okc, EVEN_K)
+    y0, y1, y2, y3 = x0, x1, x2, x3
+    if MT == 2:
+        y0, y1, y2, y3 = _load_x(x1_p, k0, K, xm1, okc, EVEN_K)
+    return wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3
+
+
+@gluon.jit
+def _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st: gl.constexpr, MT: gl.constexpr):
+    """acc + s (sum over the step's blocks of (u - z) x) for each x tile (MT == 1: acc1 as it is)."""
+    s = gl.where(e < 2, _scales(sa, st), _scales(sb, st))
+    za = _zero_pairs(sa, st)
+    zb = _zero_pairs(sb, st)
+    if MT == 1:
+        d = gl.inline_asm_elementwise(asm=_MMA1, constraints=_MMA1_C, args=[wa, wb, za, zb, x0, x1, x2, x3],
+                                      dtype=gl.float32, is_pure=True, pack=4)
+        acc0 += s * d
+    else:
+        d0, d1 = gl.inline_asm_elementwise(asm=_MMA2, constraints=_MMA2_C,
+                                           args=[wa, wb, za, zb, x0, x1, x2, x3, y0, y1, y2, y3],
+                                           dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
+        acc0 += s * d0
+        acc1 += s * d1
+    return acc0, acc1
+
+
+@gluon.jit
 def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                    stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr,
                    MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False,
-                   PDL: gl.constexpr = False):
+                   PAIRS: gl.constexpr = False, PDL: gl.constexpr = False):
     """W4A16, fp16 x, integer zero points, K a multiple of 64 (EVEN_K: of 32 WPT), GROUP PER_CHANNEL or a
     multiple of 128. Program (n, k-slice, m): TILES 16-row tiles (SWIGLU: 8 gate rows and their 8 up rows each),
-    8 MT rows of x. SPLIT_K > 1: program column z
+    8 MT rows of x. PAIRS: two steps per loop iteration. SPLIT_K > 1: program column z
     covers slice z of K (whole steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last
     program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
@@ -213,9 +251,8 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     xw = 2 * wi + 16 * (wi // 8)                                      # x pair word of the word's first k
     x0_p = x32 + (m0 + g).to(gl.int64) * (stride_xm // 2) + xw
     xm0 = (m0 + g) < M
-    if MT == 2:
-        x1_p = x32 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 2) + xw
-        xm1 = (m0 + 8 + g) < M
+    x1_p = x32 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 2) + xw   # the second x tile's (MT == 2)
+    xm1 = (m0 + 8 + g) < M
 
     if SPLIT_K == 1:
         k_lo = 0
@@ -226,50 +263,43 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         k_hi = gl.minimum(K, k_lo + k_per)
 
     acc0 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
-    if MT == 2:
-        acc1 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
-    nwa = _load_codes(wa_p, k_lo, K, okc, EVEN_K)
-    nwb = _load_codes(wb_p, k_lo, K, okc, EVEN_K)
+    acc1 = acc0                                                       # MT == 2: the second x tile's
+    # each step's operands are loaded a step ahead of its MMAs
+    wa, wb = _load_codes(wa_p, k_lo, K, okc, EVEN_K), _load_codes(wb_p, k_lo, K, okc, EVEN_K)
     if GROUP == PER_CHANNEL:    # one word per row, for every step
-        nsa = gl.load(sa_p + blk * 0)
-        nsb = gl.load(sb_p + blk * 0)
+        sa, sb = gl.load(sa_p + blk * 0), gl.load(sb_p + blk * 0)
     else:
-        nsa = _load_sz(sa_p, k_lo, blk, GROUP)
-        nsb = _load_sz(sb_p, k_lo, blk, GROUP)
+        sa, sb = _load_sz(sa_p, k_lo, blk, GROUP), _load_sz(sb_p, k_lo, blk, GROUP)
     _pdl_launch(PDL)
     _pdl_wait(PDL)
-    nx0, nx1, nx2, nx3 = _load_x(x0_p, k_lo, K, xm0, okc, EVEN_K)
+    x0, x1, x2, x3 = _load_x(x0_p, k_lo, K, xm0, okc, EVEN_K)
+    y0, y1, y2, y3 = x0, x1, x2, x3
     if MT == 2:
-        ny0, ny1, ny2, ny3 = _load_x(x1_p, k_lo, K, xm1, okc, EVEN_K)
-    # the next step's codes, (scale, zero) words and x a step ahead; past the slice's end the first step again
-    # (in bounds, unused)
-    for k0 in range(k_lo, k_hi, STEP):
-        wa, wb, sa, sb = nwa, nwb, nsa, nsb
-        xa0, xa1, xa2, xa3 = nx0, nx1, nx2, nx3
-        k1 = k0 + STEP
-        k1 = gl.where(k1 < k_hi, k1, k_lo)
-        nwa = _load_codes(wa_p, k1, K, okc, EVEN_K)
-        nwb = _load_codes(wb_p, k1, K, okc, EVEN_K)
-        if GROUP != PER_CHANNEL:
-            nsa = _load_sz(sa_p, k1, blk, GROUP)
-            nsb = _load_sz(sb_p, k1, blk, GROUP)
-        nx0, nx1, nx2, nx3 = _load_x(x0_p, k1, K, xm0, okc, EVEN_K)
-        s = gl.where(e < 2, _scales(sa, st), _scales(sb, st))
-        za = _zero_pairs(sa, st)
-        zb = _zero_pairs(sb, st)
-        if MT == 1:
-            d = gl.inline_asm_elementwise(asm=_MMA1, constraints=_MMA1_C,
-                                          args=[wa, wb, za, zb, xa0, xa1, xa2, xa3],
-                                          dtype=gl.float32, is_pure=True, pack=4)
-            acc0 += s * d
-        else:
-            ya0, ya1, ya2, ya3 = ny0, ny1, ny2, ny3
-            ny0, ny1, ny2, ny3 = _load_x(x1_p, k1, K, xm1, okc, EVEN_K)
-            d0, d1 = gl.inline_asm_elementwise(asm=_MMA2, constraints=_MMA2_C,
-                                               args=[wa, wb, za, zb, xa0, xa1, xa2, xa3, ya0, ya1, ya2, ya3],
-                                               dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
-            acc0 += s * d0
-            acc1 += s * d1
+        y0, y1, y2, y3 = _load_x(x1_p, k_lo, K, xm1, okc, EVEN_K)
+    if PAIRS:
+        # two steps per iteration, each step's operands in their own registers: each load lands in registers
+        # whose last use has been, so nothing is copied around the loop (more registers live)
+        for k0 in range(k_lo, k_hi, 2 * STEP):
+            kb = k0 + STEP
+            b_ok = kb < k_hi
+            kb = gl.where(b_ok, kb, k_lo)          # past the slice's end: the first step again (in bounds, unused)
+            wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, kb, K, okc, blk, xm0, xm1, sa, sb, GROUP, MT, EVEN_K)
+            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, MT)
+            ka = k0 + 2 * STEP
+            ka = gl.where(ka < k_hi, ka, k_lo)
+            wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = _fetch(
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, ka, K, okc, blk, xm0, xm1, sa2, sb2, GROUP, MT, EVEN_K)
+            if b_ok:
+                acc0, acc1 = _mma_step(acc0, acc1, wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3, e, st, MT)
+    else:
+        for k0 in range(k_lo, k_hi, STEP):
+            k1 = k0 + STEP
+            k1 = gl.where(k1 < k_hi, k1, k_lo)     # past the slice's end: the first step again (in bounds, unused)
+            wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, GROUP, MT, EVEN_K)
+            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, MT)
+            wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
 
     # element (tile, g, t, e): weight row a (e < 2) or b, x row m0 (+ 8 for acc1) + 2 t + e % 2
     e4 = gl.sum(e, axis=3)                                            # [1, 1, 1, 4]
