@@ -17,10 +17,10 @@ nibbles go to the A registers as lop3 leaves them (the pairs (low nibble of byte
 byte 0, of byte 2), and the same for bytes 1 and 3), and x is permuted to match with one prmt per register.
 Per code word: 4 lop3 + 1 shift (1024 + u and 1024 + 16 u as fp16 pairs), 4 paired fp16 operations that leave
 u - z exactly ((1024 + u) - (1024 + z) and (1024 + 16 u) / 16 - (64 + z)), and half an MMA. In the loop (offline
-SASS, sm_90, groups of 128): 2.3 instructions per weight with two 16-row tiles per thread, 2.0 with four (gv:
-3.07), 1.1 of them the conversion; 2.6 with two x tiles (M = 9..16) for twice the rows of x. PAIRS (two steps per
+SASS, sm_90, groups of 128): 2.2 instructions per weight with two 16-row tiles per thread, 1.9 with four (gv:
+3.07), 1.1 of them the conversion; 2.7 with two x tiles (M = 9..16) for twice the rows of x. PAIRS (two steps per
 loop iteration, each in its own registers) drops the register copies ptxas puts around a loop-carried prefetch:
-2.0 / 1.8 per weight, at 128 / 178 registers instead of 96 / 168.
+1.9 / 1.8 per weight, at 128 / 178 registers instead of 96 / 168.
 
 Numerics: the MMA multiplies u - z (an integer in [-16, 15]) by x exactly and sums in fp32; the scale is applied
 per 128-k block and row in fp32. So integer zero points only (PackedWeight.int_zeros: symmetric, GPTQ, AWQ and
@@ -146,10 +146,12 @@ def _load_x(p, k0, K, xm, okc, EVEN_K: gl.constexpr):
     ok = xm
     if not EVEN_K:
         ok = ok & (k0 + okc < K)
-    lo = gl.load(p + k0 // 2, mask=ok, other=0)
-    lo1 = gl.load(p + k0 // 2 + 1, mask=ok, other=0)
-    hi = gl.load(p + k0 // 2 + 16, mask=ok, other=0)
-    hi1 = gl.load(p + k0 // 2 + 17, mask=ok, other=0)
+    lo = gl.load(p + k0 // 4, mask=ok, other=0)            # x[k .. k + 3] and x[k + 32 .. k + 35], 8 bytes each
+    hi = gl.load(p + k0 // 4 + 8, mask=ok, other=0)
+    lo1 = (lo >> 32).to(gl.int32)
+    hi1 = (hi >> 32).to(gl.int32)
+    lo = lo.to(gl.int32)
+    hi = hi.to(gl.int32)
     return gl.inline_asm_elementwise(asm=_XPERM, constraints="=r,=r,=r,=r,r,r,r,r", args=[lo, lo1, hi, hi1],
                                      dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
 
@@ -240,18 +242,19 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         rb = (row_b % N).to(gl.int64)
     wi = blk * 16 + t * 4 + e                                         # the step's word [1, 1, 4, NB, 4]
     okc = (wi // 8) * 64                                              # its chunk's first k, from the step's
-    # the launcher guarantees 16-byte aligned code rows and 4-byte aligned x rows
+    # the launcher guarantees 16-byte aligned code and x rows
     w32 = w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     wa_p = w32 + ra * gl.multiple_of(stride_wn // 4, 4) + wi
     wb_p = w32 + rb * gl.multiple_of(stride_wn // 4, 4) + wi
     s32 = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     sa_p = s32 + ra * stride_sn
     sb_p = s32 + rb * stride_sn
-    x32 = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-    xw = 2 * wi + 16 * (wi // 8)                                      # x pair word of the word's first k
-    x0_p = x32 + (m0 + g).to(gl.int64) * (stride_xm // 2) + xw
+    # x as 8-byte words (rows 16-byte aligned: the launcher copies x otherwise): word wi's first k, 64 c + 4 i
+    x64 = x_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
+    xw = wi + 8 * (wi // 8)
+    x0_p = x64 + (m0 + g).to(gl.int64) * (stride_xm // 4) + xw
     xm0 = (m0 + g) < M
-    x1_p = x32 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 2) + xw   # the second x tile's (MT == 2)
+    x1_p = x64 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 4) + xw   # the second x tile's (MT == 2)
     xm1 = (m0 + 8 + g) < M
 
     if SPLIT_K == 1:
