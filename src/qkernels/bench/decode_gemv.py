@@ -6,7 +6,8 @@ Method: each provider inside one CUDA graph that calls it on enough copies of it
 decode graph walks its layers (no copy is in L2 when its call runs); time per call = the replay's median
 (triton.testing.do_bench) / calls. Weight bytes/s = the provider's weight bytes / time; `share_of_fp16_bw` = that
 over fp16 `F.linear`'s bytes/s on the same shape and M (the bandwidth fp16 reaches, the ceiling a weight-only
-kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay).
+kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay), counted
+after every timing of the run (a profiler session may leave the profiling library attached, slowing what follows).
 Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them (w4a16: group 128,
 asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations quantized inside
 the call). Peers as their users build them: gemlite (`A16W4_HQQ_INT().from_weights` on our w4a16 codes, scales
@@ -70,6 +71,16 @@ def chain_us(calls: list, gpu: bool) -> float:
     return triton.testing.do_bench(g.replay, warmup=20, rep=80, return_mode="median") * 1e3 / len(calls)
 
 
+def _call(prov: str, w, x, xb):
+    """One call of provider `prov` on its layer (or weight) w: tinygemm on bf16 x, F.linear on the fp16 weight, the
+    module otherwise."""
+    if prov.startswith("tinygemm"):
+        return lambda: torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1])
+    if prov.startswith("fp16"):
+        return lambda: F.linear(x, w)
+    return lambda: w(x)
+
+
 def _kernels_per_call(fn) -> float:
     """GPU kernels (and memsets / copies) one eager call launches."""
     from torch.profiler import ProfilerActivity, profile
@@ -126,6 +137,7 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
         shapes = {k: v for k, v in shapes.items() if k in models}
     missing: list = []
     rows: list[Row] = []
+    to_count: list = []         # (row, make a layer, provider, x, bf16 x): kernels per call, counted at the end
     for model, layer_shapes in shapes.items():
         for N, K, layer in layer_shapes:
             torch.manual_seed(0)
@@ -133,7 +145,7 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
             torch.nn.init.normal_(lin.weight, std=K ** -0.5)
             lin.requires_grad_(False)
             # name -> (make one copy of the layer, weight bytes); fp16 first: the others are compared with it
-            providers = {"fp16 F.linear": (lambda: lin.weight.detach().clone(), N * K * 2)}
+            providers = {"fp16 F.linear": (lambda lin=lin: lin.weight.detach().clone(), N * K * 2)}
             for scheme in SCHEMES:
                 if scheme == "w8a8-fp8" and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
                     continue
@@ -154,15 +166,7 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
                     try:
                         with torch.inference_mode():
                             ws = [make() for _ in range(n_copies)]
-                            if prov.startswith("tinygemm"):
-                                calls = [lambda w=w: torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1])
-                                         for w in ws]
-                            elif prov.startswith("fp16"):
-                                calls = [lambda w=w: F.linear(x, w) for w in ws]
-                            else:
-                                calls = [lambda w=w: w(x) for w in ws]
-                            us = chain_us(calls, gpu)
-                            kernels = _kernels_per_call(calls[0]) if gpu else float("nan")
+                            us = chain_us([_call(prov, w, x, xb) for w in ws], gpu)
                     except Exception as e:       # a peer that cannot run this shape: say so, go on
                         print(f"{model} {layer} {N}x{K} M={M} {prov}: failed: {type(e).__name__}: {str(e)[:160]}")
                         continue
@@ -170,17 +174,27 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
                     if prov.startswith("fp16"):
                         fp16_us, fp16_gbps = us, gbps
                     extra = {"weight_bytes": nbytes, "weight_gbps": gbps, "copies": n_copies,
-                             "kernels_per_call": kernels, "speedup_vs_fp16": fp16_us / us,
+                             "kernels_per_call": float("nan"), "speedup_vs_fp16": fp16_us / us,
                              "share_of_fp16_bw": gbps / fp16_gbps}
                     rows.append(Row("decode_linear", prov, us, "graph-chain" if gpu else "eager",
                                     {"model": model, "layer": layer, "shape": f"{N}x{K}", "M": M, "N": N, "K": K},
                                     extra))
+                    if gpu:
+                        to_count.append((rows[-1], make, prov, x, xb))
                     print(f"{model} {layer:8s} {N}x{K} M={M:2d} {prov:26s} {us:8.1f} us {gbps:6.0f} GB/s "
-                          f"{fp16_us / us:5.2f}x fp16, {100 * gbps / fp16_gbps:3.0f}% of fp16 B/s, "
-                          f"{kernels:.0f} kernels", flush=True)
-                    del ws, calls
+                          f"{fp16_us / us:5.2f}x fp16, {100 * gbps / fp16_gbps:3.0f}% of fp16 B/s", flush=True)
+                    del ws
                     if gpu:
                         torch.cuda.empty_cache()
+    # kernels per call, after every timing: a profiler session must not run before a timed one
+    for row, make, prov, x, xb in to_count:
+        try:
+            with torch.inference_mode():
+                row.extra["kernels_per_call"] = _kernels_per_call(_call(prov, make(), x, xb))
+        except Exception as e:       # the row keeps its time; its count stays NaN
+            print(f"{row.sizes['shape']} M={row.sizes['M']} {prov}: kernel count failed: {type(e).__name__}: {e}")
+            continue
+        print(f"{row.sizes['shape']} M={row.sizes['M']:2d} {prov:26s} {row.extra['kernels_per_call']:.0f} kernels")
     meta = {"peers_missing": missing, "span_bytes": SPAN,
             "method": method_text(__doc__, gpu, "tiny shape")}
     path = write_json("decode_gemv", rows, out_root, meta)

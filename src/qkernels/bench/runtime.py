@@ -21,7 +21,8 @@ Method:
 - Hugging Face rows (batch 1): the source model's forward compiled with a static cache (torch.compile,
   mode="reduce-overhead", fullgraph: its documented fast path), fp16, and converted copies: w4a16 and w8a8 by
   quantize_ (lm_head fp16), and every linear but lm_head on PyTorch's int4 kernel (tinygemm, bf16 model, group
-  128), as a torchao int4 weight-only user runs it.
+  128), as a torchao int4 weight-only user runs it. They run first, before the profiler sessions of the same
+  model (a session may leave the profiling library attached).
 On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
 
 `--models` naming some models (one GPU call may not hold them all) merges their rows into this GPU's runtime.json:
@@ -180,6 +181,22 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
         with torch.device(dev):
             hf = hf_model(cfg, dt)
         hf_mb = sum(t.numel() * t.element_size() for t in hf.parameters()) / 2**20
+        # HF's graph-captured decode first, before this model's profiler sessions (profile_step): a session may leave
+        # the profiling library attached and slow what runs after it (one model per process: --models)
+        for scheme in HF_SCHEMES if gpu and cfg.model_type != "qwen3_vl" else ():
+            hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
+            for b in (1,):
+                t0 = time.perf_counter()
+                ms = decode_step_ms(hm, b, ctx, dev, graph=True, compiled=True)
+                rows.append(Row("decode", HF_PATH, ms * 1e3, "graph",
+                                dict(sizes, scheme=scheme, batch=b, ctx=ctx), {"tokens_per_s": b / (ms * 1e-3)}))
+                print(f"{mname} {scheme} HF b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s "
+                      f"(compile and timing {time.perf_counter() - t0:.0f} s)", flush=True)
+            del hm
+            gc.collect()
+            torch.cuda.empty_cache()
+        if gpu:
+            torch._dynamo.reset()        # the last compiled model's CUDA-graph pool
         for scheme in schemes:
             if scheme.startswith("w8a8-fp8") and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
                 continue
@@ -224,18 +241,6 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
             rows.append(Row("memory", "qkernels runtime", 0.0, sizes=dict(sizes, scheme=scheme),
                             extra={"peak_mb": peak, "weight_mb": weight_mb, "build_s": build_s}))
             del m
-        for scheme in HF_SCHEMES if gpu and cfg.model_type != "qwen3_vl" else ():   # HF's graph-captured decode
-            hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
-            for b in (1,):
-                t0 = time.perf_counter()
-                ms = decode_step_ms(hm, b, ctx, dev, graph=True, compiled=True)
-                rows.append(Row("decode", HF_PATH, ms * 1e3, "graph",
-                                dict(sizes, scheme=scheme, batch=b, ctx=ctx), {"tokens_per_s": b / (ms * 1e-3)}))
-                print(f"{mname} {scheme} HF b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s "
-                      f"(compile and timing {time.perf_counter() - t0:.0f} s)", flush=True)
-            del hm
-            gc.collect()
-            torch.cuda.empty_cache()
         del hf
     meta = {"copy_bw_gbps": bw, "profiles": profiles,
             "method": method_text(__doc__, gpu, "tiny model")}
