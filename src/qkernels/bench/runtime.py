@@ -21,8 +21,10 @@ Method:
 - Hugging Face rows (batch 1): the source model's forward compiled with a static cache (torch.compile,
   mode="reduce-overhead", fullgraph: its documented fast path), fp16, and converted copies: w4a16 and w8a8 by
   quantize_ (lm_head fp16), and every linear but lm_head on PyTorch's int4 kernel (tinygemm, bf16 model, group
-  128), as a torchao int4 weight-only user runs it. They run first, before the profiler sessions of the same
-  model (a session may leave the profiling library attached).
+  128), as a torchao int4 weight-only user runs it.
+The profiles are taken after every timing of their model (a profiler session may leave the profiling library
+attached and slow what runs after it). With several models in one run a later model's rows follow an earlier
+model's profiles: a run of one model (`--models NAME`) keeps every row clear of them.
 On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
 
 `--models` naming some models (one GPU call may not hold them all) merges their rows into this GPU's runtime.json:
@@ -47,6 +49,7 @@ SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8")
 # model runs it
 HF_PATH = "HF static cache + torch.compile"
 HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4")
+PROFILED = ("fp16", "w4a16", "w8a8")          # the schemes whose batch-1 decode step is profiled per kernel
 PROMPT, CTX = 2048, 128
 DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
 
@@ -181,8 +184,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
         with torch.device(dev):
             hf = hf_model(cfg, dt)
         hf_mb = sum(t.numel() * t.element_size() for t in hf.parameters()) / 2**20
-        # HF's graph-captured decode first, before this model's profiler sessions (profile_step): a session may leave
-        # the profiling library attached and slow what runs after it (one model per process: --models)
+        # HF's graph-captured decode first (its compiled models' state gone before ours run)
         for scheme in HF_SCHEMES if gpu and cfg.model_type != "qwen3_vl" else ():
             hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
             for b in (1,):
@@ -229,9 +231,6 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
                                  "capture_s": step.capture_s}))
                 print(f"{mname} {scheme} runtime b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s, "
                       f"{100 * share:.0f}% of the floor, capture {step.capture_s:.1f} s", flush=True)
-                if gpu and b == 1 and scheme in ("fp16", "w4a16", "w8a8"):
-                    tok = torch.zeros(1, dtype=torch.long, device=dev)
-                    profiles[f"{mname} {scheme}"] = profile_step(step, tok, torch.full((1,), ctx, device=dev))
                 del step
             # the source HF model stays resident for the next scheme: it is not the runtime's memory
             peak = torch.cuda.max_memory_allocated() / 2**20 - hf_mb if gpu else float("nan")
@@ -241,6 +240,16 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
             rows.append(Row("memory", "qkernels runtime", 0.0, sizes=dict(sizes, scheme=scheme),
                             extra={"peak_mb": peak, "weight_mb": weight_mb, "build_s": build_s}))
             del m
+        # the batch-1 profiles after every timing of the model, each on a model built again: a profiler session
+        # may leave the profiling library attached and slow what runs after it
+        for scheme in [s for s in PROFILED if s in schemes] if gpu else ():
+            gc.collect()
+            torch.cuda.empty_cache()
+            m = from_pretrained(hf, None if scheme == "fp16" else scheme, device=dev, dtype=dt)
+            _, step = runtime_decode(m, 1, ctx, gpu)
+            tok = torch.zeros(1, dtype=torch.long, device=dev)
+            profiles[f"{mname} {scheme}"] = profile_step(step, tok, torch.full((1,), ctx, device=dev))
+            del step, m
         del hf
     meta = {"copy_bw_gbps": bw, "profiles": profiles,
             "method": method_text(__doc__, gpu, "tiny model")}
