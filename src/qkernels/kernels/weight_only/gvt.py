@@ -3,9 +3,9 @@ Launcher: ops/weight_only/launch.py (path "gvt"). Layout: packed_weight.py. Refe
 The Triton-language GEMV (gemv.py) and tensor-core GEMM (mm.py) compute the same thing and are its CPU twins
 (Gluon has no interpreter); the tests run this one on GPUs against the reference.
 
-Why. gv spends ~3 instructions per weight, two of them on the products and their sums: on the H200 that bounds
-it below the memory bandwidth. Here the products go to the tensor cores, which also serve M = 2..16 at the cost
-of M = 1 (the dequantization is shared by all rows of x):
+Why. gv spends 3.07 instructions per weight in its loop (~0.9 of them on the products and their sums), and on the
+H200 it looks issue-bound below the memory bandwidth (docs/design.md). Here the products go to the tensor cores,
+which also serve M = 2..16 at about the cost of M = 1 (the dequantization is shared by all rows of x):
 
   out.T = W @ x.T with mma.sync m16n8k16 (fp16 operands, exact products, fp32 sums): A = a 16-row weight tile,
   B = up to 8 rows of x (a second set of MMAs on the same A for x rows 8..15, MT = 2).
@@ -14,7 +14,8 @@ A lane (g, t) (g = lane / 4, t = lane % 4) holds the A fragments of rows g and g
 g. It loads 4 consecutive code words (one 16-byte load) per row and 128-k block: the 4 lanes of a quad cover the
 block's 16 words. The order in which k is summed is free, as long as A and B follow the same one, so each word's
 nibbles go to the A registers as lop3 leaves them (the pairs (low nibble of byte 0, of byte 2), (high nibble of
-byte 0, of byte 2), and the same for bytes 1 and 3), and x is permuted to match with one prmt per register.
+byte 0, of byte 2), and the same for bytes 1 and 3), and x (read as 8-byte words: a word's 4 low-nibble k, and its
+4 high-nibble k) is permuted to match with one prmt per register.
 Per code word: 4 lop3 + 1 shift (1024 + u and 1024 + 16 u as fp16 pairs), 4 paired fp16 operations that leave
 u - z exactly ((1024 + u) - (1024 + z) and (1024 + 16 u) / 16 - (64 + z)), and half an MMA. In the loop (offline
 SASS, sm_90, groups of 128): 2.2 instructions per weight with two 16-row tiles per thread, 1.9 with four (gv:
