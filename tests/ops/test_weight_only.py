@@ -359,12 +359,11 @@ def test_gv_tails_scales_and_fallback(cfg):
                                  dict(TILES=4, WPT=4, num_warps=1, PAIRS=True),
                                  dict(TILES=2, WPT=4, num_warps=1, PAIRS=True, SPLIT_K=3, MIN_PROGRAMS=1 << 30)])
 def test_gvt_tails_scales_and_fallback(cfg):
-    """The tensor-core GEMV: K not a multiple of its step (masked chunks), split-K slices, N tails (wrapped rows),
-    two steps per iteration (PAIRS) with an odd step count,
-    M of 1..16 (one or two x tiles per program) and past 16, bias, per channel / group 128 / 256, symmetric and
-    not, GPTQ's zero point 16, a 2-byte-offset x view (copied first), x of 1e-3 and 3e4, SwiGLU in the epilogue
-    (the bits of product + silu_and_mul). Float zero points, bf16 x and group 64 take the fallback. Against the
-    reference."""
+    """The tensor-core GEMV: K not a multiple of its step (masked chunks), split-K slices, two steps per iteration
+    (PAIRS) with an odd step count, N tails (wrapped rows), M of 1..16 (one or two x tiles per program) and past 16,
+    bias, per channel / group 128 / 256, symmetric and not, GPTQ's zero point 16, a 2-byte-offset x view (copied
+    first), x of 1e-3 and 3e4, SwiGLU in the epilogue (the bits of product + silu_and_mul). Float zero points, bf16
+    x and group 64 take the fallback. Against the reference."""
     cfg = dict(path="gvt", **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 200, 320, DEVICE)
     for M, N, k, group_size, sym, scale in ((1, 200, 4160, -1, True, 1.0), (3, 77, 2048, 128, False, 1.0),
