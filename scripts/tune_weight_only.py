@@ -56,7 +56,7 @@ def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0):
 
 
 def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False):
-    """The Gluon tensor-core GEMV (fp16 x, 4-bit with integer zero points, M <= 16; others fall back): TILES
+    """The Gluon tensor-core GEMV (fp16 x, 4- or 8-bit with integer zero points, M <= 16; others fall back): TILES
     16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step; pairs: two steps per
     loop iteration (fewer instructions, more registers)."""
     c = dict(path="gvt", TILES=tiles, WPT=wpt, num_warps=w)

@@ -52,8 +52,9 @@ def test_shipped_tables_are_well_formed(slug):
             if cfg.get("path") == "gv":      # the Gluon GEMV: a step spans 4 WPT chunks of 64 per warp
                 assert kind == "w4a16" and cfg["WPT"] in (1, 2, 4, 8), cfg
                 assert cfg["BLOCK_K"] % (256 * cfg["WPT"] * cfg["num_warps"]) == 0, cfg
-            if cfg.get("path") == "gvt":     # the Gluon tensor-core GEMV: 4-bit, up to 16 x rows per program
-                assert kind == "w4a16" and cfg["WPT"] in (4, 8, 16) and cfg["TILES"] % cfg["num_warps"] == 0, cfg
+            if cfg.get("path") == "gvt":     # the Gluon tensor-core GEMV: 4- or 8-bit, up to 16 x rows per program
+                assert kind in ("w4a16", "w8a16") and cfg["WPT"] in (4, 8, 16), cfg
+                assert cfg["TILES"] % cfg["num_warps"] == 0, cfg
                 assert int(key.split(":")[0]) <= 16, key
             if cfg.get("path") in ("tc", "wg", "gv", "gvt"):     # Gluon: a fallback for what its kernel does not run
                 assert cfg["fallback"].get("path") not in ("tc", "wg", "gv", "gvt"), cfg

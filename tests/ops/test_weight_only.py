@@ -362,8 +362,9 @@ def test_gvt_tails_scales_and_fallback(cfg):
     """The tensor-core GEMV: K not a multiple of its step (masked chunks), split-K slices, two steps per iteration
     (PAIRS) with an odd step count, N tails (wrapped rows), M of 1..16 (one or two x tiles per program) and past 16,
     bias, per channel / group 128 / 256, symmetric and not, GPTQ's zero point 16, a 2-byte-offset x view (copied
-    first), x of 1e-3 and 3e4, SwiGLU in the epilogue (the bits of product + silu_and_mul). Float zero points, bf16
-    x and group 64 take the fallback. Against the reference."""
+    first), x of 1e-3 and 3e4, SwiGLU in the epilogue (the bits of product + silu_and_mul); 8-bit codes (groups of
+    64 up, per channel). Float zero points, bf16 x and groups of 64 (4-bit) / 32 (8-bit) take the fallback. Against
+    the reference."""
     cfg = dict(path="gvt", **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 200, 320, DEVICE)
     for M, N, k, group_size, sym, scale in ((1, 200, 4160, -1, True, 1.0), (3, 77, 2048, 128, False, 1.0),
@@ -382,6 +383,14 @@ def test_gvt_tails_scales_and_fallback(cfg):
         assert torch.isfinite(got).all()
         _check(got, _ref(x, pw, bias), torch.float16)
         assert WO.gvt_supported(4, k, group_size, pw.qweight, torch.float16, pw.int_zeros) == (group_size != 64)
+    for M, N, k, group_size, sym in ((1, 200, 4160, -1, True), (5, 77, 2048, 64, False), (12, 300, 4096, 128, True),
+                                     (16, 1000, 14336, -1, True), (3, 72, 384, 32, True)):     # 8-bit codes
+        pw = qk.PackedWeight.from_float(torch.randn(N, k, device=DEVICE), 8, group_size, sym, scale_dtype=torch.float16)
+        x = torch.randn(M, k, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 8, pw.group_size, pw.int_zeros, cfg)
+        _check(got, _ref(x, pw), torch.float16)
+        assert WO.gvt_supported(8, k, group_size, pw.qweight, torch.float16, pw.int_zeros) == (group_size != 32)
     pw = _weight(2 * 72, 2048, 4, 128, False)                   # SwiGLU in the epilogue: the bits of product + silu
     assert WO.launch.fused_swiglu(cfg)
     for M in (3, 12):
@@ -391,6 +400,13 @@ def test_gvt_tails_scales_and_fallback(cfg):
             want = qk.silu_and_mul(WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size,
                                                         pw.int_zeros, cfg))
         assert_bit_exact(got, want)
+    pw = _weight(2 * 72, 2048, 8, -1, True)                     # the same with 8-bit codes
+    x = torch.randn(5, 2048, device=DEVICE, dtype=torch.float16)
+    with qk.poison_outputs():
+        got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 8, pw.group_size, pw.int_zeros, cfg, True)
+        want = qk.silu_and_mul(WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 8, pw.group_size,
+                                                    pw.int_zeros, cfg))
+    assert_bit_exact(got, want)
     q = torch.randint(0, 16, (48, 1024), device=DEVICE)
     s = torch.rand(48, 8, device=DEVICE, dtype=torch.float16) / 8
     for z, want in ((torch.full((48, 8), 16.0, device=DEVICE), True),           # GPTQ's stored-minus-one zero
@@ -519,6 +535,11 @@ def test_gvt_config_checked():
     kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 144, 2048, 4, 128,
                                               False, True, True)     # SwiGLU: 8 gate rows and their up rows per tile
     assert grid == (5, 1, 1) and cx["SWIGLU"] and WO.launch.fused_swiglu(dict(path="gvt"))
+    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=8, num_warps=1), 1, 4096, 4160, 8, -1,
+                                              False, True)     # 8-bit: blocks of 64 k, so two per step here
+    assert grid == (128, 1, 1) and cx["BITS"] == 8 and not cx["EVEN_K"]
+    _, _, _, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 1, 4096, 4160, 8, -1, False, True)
+    assert cx["EVEN_K"] and cx["BITS"] == 8
 
 
 def test_force_path_is_scoped_and_checked():

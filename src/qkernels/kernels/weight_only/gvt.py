@@ -1,4 +1,4 @@
-"""Gluon decode GEMV for W4A16 on tensor cores (M <= 16): gv's explicit layouts, the products in mma.sync.
+"""Gluon decode GEMV for W4A16 / W8A16 on tensor cores (M <= 16): gv's explicit layouts, the products in mma.sync.
 Launcher: ops/weight_only/launch.py (path "gvt"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
 The Triton-language GEMV (gemv.py) and tensor-core GEMM (mm.py) compute the same thing and are its CPU twins
 (Gluon has no interpreter); the tests run this one on GPUs against the reference.
@@ -23,14 +23,20 @@ SASS, sm_90, groups of 128): 2.2 instructions per weight with two 16-row tiles p
 loop iteration, each in its own registers) drops the register copies ptxas puts around a loop-carried prefetch:
 1.9 / 1.8 per weight, at 128 / 178 registers instead of 96 / 168.
 
-Numerics: the MMA multiplies u - z (an integer in [-16, 15]) by x exactly and sums in fp32; the scale is applied
+8-bit codes (BITS = 8; the PackedWeight layout is plain bytes along k): a block is 64 k, a word's bytes k, k + 1
+and k + 2, k + 3 become fp16 pairs 1024 + u by one prmt each (the exponent byte of 1024 beside each code byte),
+then (1024 + u) - (1024 + z); x pairs come in their natural order. One MMA per word and row pair: 1.6
+instructions per weight (offline SASS, per channel, two tiles), so per byte a third of the 4-bit kernel's.
+
+Numerics: the MMA multiplies u - z (an integer in [-16, 15]; 8-bit [-256, 255]) by x exactly and sums in fp32; the scale is applied
 per 128-k block and row in fp32. So integer zero points only (PackedWeight.int_zeros: symmetric, GPTQ, AWQ and
 round-to-nearest weights); others run the config's fallback. Not bit-identical to the reference (summation order),
 within the weight-only tolerance.
 
 Layout [TILES, 8, 4, NB, 4]: 16-row tiles (TILES / num_warps per thread, warps along them), the lane group g, the
-lane t of the quad, the step's NB = WPT / 4 blocks of 128 k, and a thread's 4 words of a block (the asm's pack).
-One asm instance takes those 4 words of rows g and g + 8 and chains 8 MMAs (16 with MT = 2); its 4 outputs per
+lane t of the quad, the step's NB = WPT / 4 blocks (128 k; 8-bit 64), and a thread's 4 words of a block (the asm's
+pack). One asm instance takes those 4 words of rows g and g + 8 and chains 8 MMAs (8-bit 4; twice that with
+MT = 2); its 4 outputs per
 x tile are the accumulator fragment (rows g, g, g + 8, g + 8; x rows 2 t, 2 t + 1, 2 t, 2 t + 1).
 SWIGLU: rows g and g + 8 of a tile are gate c and up c of a merged [gate; up] projection, so silu(gate) * up is
 in the thread. SPLIT_K > 1: the slices' fp32 partials are added by the last program of each output tile.
@@ -42,56 +48,64 @@ from triton.experimental.gluon import language as gl
 
 from .gluon_shared import PER_CHANNEL, _pdl_launch, _pdl_wait, _splitk_fixup_at
 
-BLOCK_K: gl.constexpr = gl.constexpr(128)     # k per MMA chain: 16 code words of a row, 4 per lane of a quad
 
 
-def _mma_asm(mt: int) -> str:
-    """PTX: one 128-k block of rows g and g + 8 for mt x tiles. Operands: the outputs (4 per x tile: the
-    accumulator fragment), then 4 elements each of: the words of row g, of row g + 8, the (1024 + z) pairs of the
-    two rows, and per x tile the B registers b0 / b1 of MMA j = 0 and j = 1."""
+def _mma_asm(mt: int, bits: int) -> str:
+    """PTX: one block of rows g and g + 8 for mt x tiles (4-bit: 128 k, 8-bit: 64 k). Operands: the outputs (4 per x
+    tile: the accumulator fragment), then 4 elements each of: the words of row g, of row g + 8, the (1024 + z) pairs
+    of the two rows, and per x tile the B registers (b0 / b1 of MMA j = 0 and j = 1; 8-bit: one MMA per word, its
+    b0 / b1 first)."""
     n_out = 4 * mt
     wa, wb, za, zb = n_out, n_out + 4, n_out + 8, n_out + 12
-    xb = n_out + 16                                   # per x tile: b0 j0, b1 j0, b0 j1, b1 j1, 4 elements each
+    xb = n_out + 16                                   # per x tile: 4 registers, 4 elements each
     d = [[f"d{q}{i}" for i in range(4)] for q in range(mt)]
-    lines = [".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, ta, tb, zla, zlb, zha, zhb, m1, c960, s16;",
+    lines = [".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, ta, tb, zla, zlb, zha, zhb, m1, c960, s16, mg;",
              ".reg .f32 " + ", ".join(v for q in d for v in q) + ";",
              "mov.b32 m1, 0xBC00BC00;", "mov.b32 c960, 0x63806380;", "mov.b32 s16, 0x2C002C00;",
-             f"mov.b32 zla, ${za};", f"mov.b32 zlb, ${zb};",
+             "mov.b32 mg, 0x64646464;", f"mov.b32 zla, ${za};", f"mov.b32 zlb, ${zb};",
              # -(64 + z) = (1024 + z) * -1 + 960, exactly
              "fma.rn.f16x2 zha, zla, m1, c960;", "fma.rn.f16x2 zhb, zlb, m1, c960;"]
     lines += [f"mov.f32 {v}, 0f00000000;" for q in d for v in q]
     for e in range(4):
-        lines += [
-            f"lop3.b32 pa0, ${wa + e}, 0x000F000F, 0x64006400, 0xEA;",
-            f"lop3.b32 pa1, ${wa + e}, 0x00F000F0, 0x64006400, 0xEA;",
-            f"shr.u32 ta, ${wa + e}, 8;",
-            "lop3.b32 pa2, ta, 0x000F000F, 0x64006400, 0xEA;",
-            "lop3.b32 pa3, ta, 0x00F000F0, 0x64006400, 0xEA;",
-            f"lop3.b32 pb0, ${wb + e}, 0x000F000F, 0x64006400, 0xEA;",
-            f"lop3.b32 pb1, ${wb + e}, 0x00F000F0, 0x64006400, 0xEA;",
-            f"shr.u32 tb, ${wb + e}, 8;",
-            "lop3.b32 pb2, tb, 0x000F000F, 0x64006400, 0xEA;",
-            "lop3.b32 pb3, tb, 0x00F000F0, 0x64006400, 0xEA;",
-            "sub.f16x2 pa0, pa0, zla;", "sub.f16x2 pa2, pa2, zla;",
-            "fma.rn.f16x2 pa1, pa1, s16, zha;", "fma.rn.f16x2 pa3, pa3, s16, zha;",
-            "sub.f16x2 pb0, pb0, zlb;", "sub.f16x2 pb2, pb2, zlb;",
-            "fma.rn.f16x2 pb1, pb1, s16, zhb;", "fma.rn.f16x2 pb3, pb3, s16, zhb;",
-        ]
+        if bits == 4:
+            lines += [
+                f"lop3.b32 pa0, ${wa + e}, 0x000F000F, 0x64006400, 0xEA;",
+                f"lop3.b32 pa1, ${wa + e}, 0x00F000F0, 0x64006400, 0xEA;",
+                f"shr.u32 ta, ${wa + e}, 8;",
+                "lop3.b32 pa2, ta, 0x000F000F, 0x64006400, 0xEA;",
+                "lop3.b32 pa3, ta, 0x00F000F0, 0x64006400, 0xEA;",
+                f"lop3.b32 pb0, ${wb + e}, 0x000F000F, 0x64006400, 0xEA;",
+                f"lop3.b32 pb1, ${wb + e}, 0x00F000F0, 0x64006400, 0xEA;",
+                f"shr.u32 tb, ${wb + e}, 8;",
+                "lop3.b32 pb2, tb, 0x000F000F, 0x64006400, 0xEA;",
+                "lop3.b32 pb3, tb, 0x00F000F0, 0x64006400, 0xEA;",
+                "sub.f16x2 pa0, pa0, zla;", "sub.f16x2 pa2, pa2, zla;",
+                "fma.rn.f16x2 pa1, pa1, s16, zha;", "fma.rn.f16x2 pa3, pa3, s16, zha;",
+                "sub.f16x2 pb0, pb0, zlb;", "sub.f16x2 pb2, pb2, zlb;",
+                "fma.rn.f16x2 pb1, pb1, s16, zhb;", "fma.rn.f16x2 pb3, pb3, s16, zhb;",
+            ]
+            mmas = [("{pa0, pb0, pa1, pb1}", 0, 1), ("{pa2, pb2, pa3, pb3}", 2, 3)]
+        else:    # bytes k, k + 1 and k + 2, k + 3 under the exponent byte of 1024: 1024 + u as fp16 pairs
+            lines += [
+                f"prmt.b32 pa0, ${wa + e}, mg, 0x4140;", f"prmt.b32 pa1, ${wa + e}, mg, 0x4342;",
+                f"prmt.b32 pb0, ${wb + e}, mg, 0x4140;", f"prmt.b32 pb1, ${wb + e}, mg, 0x4342;",
+                "sub.f16x2 pa0, pa0, zla;", "sub.f16x2 pa1, pa1, zla;",
+                "sub.f16x2 pb0, pb0, zlb;", "sub.f16x2 pb1, pb1, zlb;",
+            ]
+            mmas = [("{pa0, pb0, pa1, pb1}", 0, 1)]
         for q in range(mt):
             acc = "{" + ", ".join(d[q]) + "}"
-            b = [f"${xb + 16 * q + 4 * r + e}" for r in range(4)]
-            lines += [
-                f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {acc}, {{pa0, pb0, pa1, pb1}}, "
-                f"{{{b[0]}, {b[1]}}}, {acc};",
-                f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {acc}, {{pa2, pb2, pa3, pb3}}, "
-                f"{{{b[2]}, {b[3]}}}, {acc};",
-            ]
+            for a, r0, r1 in mmas:
+                b0, b1 = f"${xb + 16 * q + 4 * r0 + e}", f"${xb + 16 * q + 4 * r1 + e}"
+                lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {acc}, {a}, {{{b0}, {b1}}}, {acc};")
     lines += [f"mov.f32 ${4 * q + i}, {d[q][i]};" for q in range(mt) for i in range(4)]
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-_MMA1: gl.constexpr = gl.constexpr(_mma_asm(1))
-_MMA2: gl.constexpr = gl.constexpr(_mma_asm(2))
+_MMA1: gl.constexpr = gl.constexpr(_mma_asm(1, 4))
+_MMA2: gl.constexpr = gl.constexpr(_mma_asm(2, 4))
+_MMA1_8: gl.constexpr = gl.constexpr(_mma_asm(1, 8))
+_MMA2_8: gl.constexpr = gl.constexpr(_mma_asm(2, 8))
 _MMA1_C: gl.constexpr = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 32))
 _MMA2_C: gl.constexpr = gl.constexpr(",".join(["=f"] * 8 + ["r"] * 48))
 # x words (k, k + 1), (k + 2, k + 3) of a word's low nibbles and the same of its high nibbles -> the B registers
@@ -127,31 +141,34 @@ def _axis(n: gl.constexpr, dim: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _load_codes(p, k0, K, okc, EVEN_K: gl.constexpr):
-    """One step's code words of one row set (16-byte loads, streamed past L1); not EVEN_K: chunks past K as 0."""
+def _load_codes(p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
+    """One step's code words of one row set (16-byte loads, streamed past L1); not EVEN_K: 64-k units past K as 0."""
     if EVEN_K:
-        return gl.load(p + k0 // 8, cache_modifier=".cg")
-    return gl.load(p + k0 // 8, mask=k0 + okc < K, other=0, cache_modifier=".cg")
+        return gl.load(p + k0 // (32 // BITS), cache_modifier=".cg")
+    return gl.load(p + k0 // (32 // BITS), mask=k0 + okc < K, other=0, cache_modifier=".cg")
 
 
 @gluon.jit
-def _load_sz(p, k0, blk, GROUP: gl.constexpr):
+def _load_sz(p, k0, blk, BLOCK: gl.constexpr, GROUP: gl.constexpr):
     """The (scale, zero) words of one row set for the step's blocks [.., NB, 1]."""
-    return gl.load(p + (k0 + blk * BLOCK_K) // GROUP)
+    return gl.load(p + (k0 + blk * BLOCK) // GROUP)
 
 
 @gluon.jit
-def _load_x(p, k0, K, xm, okc, EVEN_K: gl.constexpr):
-    """One x tile's B registers for a step: 4 int32 tensors [1, 8, 4, NB, 4] (b0 j0, b1 j0, b0 j1, b1 j1). xm: the
-    lane group's x row exists; not EVEN_K: chunks past K read as zeros."""
+def _load_x(p, k0, K, xm, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
+    """One x tile's B registers for a step: 4 int32 tensors [1, 8, 4, NB, 4] (4-bit: b0 j0, b1 j0, b0 j1, b1 j1;
+    8-bit: b0, b1, and the same again). xm: the lane group's x row exists; not EVEN_K: 64-k units past K read as
+    zeros."""
     ok = xm
     if not EVEN_K:
         ok = ok & (k0 + okc < K)
-    lo = gl.load(p + k0 // 4, mask=ok, other=0)            # x[k .. k + 3] and x[k + 32 .. k + 35], 8 bytes each
-    hi = gl.load(p + k0 // 4 + 8, mask=ok, other=0)
+    lo = gl.load(p + k0 // 4, mask=ok, other=0)            # x[k .. k + 3], 8 bytes (4-bit: and x[k + 32 .. k + 35])
     lo1 = (lo >> 32).to(gl.int32)
-    hi1 = (hi >> 32).to(gl.int32)
     lo = lo.to(gl.int32)
+    if BITS == 8:
+        return lo, lo1, lo, lo1
+    hi = gl.load(p + k0 // 4 + 8, mask=ok, other=0)
+    hi1 = (hi >> 32).to(gl.int32)
     hi = hi.to(gl.int32)
     return gl.inline_asm_elementwise(asm=_XPERM, constraints="=r,=r,=r,=r,r,r,r,r", args=[lo, lo1, hi, hi1],
                                      dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
@@ -171,34 +188,35 @@ def _scales(sz, st: gl.constexpr):
 
 
 @gluon.jit
-def _fetch(wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb, GROUP: gl.constexpr,
-           MT: gl.constexpr, EVEN_K: gl.constexpr):
+def _fetch(wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb, BITS: gl.constexpr,
+           BLOCK: gl.constexpr, GROUP: gl.constexpr, MT: gl.constexpr, EVEN_K: gl.constexpr):
     """One step's operands: the code words of both row sets, their (scale, zero) words (per channel: sa, sb as
     they are) and the B registers of each x tile (MT == 1: the first tile's twice)."""
-    wa = _load_codes(wa_p, k0, K, okc, EVEN_K)
-    wb = _load_codes(wb_p, k0, K, okc, EVEN_K)
+    wa = _load_codes(wa_p, k0, K, okc, BITS, EVEN_K)
+    wb = _load_codes(wb_p, k0, K, okc, BITS, EVEN_K)
     if GROUP != PER_CHANNEL:
-        sa = _load_sz(sa_p, k0, blk, GROUP)
-        sb = _load_sz(sb_p, k0, blk, GROUP)
-    x0, x1, x2, x3 = _load_x(x0_p, k0, K, xm0, okc, EVEN_K)
+        sa = _load_sz(sa_p, k0, blk, BLOCK, GROUP)
+        sb = _load_sz(sb_p, k0, blk, BLOCK, GROUP)
+    x0, x1, x2, x3 = _load_x(x0_p, k0, K, xm0, okc, BITS, EVEN_K)
     y0, y1, y2, y3 = x0, x1, x2, x3
     if MT == 2:
-        y0, y1, y2, y3 = _load_x(x1_p, k0, K, xm1, okc, EVEN_K)
+        y0, y1, y2, y3 = _load_x(x1_p, k0, K, xm1, okc, BITS, EVEN_K)
     return wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3
 
 
 @gluon.jit
-def _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st: gl.constexpr, MT: gl.constexpr):
+def _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st: gl.constexpr, BITS: gl.constexpr,
+              MT: gl.constexpr):
     """acc + s (sum over the step's blocks of (u - z) x) for each x tile (MT == 1: acc1 as it is)."""
     s = gl.where(e < 2, _scales(sa, st), _scales(sb, st))
     za = _zero_pairs(sa, st)
     zb = _zero_pairs(sb, st)
     if MT == 1:
-        d = gl.inline_asm_elementwise(asm=_MMA1, constraints=_MMA1_C, args=[wa, wb, za, zb, x0, x1, x2, x3],
-                                      dtype=gl.float32, is_pure=True, pack=4)
+        d = gl.inline_asm_elementwise(asm=_MMA1 if BITS == 4 else _MMA1_8, constraints=_MMA1_C,
+                                      args=[wa, wb, za, zb, x0, x1, x2, x3], dtype=gl.float32, is_pure=True, pack=4)
         acc0 += s * d
     else:
-        d0, d1 = gl.inline_asm_elementwise(asm=_MMA2, constraints=_MMA2_C,
+        d0, d1 = gl.inline_asm_elementwise(asm=_MMA2 if BITS == 4 else _MMA2_8, constraints=_MMA2_C,
                                            args=[wa, wb, za, zb, x0, x1, x2, x3, y0, y1, y2, y3],
                                            dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
         acc0 += s * d0
@@ -211,7 +229,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                    stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr,
                    MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False,
-                   PAIRS: gl.constexpr = False, PDL: gl.constexpr = False):
+                   PAIRS: gl.constexpr = False, BITS: gl.constexpr = 4, PDL: gl.constexpr = False):
     """W4A16, fp16 x, integer zero points, K a multiple of 64 (EVEN_K: of 32 WPT), GROUP PER_CHANNEL or a
     multiple of 128. Program (n, k-slice, m): TILES 16-row tiles (SWIGLU: 8 gate rows and their 8 up rows each),
     8 MT rows of x. PAIRS: two steps per loop iteration. SPLIT_K > 1: program column z
@@ -219,7 +237,8 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
     NB: gl.constexpr = WPT // 4
-    STEP: gl.constexpr = NB * BLOCK_K
+    BLOCK: gl.constexpr = 16 * (32 // BITS)            # k per block: 16 words of a row (4-bit: 128, 8-bit: 64)
+    STEP: gl.constexpr = NB * BLOCK
     L: gl.constexpr = _layout(TILES // W, NB, W)
     st: gl.constexpr = sz_ptr.dtype.element_ty
 
@@ -242,7 +261,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         ra = (row_a % N).to(gl.int64)
         rb = (row_b % N).to(gl.int64)
     wi = blk * 16 + t * 4 + e                                         # the step's word [1, 1, 4, NB, 4]
-    okc = (wi // 8) * 64                                              # its chunk's first k, from the step's
+    okc = (wi * (32 // BITS) // 64) * 64                              # its 64-k unit's first k, from the step's
     # the launcher guarantees 16-byte aligned code and x rows
     w32 = w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     wa_p = w32 + ra * gl.multiple_of(stride_wn // 4, 4) + wi
@@ -250,9 +269,13 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     s32 = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     sa_p = s32 + ra * stride_sn
     sb_p = s32 + rb * stride_sn
-    # x as 8-byte words (rows 16-byte aligned: the launcher copies x otherwise): word wi's first k, 64 c + 4 i
+    # x as 8-byte words (rows 16-byte aligned: the launcher copies x otherwise) from word wi's first k: 4-bit
+    # 64 c + 4 i (its low nibbles; the high ones 32 on), 8-bit 4 wi
     x64 = x_ptr.to(gl.pointer_type(gl.int64), bitcast=True)
-    xw = wi + 8 * (wi // 8)
+    if BITS == 4:
+        xw = wi + 8 * (wi // 8)
+    else:
+        xw = wi
     x0_p = x64 + (m0 + g).to(gl.int64) * (stride_xm // 4) + xw
     xm0 = (m0 + g) < M
     x1_p = x64 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 4) + xw   # the second x tile's (MT == 2)
@@ -269,17 +292,17 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     acc0 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
     acc1 = acc0                                                       # MT == 2: the second x tile's
     # each step's operands are loaded a step ahead of its MMAs
-    wa, wb = _load_codes(wa_p, k_lo, K, okc, EVEN_K), _load_codes(wb_p, k_lo, K, okc, EVEN_K)
+    wa, wb = _load_codes(wa_p, k_lo, K, okc, BITS, EVEN_K), _load_codes(wb_p, k_lo, K, okc, BITS, EVEN_K)
     if GROUP == PER_CHANNEL:    # one word per row, for every step
         sa, sb = gl.load(sa_p + blk * 0), gl.load(sb_p + blk * 0)
     else:
-        sa, sb = _load_sz(sa_p, k_lo, blk, GROUP), _load_sz(sb_p, k_lo, blk, GROUP)
+        sa, sb = _load_sz(sa_p, k_lo, blk, BLOCK, GROUP), _load_sz(sb_p, k_lo, blk, BLOCK, GROUP)
     _pdl_launch(PDL)
     _pdl_wait(PDL)
-    x0, x1, x2, x3 = _load_x(x0_p, k_lo, K, xm0, okc, EVEN_K)
+    x0, x1, x2, x3 = _load_x(x0_p, k_lo, K, xm0, okc, BITS, EVEN_K)
     y0, y1, y2, y3 = x0, x1, x2, x3
     if MT == 2:
-        y0, y1, y2, y3 = _load_x(x1_p, k_lo, K, xm1, okc, EVEN_K)
+        y0, y1, y2, y3 = _load_x(x1_p, k_lo, K, xm1, okc, BITS, EVEN_K)
     if PAIRS:
         # two steps per iteration, each step's operands in their own registers: each load lands in registers
         # whose last use has been, so nothing is copied around the loop (more registers live)
@@ -288,21 +311,22 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             b_ok = kb < k_hi
             kb = gl.where(b_ok, kb, k_lo)          # past the slice's end: the first step again (in bounds, unused)
             wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
-                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, kb, K, okc, blk, xm0, xm1, sa, sb, GROUP, MT, EVEN_K)
-            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, MT)
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, kb, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K)
+            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             ka = k0 + 2 * STEP
             ka = gl.where(ka < k_hi, ka, k_lo)
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = _fetch(
-                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, ka, K, okc, blk, xm0, xm1, sa2, sb2, GROUP, MT, EVEN_K)
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, ka, K, okc, blk, xm0, xm1, sa2, sb2, BITS, BLOCK, GROUP, MT, EVEN_K)
             if b_ok:
-                acc0, acc1 = _mma_step(acc0, acc1, wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3, e, st, MT)
+                acc0, acc1 = _mma_step(acc0, acc1, wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3, e, st, BITS,
+                                       MT)
     else:
         for k0 in range(k_lo, k_hi, STEP):
             k1 = k0 + STEP
             k1 = gl.where(k1 < k_hi, k1, k_lo)     # past the slice's end: the first step again (in bounds, unused)
             wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
-                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, GROUP, MT, EVEN_K)
-            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, MT)
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K)
+            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
 
     # element (tile, g, t, e): weight row a (e < 2) or b, x row m0 (+ 8 for acc1) + 2 t + e % 2

@@ -5,8 +5,8 @@ M-bucketed, shape overrides; defaults in configs/__init__.py):
   "gemv"     Triton-language GEMV, fp32 FMA reduction (decode)
   "gv"       Gluon GEMV with paired fp16 products (decode): 4-bit weights, fp16 x, K a multiple of 64, groups of a
              multiple of 64 or per channel
-  "gvt"      Gluon GEMV on tensor cores (decode, M <= 16): 4-bit weights with integer zero points, fp16 x, K a
-             multiple of 64, groups of a multiple of 128 or per channel
+  "gvt"      Gluon GEMV on tensor cores (decode, M <= 16): 4- or 8-bit weights with integer zero points, fp16 x,
+             K a multiple of 64, groups of a multiple of 128 (8-bit: 64) or per channel
   "tc"       Gluon tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of TC_K or per channel
   "mm"       Triton-language tensor-core GEMM with in-register dequantization
   "wg"       Gluon Hopper kernel (wgmma on in-register dequantized weights, overlapped with the next tile's
@@ -32,7 +32,7 @@ from ...schemes import PER_CHANNEL
 TC_K = 128
 WG_K = 64
 GV_K = 64
-GVT_K = 128
+GVT_K = {4: 128, 8: 64}          # "gvt": k per block (16 code words of a row), by bits
 TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048)
 WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
 GV_DEFAULT = dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2, SPLIT_K=4, MIN_PROGRAMS=1024)
@@ -77,11 +77,12 @@ def gv_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtyp
 
 def gvt_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None,
                   int_zeros: bool = True) -> bool:
-    """Whether the Gluon tensor-core GEMV runs this case: fp16 x (dtype; None: any the caller has), integer zero
-    points (int_zeros: PackedWeight.int_zeros; its MMA multiplies u - z exactly), NVIDIA sm_80+ (no interpreter
-    twin: the Triton-language GEMV is its CPU stand-in), code rows 16-byte aligned."""
-    return (bits == 4 and dtype in (None, torch.float16) and int_zeros and K % GV_K == 0
-            and (group_size == PER_CHANNEL or group_size % GVT_K == 0) and not is_interpreter()
+    """Whether the Gluon tensor-core GEMV runs this case: 4- or 8-bit codes, K a multiple of 64, groups of a
+    multiple of its block (GVT_K: 4-bit 128, 8-bit 64) or per channel, fp16 x (dtype; None: any the caller has),
+    integer zero points (int_zeros: PackedWeight.int_zeros; its MMA multiplies u - z exactly), NVIDIA sm_80+ (no
+    interpreter twin: the Triton-language GEMV is its CPU stand-in), code rows 16-byte aligned."""
+    return (bits in GVT_K and dtype in (None, torch.float16) and int_zeros and K % 64 == 0
+            and (group_size == PER_CHANNEL or group_size % GVT_K[bits] == 0) and not is_interpreter()
             and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) >= (8, 0)
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 

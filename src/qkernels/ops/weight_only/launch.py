@@ -48,15 +48,17 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
                                      constexprs))
     if cfg["path"] == "gvt":
         # 16-row tiles, 8 x rows per x tile and up to two x tiles per program (M <= 16: every weight read once);
-        # a step is WPT / 4 blocks of 128 k (4 words per lane of a quad each); K split as the GEMV splits it
+        # a step is WPT / 4 blocks of 16 words (4 per lane of a quad: 128 k at 4 bits, 64 at 8); K split as the
+        # GEMV splits it
         if p["WPT"] not in (4, 8, 16) or p["TILES"] % p["num_warps"]:
             raise RuntimeError(f"gvt config needs WPT in (4, 8, 16) and TILES a multiple of num_warps: {cfg}")
         mt = 1 if M <= 8 else 2
-        step = GVT_K * p["WPT"] // 4
+        step = GVT_K[bits] * p["WPT"] // 4
         # SwiGLU: a tile holds 8 gate rows and their 8 up rows
         grid_n, grid_m = cdiv(N // 2, 8 * p["TILES"]) if swiglu else cdiv(N, 16 * p["TILES"]), cdiv(M, 8 * mt)
         split = k_splits(split, cdiv(K, step), grid_n * grid_m, int(p.pop("MIN_PROGRAMS", 0)))
-        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % step == 0, MT=mt, **p)
+        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % step == 0, MT=mt, BITS=bits,
+                          **p)
         if swiglu:
             constexprs["SWIGLU"] = True
         return _keep_plan(key, cfg, (_kernels("gvt")._wo_gvt_kernel, (grid_n, split, grid_m), split, constexprs))
