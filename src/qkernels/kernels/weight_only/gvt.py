@@ -176,7 +176,7 @@ def _load_x(p, k0, K, xm, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
 
 @gluon.jit
 def _zero_pairs(sz, st: gl.constexpr):
-    """(scale, zero) words -> (1024 + z) as an fp16 pair (exact for integer z in [0, 16])."""
+    """(scale, zero) words -> (1024 + z) as an fp16 pair (exact for integer z in [0, 2**BITS])."""
     z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32) + 1024.0
     h = z.to(gl.float16).to(gl.uint16, bitcast=True).to(gl.int32)
     return h | (h << 16)
