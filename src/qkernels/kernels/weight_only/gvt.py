@@ -18,10 +18,11 @@ byte 0, of byte 2), and the same for bytes 1 and 3), and x (read as 8-byte words
 4 high-nibble k) is permuted to match with one prmt per register.
 Per code word: 4 lop3 + 1 shift (1024 + u and 1024 + 16 u as fp16 pairs), 4 paired fp16 operations that leave
 u - z exactly ((1024 + u) - (1024 + z) and (1024 + 16 u) / 16 - (64 + z)), and half an MMA. In the loop (offline
-SASS, sm_90, groups of 128): 2.2 instructions per weight with two 16-row tiles per thread, 1.9 with four (gv:
-3.07), 1.1 of them the conversion; 2.7 with two x tiles (M = 9..16) for twice the rows of x. PAIRS (two steps per
+SASS, sm_90, groups of 128): 2.1 instructions per weight with two 16-row tiles per thread, 1.8 with four (gv:
+3.07), 1.1 of them the conversion; 2.6 with two x tiles (M = 9..16) for twice the rows of x. PAIRS (two steps per
 loop iteration, each in its own registers) drops the register copies ptxas puts around a loop-carried prefetch:
-1.9 / 1.8 per weight, at 128 / 178 registers instead of 96 / 168.
+1.9 / 1.7 per weight, at 128 / 172 registers instead of 100 / 136. With fp16 scales the asm takes each row's
+(1024 + z) pair from its (scale, zero) word itself (a prmt and an add).
 
 8-bit codes (BITS = 8; the PackedWeight layout is plain bytes along k): a block is 64 k, a word's bytes k, k + 1
 and k + 2, k + 3 become fp16 pairs 1024 + u by one prmt each (the exponent byte of 1024 beside each code byte),
@@ -50,11 +51,11 @@ from .gluon_shared import PER_CHANNEL, _pdl_launch, _pdl_wait, _splitk_fixup_at
 
 
 
-def _mma_asm(mt: int, bits: int) -> str:
+def _mma_asm(mt: int, bits: int, z_word: bool) -> str:
     """PTX: one block of rows g and g + 8 for mt x tiles (4-bit: 128 k, 8-bit: 64 k). Operands: the outputs (4 per x
     tile: the accumulator fragment), then 4 elements each of: the words of row g, of row g + 8, the (1024 + z) pairs
-    of the two rows, and per x tile the B registers (b0 / b1 of MMA j = 0 and j = 1; 8-bit: one MMA per word, its
-    b0 / b1 first)."""
+    of the two rows (z_word: the rows' (scale, zero) words with fp16 halves, from which the asm makes them), and per
+    x tile the B registers (b0 / b1 of MMA j = 0 and j = 1; 8-bit: one MMA per word, its b0 / b1 first)."""
     n_out = 4 * mt
     wa, wb, za, zb = n_out, n_out + 4, n_out + 8, n_out + 12
     xb = n_out + 16                                   # per x tile: 4 registers, 4 elements each
@@ -62,7 +63,14 @@ def _mma_asm(mt: int, bits: int) -> str:
     lines = [".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, ta, tb, zla, zlb, zha, zhb, m1, c960, s16, mg;",
              ".reg .f32 " + ", ".join(v for q in d for v in q) + ";",
              "mov.b32 m1, 0xBC00BC00;", "mov.b32 c960, 0x63806380;", "mov.b32 s16, 0x2C002C00;",
-             "mov.b32 mg, 0x64646464;", f"mov.b32 zla, ${za};", f"mov.b32 zlb, ${zb};",
+             "mov.b32 mg, 0x64646464;"]
+    if z_word:    # the zero point (the word's high half) in both halves, plus 1024: exact for integer z
+        lines += [".reg .b32 k1024;", "mov.b32 k1024, 0x64006400;",
+                  f"prmt.b32 zla, ${za}, ${za}, 0x3232;", f"prmt.b32 zlb, ${zb}, ${zb}, 0x3232;",
+                  "add.f16x2 zla, zla, k1024;", "add.f16x2 zlb, zlb, k1024;"]
+    else:
+        lines += [f"mov.b32 zla, ${za};", f"mov.b32 zlb, ${zb};"]
+    lines += [
              # -(64 + z) = (1024 + z) * -1 + 960, exactly
              "fma.rn.f16x2 zha, zla, m1, c960;", "fma.rn.f16x2 zhb, zlb, m1, c960;"]
     lines += [f"mov.f32 {v}, 0f00000000;" for q in d for v in q]
@@ -102,10 +110,15 @@ def _mma_asm(mt: int, bits: int) -> str:
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-_MMA1: gl.constexpr = gl.constexpr(_mma_asm(1, 4))
-_MMA2: gl.constexpr = gl.constexpr(_mma_asm(2, 4))
-_MMA1_8: gl.constexpr = gl.constexpr(_mma_asm(1, 8))
-_MMA2_8: gl.constexpr = gl.constexpr(_mma_asm(2, 8))
+# by x tiles (1, 2), bits (4, 8) and whether the zero points come as (scale, zero) words with fp16 halves
+_MMA1: gl.constexpr = gl.constexpr(_mma_asm(1, 4, False))
+_MMA2: gl.constexpr = gl.constexpr(_mma_asm(2, 4, False))
+_MMA1_8: gl.constexpr = gl.constexpr(_mma_asm(1, 8, False))
+_MMA2_8: gl.constexpr = gl.constexpr(_mma_asm(2, 8, False))
+_MMA1_W: gl.constexpr = gl.constexpr(_mma_asm(1, 4, True))
+_MMA2_W: gl.constexpr = gl.constexpr(_mma_asm(2, 4, True))
+_MMA1_8W: gl.constexpr = gl.constexpr(_mma_asm(1, 8, True))
+_MMA2_8W: gl.constexpr = gl.constexpr(_mma_asm(2, 8, True))
 _MMA1_C: gl.constexpr = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 32))
 _MMA2_C: gl.constexpr = gl.constexpr(",".join(["=f"] * 8 + ["r"] * 48))
 # x words (k, k + 1), (k + 2, k + 3) of a word's low nibbles and the same of its high nibbles -> the B registers
@@ -209,14 +222,22 @@ def _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st:
               MT: gl.constexpr):
     """acc + s (sum over the step's blocks of (u - z) x) for each x tile (MT == 1: acc1 as it is)."""
     s = gl.where(e < 2, _scales(sa, st), _scales(sb, st))
-    za = _zero_pairs(sa, st)
-    zb = _zero_pairs(sb, st)
+    if st == gl.float16:    # the asm takes the zero points from the words
+        za = sa
+        zb = sb
+        asm1: gl.constexpr = _MMA1_W if BITS == 4 else _MMA1_8W
+        asm2: gl.constexpr = _MMA2_W if BITS == 4 else _MMA2_8W
+    else:
+        za = _zero_pairs(sa, st)
+        zb = _zero_pairs(sb, st)
+        asm1: gl.constexpr = _MMA1 if BITS == 4 else _MMA1_8
+        asm2: gl.constexpr = _MMA2 if BITS == 4 else _MMA2_8
     if MT == 1:
-        d = gl.inline_asm_elementwise(asm=_MMA1 if BITS == 4 else _MMA1_8, constraints=_MMA1_C,
-                                      args=[wa, wb, za, zb, x0, x1, x2, x3], dtype=gl.float32, is_pure=True, pack=4)
+        d = gl.inline_asm_elementwise(asm=asm1, constraints=_MMA1_C, args=[wa, wb, za, zb, x0, x1, x2, x3],
+                                      dtype=gl.float32, is_pure=True, pack=4)
         acc0 += s * d
     else:
-        d0, d1 = gl.inline_asm_elementwise(asm=_MMA2 if BITS == 4 else _MMA2_8, constraints=_MMA2_C,
+        d0, d1 = gl.inline_asm_elementwise(asm=asm2, constraints=_MMA2_C,
                                            args=[wa, wb, za, zb, x0, x1, x2, x3, y0, y1, y2, y3],
                                            dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
         acc0 += s * d0
