@@ -363,8 +363,8 @@ def test_gvt_tails_scales_and_fallback(cfg):
     (PAIRS) with an odd step count, N tails (wrapped rows), M of 1..16 (one or two x tiles per program) and past 16,
     bias, per channel / group 128 / 256, symmetric and not, GPTQ's zero point 16, a 2-byte-offset x view (copied
     first), x of 1e-3 and 3e4, SwiGLU in the epilogue (the bits of product + silu_and_mul); 8-bit codes (groups of
-    64 up, per channel). Float zero points, bf16 x and groups of 64 (4-bit) / 32 (8-bit) take the fallback. Against
-    the reference."""
+    64 up, per channel); bf16 scales with fp16 x. Float zero points, bf16 x and groups of 64 (4-bit) / 32 (8-bit) take
+    the fallback. Against the reference."""
     cfg = dict(path="gvt", **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 200, 320, DEVICE)
     for M, N, k, group_size, sym, scale in ((1, 200, 4160, -1, True, 1.0), (3, 77, 2048, 128, False, 1.0),
@@ -391,6 +391,12 @@ def test_gvt_tails_scales_and_fallback(cfg):
             got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 8, pw.group_size, pw.int_zeros, cfg)
         _check(got, _ref(x, pw), torch.float16)
         assert WO.gvt_supported(8, k, group_size, pw.qweight, torch.float16, pw.int_zeros) == (group_size != 32)
+    for bits in (4, 8):          # bf16 scales with fp16 x: the zero pairs made outside the asm
+        pw = _weight(96, 2048, bits, 128, False, torch.bfloat16)
+        x = torch.randn(4, 2048, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, bits, pw.group_size, pw.int_zeros, cfg)
+        _check(got, _ref(x, pw), torch.float16)
     pw = _weight(2 * 72, 2048, 4, 128, False)                   # SwiGLU in the epilogue: the bits of product + silu
     assert WO.launch.fused_swiglu(cfg)
     for M in (3, 12):
