@@ -1,6 +1,6 @@
 """What the Gluon weight-only kernels (tc.py, wg.py, gv.py, gvt.py) share: free views of 32-bit words as bytes or
-16-bit halves (identity asm: no instructions), the split-K fix-up (the Gluon twin of _common._splitk_fixup) and
-programmatic dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
+16-bit halves (identity asm: no instructions), the split-K slices and fix-up (the Gluon twin of
+_common._splitk_fixup) and programmatic dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -63,6 +63,17 @@ def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, SPLIT_K: gl.con
             acc += gl.load(ws_ptr + sk * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
         gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
     return acc, last
+
+
+@gluon.jit
+def _k_slice(K, STEP: gl.constexpr, SPLIT_K: gl.constexpr):
+    """[k_lo, k_hi) of this program's K slice: all of K, or with SPLIT_K > 1 slice program_id(1) of equal runs of
+    whole STEP-k steps (the last one cut at K)."""
+    if SPLIT_K == 1:
+        return 0, K
+    k_per = gl.cdiv(gl.cdiv(K, STEP), SPLIT_K) * STEP
+    k_lo = gl.program_id(1) * k_per
+    return k_lo, gl.minimum(K, k_lo + k_per)
 
 
 @gluon.jit

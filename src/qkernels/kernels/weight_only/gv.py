@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from .gluon_shared import PER_CHANNEL, _pdl_launch, _pdl_wait, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup
 
 CHUNK_K: gl.constexpr = gl.constexpr(64)      # k per chunk: 32 code bytes, 8 words
 
@@ -201,13 +201,7 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
            + gl.expand_dims(gl.expand_dims(xc * 32, 1) + gl.expand_dims(xi * 2, 0), 2)
            + gl.expand_dims(gl.expand_dims(xe, 0), 1))
 
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = K
-    else:    # slices of whole steps
-        k_per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-        k_lo = gl.program_id(1) * k_per
-        k_hi = gl.minimum(K, k_lo + k_per)
+    k_lo, k_hi = _k_slice(K, BLOCK_K, SPLIT_K)      # slices of whole steps
     acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
     if GROUP == PER_CHANNEL:
         sz = gl.load(s_p + gl.expand_dims(c * 0, 0))  # the one word per row, for every step

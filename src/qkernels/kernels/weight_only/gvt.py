@@ -47,7 +47,7 @@ import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_shared import PER_CHANNEL, _pdl_launch, _pdl_wait, _splitk_fixup_at
+from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup_at
 
 
 
@@ -133,24 +133,23 @@ def _layout(TPT, NB, num_warps):
     return gl.BlockedLayout([TPT, 1, 1, NB, 4], [1, 8, 4, 1, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
 
 
+@gluon.constexpr_function
+def _axis_layout(dim, L):
+    """The 1-d layout of axis dim of the 5-d layout L: L with the other axes sliced off, the highest first, so
+    expand_dims at 0, 1, .. (skipping dim) rebuilds L."""
+    for d in reversed([d for d in range(5) if d != dim]):
+        L = gl.SliceLayout(d, L)
+    return L
+
+
 @gluon.jit
 def _axis(n: gl.constexpr, dim: gl.constexpr, L: gl.constexpr):
     """arange(n) along dim of the 5-d layout L, expanded to rank 5 (size 1 elsewhere)."""
-    if dim == 0:
-        a = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 1), 2), 3), 4)
-    elif dim == 1:
-        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 2), 3), 4)
-    elif dim == 2:
-        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 1), 3), 4)
-    elif dim == 3:
-        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, L)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 1), 2), 4)
-    else:
-        a = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(a, 0), 1), 2), 3)
+    a = gl.arange(0, n, layout=_axis_layout(dim, L))
+    for d in gl.static_range(5):
+        if d != dim:
+            a = gl.expand_dims(a, d)
+    return a
 
 
 @gluon.jit
@@ -302,13 +301,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     x1_p = x64 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 4) + xw   # the second x tile's (MT == 2)
     xm1 = (m0 + 8 + g) < M
 
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = K
-    else:    # slices of whole steps
-        k_per = gl.cdiv(gl.cdiv(K, STEP), SPLIT_K) * STEP
-        k_lo = gl.program_id(1) * k_per
-        k_hi = gl.minimum(K, k_lo + k_per)
+    k_lo, k_hi = _k_slice(K, STEP, SPLIT_K)      # slices of whole steps
 
     acc0 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
     acc1 = acc0                                                       # MT == 2: the second x tile's

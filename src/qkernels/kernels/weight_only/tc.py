@@ -39,7 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .dequant import _NIBBLES_RAW_BF16
-from .gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _pdl_launch, _pdl_wait, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup
 
 TILE_K: gl.constexpr = gl.constexpr(128)     # k per step: two 64-k chunks = 64 code bytes per row
 BYTES: gl.constexpr = gl.constexpr(64)
@@ -206,13 +206,7 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     x_p = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
            + xm.to(gl.int64)[:, None] * gl.multiple_of(stride_xm // 2, 4) + xk[None, :])
 
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = K
-    else:    # slices of whole steps
-        k_per = gl.cdiv(K // TILE_K, SPLIT_K) * TILE_K
-        k_lo = gl.program_id(1) * k_per
-        k_hi = gl.minimum(K, k_lo + k_per)
+    k_lo, k_hi = _k_slice(K, TILE_K, SPLIT_K)      # slices of whole steps
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     sz = gl.load(s_p)     # per channel: the one scale per row, applied at the end
     # the next step's (scale, zero) words and x in registers, a step ahead; the codes either the same way
