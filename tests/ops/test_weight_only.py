@@ -305,6 +305,23 @@ def test_tc_alignment_and_fallback(M):
     assert WO.tc_supported(4, 384, 128, pw.qweight) and not WO.tc_supported(4, 384, 64, pw.qweight)
 
 
+def _check_gemv_case(cfg, M, N, k, group_size, sym, scale):
+    """One 4-bit case of a decode GEMV config against the reference: a 2-byte-offset x view (copied first) scaled by
+    `scale` (large x: small weights, so the output stays finite), bias, outputs poisoned. Returns the weight."""
+    w = torch.randn(N, k, device=DEVICE) * (1e-4 if scale > 1 else 1.0)
+    pw = qk.PackedWeight.from_float(w, 4, group_size, sym, scale_dtype=torch.float16)
+    buf = torch.randn(M * k + 1, device=DEVICE, dtype=torch.float16)
+    x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
+    if scale != 1.0:
+        x = (x.float() * scale).clamp(-6e4, 6e4).half()
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    with qk.poison_outputs():
+        got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
+    assert torch.isfinite(got).all()
+    _check(got, _ref(x, pw, bias), torch.float16)
+    return pw
+
+
 @gpu
 @pytest.mark.parametrize("cfg", [dict(BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2),
                                  dict(BLOCK_N=4, BLOCK_K=4096, WPT=4, num_warps=4),
@@ -322,17 +339,7 @@ def test_gv_tails_scales_and_fallback(cfg):
     for M, N, k, group_size, sym, scale in ((1, 200, 4160, 64, True, 1.0), (3, 77, 2048, 128, False, 1.0),
                                             (1, 300, 4096, -1, False, 1e-3), (2, 64, 1536, 128, True, 3e4),
                                             (1, 1000, 14336, 128, False, 1.0), (5, 72, 384, 32, False, 1.0)):
-        w = torch.randn(N, k, device=DEVICE) * (1e-4 if scale > 1 else 1.0)     # large x: small weights, finite out
-        pw = qk.PackedWeight.from_float(w, 4, group_size, sym, scale_dtype=torch.float16)
-        buf = torch.randn(M * k + 1, device=DEVICE, dtype=torch.float16)
-        x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
-        if scale != 1.0:
-            x = (x.float() * scale).clamp(-6e4, 6e4).half()
-        bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
-        with qk.poison_outputs():
-            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
-        assert torch.isfinite(got).all()
-        _check(got, _ref(x, pw, bias), torch.float16)
+        pw = _check_gemv_case(cfg, M, N, k, group_size, sym, scale)
         assert WO.gv_supported(4, k, group_size, pw.qweight, torch.float16) == (group_size != 32)
     pw = _weight(2 * 72, 2048, 4, 128, False)                   # SwiGLU in the epilogue: the bits of product + silu
     x = torch.randn(3, 2048, device=DEVICE, dtype=torch.float16)
@@ -371,17 +378,7 @@ def test_gvt_tails_scales_and_fallback(cfg):
                                             (8, 300, 4096, -1, False, 1e-3), (9, 64, 1536, 256, True, 3e4),
                                             (16, 1000, 14336, 128, False, 1.0), (19, 72, 384, -1, False, 1.0),
                                             (5, 72, 384, 64, False, 1.0)):
-        w = torch.randn(N, k, device=DEVICE) * (1e-4 if scale > 1 else 1.0)     # large x: small weights, finite out
-        pw = qk.PackedWeight.from_float(w, 4, group_size, sym, scale_dtype=torch.float16)
-        buf = torch.randn(M * k + 1, device=DEVICE, dtype=torch.float16)
-        x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
-        if scale != 1.0:
-            x = (x.float() * scale).clamp(-6e4, 6e4).half()
-        bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
-        with qk.poison_outputs():
-            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
-        assert torch.isfinite(got).all()
-        _check(got, _ref(x, pw, bias), torch.float16)
+        pw = _check_gemv_case(cfg, M, N, k, group_size, sym, scale)
         assert WO.gvt_supported(4, k, group_size, pw.qweight, torch.float16, pw.int_zeros) == (group_size != 64)
     for M, N, k, group_size, sym in ((1, 200, 4160, -1, True), (5, 77, 2048, 64, False), (12, 300, 4096, 128, True),
                                      (16, 1000, 14336, -1, True), (3, 72, 384, 32, True)):     # 8-bit codes
