@@ -353,13 +353,9 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     else:
         ok_row = row < N
     out0 = gl.sum(acc0, axis=3)
+    out1 = out0                                                       # MT == 2: the second x tile's
     if MT == 2:
         out1 = gl.sum(acc1, axis=3)
-    if HAS_BIAS:
-        bias = gl.load(bias_ptr + row % N).to(gl.float32)
-        out0 += bias
-        if MT == 2:
-            out1 += bias
     if SPLIT_K > 1:
         if MT == 2:
             acc = gl.join(out0, out1)
@@ -380,13 +376,23 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                 out1 = gl.convert_layout(out1, row.type.layout, assert_trivial=True)
             else:
                 out0 = acc
-            _gvt_store(out0, out_ptr, stride_om, tok, row, ok_row, e4, M, SWIGLU)
-            if MT == 2:
-                _gvt_store(out1, out_ptr, stride_om, tok + 8, row, ok_row, e4, M, SWIGLU)
+            _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
     else:
-        _gvt_store(out0, out_ptr, stride_om, tok, row, ok_row, e4, M, SWIGLU)
+        _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
+
+
+@gluon.jit
+def _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS: gl.constexpr,
+                  MT: gl.constexpr, SWIGLU: gl.constexpr):
+    """The complete sums (after any split-K fix-up): bias added once, then stored (out1: the second x tile's)."""
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + row % N).to(gl.float32)
+        out0 += bias
         if MT == 2:
-            _gvt_store(out1, out_ptr, stride_om, tok + 8, row, ok_row, e4, M, SWIGLU)
+            out1 += bias
+    _gvt_store(out0, out_ptr, stride_om, tok, row, ok_row, e4, M, SWIGLU)
+    if MT == 2:
+        _gvt_store(out1, out_ptr, stride_om, tok + 8, row, ok_row, e4, M, SWIGLU)
 
 
 @gluon.jit
