@@ -88,11 +88,11 @@ def candidates(m: int) -> list[dict]:
         c += [tc(bn, bm, w, sp, mp, stages=st) for bn, w in [(64, 4), (32, 2), (128, 4), (128, 8)]
               for sp, mp in [(1, 0), (4, 1024), (8, 2048)] for st in (3, 5, 8)]
     if m <= 16:
-        # the tensor-core GEMV (untuned: a spread of tile counts, step lengths and splits)
-        c += [gvt(t, wpt, w, sp, mp) for t, w in [(1, 1), (2, 1), (4, 1), (4, 2), (8, 4)] for wpt in (4, 8)
-              for sp, mp in [(1, 0), (4, 1024), (8, 2048)]]
-        if m <= 8:
-            c += [gvt(t, 4, 1, sp, mp, pairs=True) for t in (2, 4) for sp, mp in [(1, 0), (4, 1024)]]
+        # the tensor-core GEMV: one warp per 1-2 tiles, and K split until the grid has thousands of warps (one
+        # 16-row tile per warp leaves too few loads in flight otherwise)
+        c += [gvt(t, wpt, 1, sp, mp) for t in (1, 2) for wpt in (4, 8, 16)
+              for sp, mp in [(1, 0), (4, 2048), (8, 4096), (16, 8192)]]
+        c += [gvt(2, 4, 1, sp, mp, pairs=True) for sp, mp in [(1, 0), (8, 4096)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:
