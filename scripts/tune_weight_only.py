@@ -213,7 +213,8 @@ def main():
                 print(f"budget spent: {key} M={m} and later keep their configs", flush=True)
                 break
             results = []
-            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in WO.SUPPORTED]    # tc, wg: 4-bit only
+            # tc, wg, gv: 4-bit only
+            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in WO.SUPPORTED or c["path"] == "gvt"]
             if args.paths:
                 cands = [c for c in cands if c["path"] in args.paths]
                 # the table's bucket config, its fallback and its shape overrides compete too
