@@ -107,8 +107,9 @@ def cmd_bench(args) -> int:
         kw = {}
         if name in ("model", "runtime", "quantizers", "decode-gemv"):
             kw = {"models": args.models.split(",") if args.models else None, "layers": args.layers,
-                  "schemes": tuple(args.schemes.split(",")) if args.schemes else None}
-            kw = {k: v for k, v in kw.items() if v and (name != "decode-gemv" or k == "models")}
+                  "schemes": tuple(args.schemes.split(",")) if args.schemes else None,
+                  "shapes": args.shapes.split(",") if args.shapes else None}
+            kw = {k: v for k, v in kw.items() if v and (k == "models" or (k == "shapes") == (name == "decode-gemv"))}
         importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out, **kw)
     return 0
 
@@ -275,6 +276,8 @@ def main(argv=None) -> int:
     b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,"
                                                   "w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
+    b.add_argument("--shapes", default="", help="decode-gemv: only these layer shapes (comma-separated NxK); with "
+                                                "--models or --shapes its rows merge into the GPU's decode_gemv.json")
     b.add_argument("--tp", type=int, default=1, help="bench runtime (or model): tensor parallel over N GPUs, beside "
                                                      "one (launch: torchrun --nproc-per-node N -m qkernels.cli ...)")
     b.set_defaults(fn=cmd_bench)

@@ -22,3 +22,26 @@ def test_bench_decode_gemv_writes_rows(tmp_path):
     assert {"gpu", "torch", "triton", "date", "rows", "peers_missing", "method"} <= set(doc)
     text = report.build(tmp_path)
     assert "## decode_gemv" in text and "| llama3-8b | tiny | 64x128 | 1 |" in text
+
+
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
+def test_bench_decode_gemv_part_merges_into_earlier_results(tmp_path):
+    """--shapes: this run's layers replace theirs in the GPU's decode_gemv.json; other layers keep their rows and
+    the date of the run that measured them. A shape not in the grid is an error naming the argument."""
+    bd.run(str(tmp_path))
+    path = next(tmp_path.rglob("decode_gemv.json"))
+    doc = json.loads(path.read_text())
+    old = dict(doc["rows"][0], shape="4096x4096", N=4096, K=4096)
+    doc["rows"].append(old)
+    doc["date"] = "2026-01-01T00:00:00+00:00"
+    path.write_text(json.dumps(doc))
+    rows = bd.run(str(tmp_path), shapes=["64x128"])
+    new = json.loads(path.read_text())
+    assert len(new["rows"]) == len(rows) + 1 and new["date"] != doc["date"]
+    kept = [r for r in new["rows"] if r["shape"] == "4096x4096"]
+    assert len(kept) == 1 and kept[0]["date"] == "2026-01-01T00:00:00+00:00"
+    assert all(r["date"] == new["date"] for r in new["rows"] if r["shape"] == "64x128")
+    with pytest.raises(ValueError, match=r"shapes must name NxK .* got \['1x1'\]"):
+        bd.run(str(tmp_path), shapes=["1x1"])
+    with pytest.raises(ValueError, match=r"models must be among .* got \['nope'\]"):
+        bd.run(str(tmp_path), models=["nope"])

@@ -15,6 +15,9 @@ and zero points; `A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_li
 on first call), bitsandbytes `Linear4bit` nf4 (fp16 compute). Peers' weight bytes are their formats' nominal
 sizes (4-bit g128: codes + fp16 scale and zero per group; nf4: codes + an fp32 absmax per 64). Peers not
 installed on the machine are listed in the JSON as missing.
+
+`--models` / `--shapes` (N x K) naming a part of the grid (one GPU call may not hold it all) merge its rows into
+this GPU's decode_gemv.json: the rows of the layers measured again are replaced, the others kept with their dates.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .harness import Row, method_text, on_gpu, write_json
+from .harness import Row, merge_results, method_text, on_gpu, read_results, results_doc, write_json
 from .weight_only import _try_tinygemm
 
 SHAPES = {   # (N, K, layer)
@@ -128,17 +131,26 @@ def _peers(lin, dev) -> tuple[dict, list]:
     return peers, missing
 
 
-def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
+def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[Row]:
+    """models: names of SHAPES (default all); shapes: "NxK" strings (default all of theirs)."""
     from ..nn.linear import QuantizedLinear
     gpu = on_gpu()
     dev = torch.device("cuda" if gpu else "cpu")
-    shapes = SHAPES if gpu else TINY
+    grid = SHAPES if gpu else TINY
     if models:
-        shapes = {k: v for k, v in shapes.items() if k in models}
+        unknown = sorted(set(models) - set(grid))
+        if unknown:
+            raise ValueError(f"models must be among {sorted(grid)}, got {unknown}")
+        grid = {k: v for k, v in grid.items() if k in models}
+    if shapes:
+        grid = {k: [s for s in v if f"{s[0]}x{s[1]}" in shapes] for k, v in grid.items()}
+        if not any(grid.values()):
+            raise ValueError(f"shapes must name NxK layer shapes of {sorted(grid)}, got {list(shapes)}")
+    prev = read_results("decode_gemv", out_root) if models or shapes else None
     missing: list = []
     rows: list[Row] = []
     to_count: list = []         # (row, make a layer, provider, x, bf16 x): kernels per call, counted at the end
-    for model, layer_shapes in shapes.items():
+    for model, layer_shapes in grid.items():
         for N, K, layer in layer_shapes:
             torch.manual_seed(0)
             lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16)
@@ -197,6 +209,10 @@ def run(out_root: str = "benchmarks/results", models=None) -> list[Row]:
         print(f"{row.sizes['shape']} M={row.sizes['M']:2d} {prov:26s} {row.extra['kernels_per_call']:.0f} kernels")
     meta = {"peers_missing": missing, "span_bytes": SPAN,
             "method": method_text(__doc__, gpu, "tiny shape")}
-    path = write_json("decode_gemv", rows, out_root, meta)
+    doc = results_doc(rows, meta)
+    if prev:        # the layers measured here replace theirs in the GPU's earlier results; the others kept
+        done = {(m, f"{n}x{k}") for m, v in grid.items() for n, k, _ in v}
+        doc = merge_results(prev, doc, lambda r: (r.get("model"), r.get("shape")) in done)
+    path = write_json("decode_gemv", doc, out_root)
     print(f"wrote {path}")
     return rows

@@ -149,6 +149,27 @@ def write_json(name: str, rows: list[Row] | dict, root: str | os.PathLike, meta:
     return path
 
 
+RUN_KEYS = ("date", "torch", "triton")      # stamped on every merged row: the run it comes from
+
+
+def merge_results(old: dict | None, new: dict, replaced: Callable[[dict], bool]) -> dict:
+    """The results document `new` (this run's rows) merged into `old` (the GPU's earlier document, or None): old
+    rows kept unless `replaced(row)` (this run measured them again), every row stamped with its run's date and
+    versions (RUN_KEYS) unless it already carries them. An old document from another GPU is not merged."""
+    stamp = lambda rows, doc: [{**{k: doc.get(k) for k in RUN_KEYS}, **r} for r in rows]  # noqa: E731
+    out = dict(new, rows=stamp(new["rows"], new))
+    if not old or old.get("gpu") != new.get("gpu"):
+        return out
+    out["rows"] = [r for r in stamp(old.get("rows", []), old) if not replaced(r)] + out["rows"]
+    return out
+
+
+def read_results(name: str, root: str | os.PathLike) -> dict | None:
+    """This GPU's earlier results/<gpu>/<name>.json, or None."""
+    path = results_dir(root) / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def format_table(rows: list[Row], columns: list[str]) -> str:
     flat = [r.flat() for r in rows]
     widths = {c: max(len(c), *(len(_fmt(d.get(c, ""))) for d in flat)) for c in columns}

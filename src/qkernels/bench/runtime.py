@@ -38,7 +38,8 @@ import time
 
 import torch
 
-from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, results_dir, results_doc, write_json
+from .harness import (Row, copy_bandwidth_gbps, merge_results, method_text, on_gpu, results_dir, results_doc,
+                      write_json)
 from .model import _median_ms, decode_step_ms, hf_model, model_configs, vl_configs
 
 # "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
@@ -88,21 +89,13 @@ def _hf_converted(hf, scheme: str):
     return m
 
 
-RUN_KEYS = ("date", "torch", "triton")      # stamped on every row: the run it comes from
-
-
 def merge_by_model(old: dict | None, new: dict, models: list[str]) -> dict:
     """The runtime results document `new` (its rows from this run, of `models`) merged into `old` (the GPU's
-    earlier document, or None): old rows and profiles of other models kept, each row stamped with its run's
-    date and versions (RUN_KEYS) unless it already carries them. An old document from another GPU is not merged."""
-    stamp = lambda rows, doc: [{**{k: doc.get(k) for k in RUN_KEYS}, **r} for r in rows]  # noqa: E731
-    out = dict(new, rows=stamp(new["rows"], new))
-    if not old or old.get("gpu") != new.get("gpu"):
-        return out
-    kept = [r for r in stamp(old.get("rows", []), old) if r.get("model") not in models]
-    out["rows"] = kept + out["rows"]
-    profiles = {k: v for k, v in old.get("profiles", {}).items() if k.split(" ")[0] not in models}
-    out["profiles"] = {**profiles, **new.get("profiles", {})}
+    earlier document, or None): old rows and profiles of other models kept (harness.merge_results)."""
+    out = merge_results(old, new, lambda r: r.get("model") in models)
+    if old and old.get("gpu") == new.get("gpu"):
+        profiles = {k: v for k, v in old.get("profiles", {}).items() if k.split(" ")[0] not in models}
+        out["profiles"] = {**profiles, **new.get("profiles", {})}
     return out
 
 
