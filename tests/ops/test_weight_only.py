@@ -523,6 +523,25 @@ def test_gv_config_checked():
     assert grid == (13, 1, 3) and split == 1 and cx["SWIGLU"] and not cx["EVEN_K"] and cx["HAS_BIAS"]
 
 
+@gpu
+@pytest.mark.parametrize("bits,N,K,group_size,wpt", [(8, 3, 64, 64, 8), (4, 40, 4224, 128, 8), (4, 17, 384, 128, 16)])
+def test_gvt_reads_no_scale_past_k(bits, N, K, group_size, wpt):
+    """A step reaching past K (K not a multiple of the step) must not read the (scale, zero) words of the groups
+    past the row's last: here NaN words lie right after the tensor, and a NaN scale times the masked (zero) sum
+    would be NaN."""
+    pw = _weight(N, K, bits, group_size, bits == 8)
+    assert WO.gvt_supported(bits, K, group_size, pw.qweight, torch.float16, pw.int_zeros)
+    sz = pw.scale_zero
+    buf = torch.full((sz.numel() + 4096,), float("nan"), device=DEVICE, dtype=sz.dtype)
+    buf[:sz.numel()] = sz.flatten()
+    sz_nan_after = buf[:sz.numel()].view(sz.shape)
+    x = torch.randn(3, K, device=DEVICE, dtype=torch.float16)
+    cfg = dict(path="gvt", TILES=1, WPT=wpt, num_warps=1)
+    with qk.poison_outputs():
+        got = WO.launch.run_config(x, pw.qweight, sz_nan_after, None, bits, group_size, pw.int_zeros, cfg)
+    _check(got, _ref(x, pw), torch.float16)
+
+
 def test_gvt_config_checked():
     """A tensor-core GEMV config with a WPT other than 4, 8, 16 or tiles its warps cannot share is refused with the
     config named; a plan takes one x tile per program up to M = 8 and two above."""

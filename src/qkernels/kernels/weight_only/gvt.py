@@ -161,9 +161,13 @@ def _load_codes(p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
 
 
 @gluon.jit
-def _load_sz(p, k0, blk, BLOCK: gl.constexpr, GROUP: gl.constexpr):
-    """The (scale, zero) words of one row set for the step's blocks [.., NB, 1]."""
-    return gl.load(p + (k0 + blk * BLOCK) // GROUP)
+def _load_sz(p, k0, K, blk, BLOCK: gl.constexpr, GROUP: gl.constexpr, EVEN_K: gl.constexpr):
+    """The (scale, zero) words of one row set for the step's blocks [.., NB, 1]; not EVEN_K: blocks past K (whose
+    group may lie past the row's last) as 0 (scale 0: their codes and x are masked to 0 too)."""
+    k = k0 + blk * BLOCK
+    if EVEN_K:
+        return gl.load(p + k // GROUP)
+    return gl.load(p + k // GROUP, mask=k < K, other=0)
 
 
 @gluon.jit
@@ -207,8 +211,8 @@ def _fetch(wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb
     wa = _load_codes(wa_p, k0, K, okc, BITS, EVEN_K)
     wb = _load_codes(wb_p, k0, K, okc, BITS, EVEN_K)
     if GROUP != PER_CHANNEL:
-        sa = _load_sz(sa_p, k0, blk, BLOCK, GROUP)
-        sb = _load_sz(sb_p, k0, blk, BLOCK, GROUP)
+        sa = _load_sz(sa_p, k0, K, blk, BLOCK, GROUP, EVEN_K)
+        sb = _load_sz(sb_p, k0, K, blk, BLOCK, GROUP, EVEN_K)
     x0, x1, x2, x3 = _load_x(x0_p, k0, K, xm0, okc, BITS, EVEN_K)
     y0, y1, y2, y3 = x0, x1, x2, x3
     if MT == 2:
@@ -310,7 +314,8 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     if GROUP == PER_CHANNEL:    # one word per row, for every step
         sa, sb = gl.load(sa_p + blk * 0), gl.load(sb_p + blk * 0)
     else:
-        sa, sb = _load_sz(sa_p, k_lo, blk, BLOCK, GROUP), _load_sz(sb_p, k_lo, blk, BLOCK, GROUP)
+        sa, sb = (_load_sz(sa_p, k_lo, K, blk, BLOCK, GROUP, EVEN_K),
+                  _load_sz(sb_p, k_lo, K, blk, BLOCK, GROUP, EVEN_K))
     _pdl_launch(PDL)
     _pdl_wait(PDL)
     x0, x1, x2, x3 = _load_x(x0_p, k_lo, K, xm0, okc, BITS, EVEN_K)
