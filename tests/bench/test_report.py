@@ -47,6 +47,14 @@ def test_decode_gemv_table_and_targets(tmp_path):
     assert "- qkernels w4a16, M = 1, 6144x4096 and larger: ≥ 90% of fp16's bytes/s: 92% at worst — met" in text
     assert "- qkernels w4a16, M = 1, 4096x4096: ≥ 75% of fp16's bytes/s: 70% at worst — **not met**" in text
     assert "- qkernels w4a16, one kernel per call at M = 1: 2 at most — **not met**" in text
+    assert "from the run of" not in text          # every row from the file's own run
+    # a merged file (bench decode-gemv --shapes): rows kept from an earlier run say which run
+    stamped = [dict(r, date="2026-01-02T00:00", torch="2.x", triton="3.y") for r in rows[:2]]
+    stamped += [dict(r, date="2025-12-30T08:15", torch="2.w", triton="3.y") for r in rows[2:]]
+    _write(root, "h100", "decode_gemv", stamped)
+    text = report.build(root)
+    assert "Rows of 4096x4096: from the run of 2025-12-30 08:15 UTC (torch 2.w, Triton 3.y)" in text
+    assert "Rows of 6144x4096" not in text
 
 
 def test_gemm_targets_from_graph_rows():

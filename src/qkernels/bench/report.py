@@ -174,6 +174,20 @@ def _runtime_targets(dec, fp16, rows) -> list[str]:
     return lines
 
 
+def _runs_note(d: dict, key: str) -> list[str]:
+    """Lines naming the earlier runs that rows kept in a merged document (harness.merge_results) come from, by
+    their `key` (model, shape): nothing when every row is from the document's own run."""
+    this = (d.get("date"), d.get("torch"), d.get("triton"))
+    kept: dict = {}
+    for r in d["rows"]:
+        run = (r.get("date"), r.get("torch"), r.get("triton"))
+        if r.get("date") and run != this:
+            kept.setdefault(run, []).append(r[key])
+    return [f"Rows of {', '.join(map(str, dict.fromkeys(v)))}: from the run of {str(date)[:16].replace('T', ' ')} "
+            f"UTC (torch {tv}, Triton {trv}); the others from this file's run." for (date, tv, trv), v in
+            sorted(kept.items())] + ([""] if kept else [])
+
+
 def _decode_gemv(rows: list[dict]) -> list[str]:
     provs = list(dict.fromkeys(r["provider"] for r in rows if not r["provider"].startswith("fp16")))
     cells = {(r["model"], r["shape"], r["M"], r["provider"]): r for r in rows}
@@ -272,7 +286,7 @@ def build(results: Path) -> str:
         elif name == "tp":
             out += _tp(d["rows"])
         elif name == "decode_gemv":
-            out += _decode_gemv(d["rows"])
+            out += _runs_note(d, "shape") + _decode_gemv(d["rows"])
         elif name.startswith("ppl"):
             rt = any(r.get("ppl_runtime") is not None for r in d["rows"])
             out += _table(["scheme", "perplexity", "Δ %", "quantized layers"]
