@@ -36,7 +36,7 @@ GVT_K = {4: 128, 8: 64}          # "gvt": k per block (16 code words of a row), 
 TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_PROGRAMS=2048)
 WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
 GV_DEFAULT = dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2, SPLIT_K=4, MIN_PROGRAMS=1024)
-GVT_DEFAULT = dict(path="gvt", TILES=2, WPT=4, num_warps=1, SPLIT_K=4, MIN_PROGRAMS=1024)
+GVT_DEFAULT = dict(path="gvt", TILES=1, WPT=8, num_warps=1, SPLIT_K=8, MIN_PROGRAMS=4096)   # the sweeps' M <= 4 pick
 _GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT, "gvt": GVT_DEFAULT}
 # the Triton-language path a forced Gluon path falls back to
 _GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv", "gvt": "gemv"}
