@@ -93,6 +93,11 @@ def candidates(m: int) -> list[dict]:
         c += [gvt(t, wpt, 1, sp, mp) for t in (1, 2) for wpt in (4, 8, 16)
               for sp, mp in [(1, 0), (4, 2048), (8, 4096), (16, 8192)]]
         c += [gvt(2, 4, 1, sp, mp, pairs=True) for sp, mp in [(1, 0), (8, 4096)]]
+        if m > 8:
+            # two x tiles: each warp reads x for 16 rows per step, from L2 unless the warps of a program (same k
+            # at the same time) share it in L1; more tiles per warp or per program spread that over more weights
+            c += [gvt(t, wpt, w, sp, mp) for t, w in [(4, 2), (8, 4), (8, 8)] for wpt in (4, 8)
+                  for sp, mp in [(1, 0), (4, 2048)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:
