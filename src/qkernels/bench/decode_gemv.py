@@ -3,7 +3,7 @@ models the runtime serves, separate and merged (q|k|v, gate|up) plus the lm_head
 PyTorch's int4 kernel (tinygemm, what torchao's int4 weight-only runs), in one run.
 
 Method: each provider inside one CUDA graph that calls it on enough copies of its weight to span >= 256 MB, as a
-decode graph walks its layers (no copy is in L2 when its call runs); time per call = the replay's median
+decode graph walks its layers (no copy is in L2 when its call runs; the same copies for every M); time per call = the replay's median
 (triton.testing.do_bench) / calls. Weight bytes/s = the provider's weight bytes / time; `share_of_fp16_bw` = that
 over fp16 `F.linear`'s bytes/s on the same shape and M (the bandwidth fp16 reaches, the ceiling a weight-only
 kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay), counted
@@ -169,22 +169,24 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
             if gpu:
                 peers, missing = _peers(lin, dev)
                 providers.update(peers)
-            for M in MS:
-                x = torch.randn(M, K, device=dev, dtype=torch.float16)
-                xb = x.bfloat16()
-                fp16_gbps = None
-                for prov, (make, nbytes) in providers.items():
-                    n_copies = max(2, math.ceil(SPAN / nbytes)) if gpu else 2
+            xs = {M: torch.randn(M, K, device=dev, dtype=torch.float16) for M in MS}
+            fp16 = {}         # M -> fp16's (µs, GB/s): fp16 runs first, the others are compared with it
+            for prov, (make, nbytes) in providers.items():
+                n_copies = max(2, math.ceil(SPAN / nbytes)) if gpu else 2
+                ws = None
+                for M, x in xs.items():          # one set of copies serves every M, as a model's layers do
+                    xb = x.bfloat16()
                     try:
                         with torch.inference_mode():
-                            ws = [make() for _ in range(n_copies)]
+                            ws = ws or [make() for _ in range(n_copies)]
                             us = chain_us([_call(prov, w, x, xb) for w in ws], gpu)
                     except Exception as e:       # a peer that cannot run this shape: say so, go on
                         print(f"{model} {layer} {N}x{K} M={M} {prov}: failed: {type(e).__name__}: {str(e)[:160]}")
                         continue
                     gbps = nbytes / (us * 1e-6) / 1e9
                     if prov.startswith("fp16"):
-                        fp16_us, fp16_gbps = us, gbps
+                        fp16[M] = us, gbps
+                    fp16_us, fp16_gbps = fp16[M]
                     extra = {"weight_bytes": nbytes, "weight_gbps": gbps, "copies": n_copies,
                              "kernels_per_call": float("nan"), "speedup_vs_fp16": fp16_us / us,
                              "share_of_fp16_bw": gbps / fp16_gbps}
@@ -195,9 +197,9 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
                         to_count.append((rows[-1], make, prov, x, xb))
                     print(f"{model} {layer:8s} {N}x{K} M={M:2d} {prov:26s} {us:8.1f} us {gbps:6.0f} GB/s "
                           f"{fp16_us / us:5.2f}x fp16, {100 * gbps / fp16_gbps:3.0f}% of fp16 B/s", flush=True)
-                    del ws
-                    if gpu:
-                        torch.cuda.empty_cache()
+                del ws
+                if gpu:
+                    torch.cuda.empty_cache()
     # kernels per call, after every timing: a profiler session must not run before a timed one
     for row, make, prov, x, xb in to_count:
         try:
