@@ -5,8 +5,8 @@ PyTorch's int4 kernel (tinygemm, what torchao's int4 weight-only runs), in one r
 Method: each provider inside one CUDA graph that calls it on enough copies of its weight to span >= 256 MB, as a
 decode graph walks its layers (no copy is in L2 when its call runs; the same copies for every M); time per call =
 the replay's median (triton.testing.do_bench) / calls. Weight bytes/s = the provider's weight bytes / time;
-`share_of_fp16_bw` = that over fp16 `F.linear`'s bytes/s on the same shape and M (the bandwidth fp16 reaches, the ceiling a weight-only
-kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay), counted
+`share_of_fp16_bw` = that over fp16 `F.linear`'s bytes/s on the same shape and M (the bandwidth fp16 reaches, the
+ceiling a weight-only kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay), counted
 after every timing of the run (a profiler session may leave the profiling library attached, slowing what follows).
 Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them (w4a16: group 128,
 asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations quantized inside
