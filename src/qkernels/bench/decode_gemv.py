@@ -6,14 +6,14 @@ Method: each provider inside one CUDA graph that calls it on enough copies of it
 decode graph walks its layers (no copy is in L2 when its call runs; the same copies for every M); time per call =
 the replay's median (triton.testing.do_bench) / calls. Weight bytes/s = the provider's weight bytes / time;
 `share_of_fp16_bw` = that over fp16 `F.linear`'s bytes/s on the same shape and M (the bandwidth fp16 reaches, the
-ceiling a weight-only kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over one replay), counted
-after every timing of the run (a profiler session may leave the profiling library attached, slowing what follows).
-Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them (w4a16: group 128,
-asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations quantized inside
-the call). Peers as their users build them: gemlite (`A16W4_HQQ_INT().from_weights` on our w4a16 codes, scales
-and zero points; `A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`, gemlite's own autotune
-on first call), bitsandbytes `Linear4bit` nf4 (fp16 compute). Peers' weight bytes are their formats' nominal
-sizes (4-bit g128: codes + fp16 scale and zero per group; nf4: codes + an fp32 absmax per 64). Peers not
+ceiling a weight-only kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over
+one replay), counted after every timing of the run (a profiler session may leave the profiling library attached,
+slowing what follows). Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them
+(w4a16: group 128, asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations
+quantized inside the call). Peers as their users build them: gemlite (`A16W4_HQQ_INT().from_weights` on our w4a16
+codes, scales and zero points; `A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`, gemlite's own
+autotune on first call), bitsandbytes `Linear4bit` nf4 (fp16 compute). Peers' weight bytes are their formats'
+nominal sizes (4-bit g128: codes + fp16 scale and zero per group; nf4: codes + an fp32 absmax per 64). Peers not
 installed on the machine are listed in the JSON as missing.
 
 `--models` / `--shapes` (N x K) naming a part of the grid (one GPU call may not hold it all) merge its rows into
