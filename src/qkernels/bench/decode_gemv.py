@@ -16,7 +16,7 @@ autotune on first call), bitsandbytes `Linear4bit` nf4 (fp16 compute). Peers' we
 nominal sizes (4-bit g128: codes + fp16 scale and zero per group; nf4: codes + an fp32 absmax per 64). Peers not
 installed on the machine are listed in the JSON as missing.
 
-`--models` / `--shapes` (N x K) naming a part of the grid (one GPU call may not hold it all) merge its rows into
+`--models` / `--shapes` (N x K) naming a part of the grid (a time-limited job may not hold it all) merge its rows into
 this GPU's decode_gemv.json: the rows of the layers measured again are replaced, the others kept with their dates.
 """
 from __future__ import annotations
