@@ -1,8 +1,9 @@
 """Pick per-M-bucket GEMM configs on this GPU and write src/qkernels/configs/<gpu>.json.
-Each candidate is timed on the Llama-3-8B shapes (geometric mean); a shape for which another candidate is
-clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" / "w8a8-fp8" are the
-W8A8 linear with dynamic per-token activations at M = 1: the GEMV that quantizes x itself against the quantize
-kernel + the GEMM its table picks ("path": "quantize", also every bucket above). Usage:
+Each candidate is timed on the Llama-3-8B shapes (geometric mean; at M <= 16 also the k / v, q|k|v and gate|up
+projections a decode step runs, where tile configs may split K: SPLIT_K / MIN_PROGRAMS); a shape for which
+another candidate is clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" /
+"w8a8-fp8" are the W8A8 linear with dynamic per-token activations at M = 1: the GEMV that quantizes x itself
+against the quantize kernel + the GEMM its table picks ("path": "quantize", also every bucket above). Usage:
 PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8]"""
 import argparse
 import ast
@@ -20,9 +21,19 @@ from qkernels.bench.harness import time_us
 from qkernels.ops import gemm as G
 
 C = lambda bm, bn, bk, w, s, g=8: dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, num_warps=w, num_stages=s)  # noqa
+
+
+def S(cfg, split, min_programs):
+    """cfg with K split up to `split` ways while the grid has fewer than min_programs tiles."""
+    return dict(cfg, SPLIT_K=split, MIN_PROGRAMS=min_programs)
+
+
 CANDIDATES = {
     "16": [C(16, 32, 256, 4, 4), C(16, 64, 256, 4, 4), C(16, 64, 128, 4, 5), C(16, 128, 128, 4, 4),
-           C(16, 32, 512, 4, 3), C(16, 64, 512, 4, 3), C(32, 64, 256, 4, 4)],
+           C(16, 32, 512, 4, 3), C(16, 64, 512, 4, 3), C(32, 64, 256, 4, 4),
+           # few output tiles at small M (1024 rows: 16 tiles of 64): K split so that every SM streams weight
+           S(C(16, 64, 256, 4, 4), 4, 264), S(C(16, 64, 256, 4, 4), 8, 528), S(C(16, 64, 512, 4, 3), 4, 264),
+           S(C(16, 32, 256, 4, 4), 4, 528), S(C(16, 64, 128, 4, 5), 8, 528), S(C(16, 128, 128, 4, 4), 8, 264)],
     "128": [C(64, 64, 128, 4, 4), C(64, 128, 128, 4, 4), C(128, 64, 128, 4, 4), C(128, 128, 128, 8, 3),
             C(64, 128, 256, 4, 3), C(128, 128, 64, 4, 4), C(64, 32, 256, 4, 4), C(128, 32, 128, 4, 4),
             C(64, 64, 256, 4, 3), C(128, 32, 256, 4, 3), C(64, 32, 128, 2, 5)],
@@ -65,12 +76,19 @@ WG = [W(256, 128, 128, 4, 8), W(256, 128, 128, 3, 8), W(256, 128, 128, 4, 8, 16)
 WG_BUCKETS = ("1024", "4096", "16384")
 M_OF = {"16": [1, 16], "1": [1], "128": [128], "1024": [1024], "4096": [4096], "16384": [16384]}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
+# decode sizes: also the small and merged projections a decode step runs (k / v, q|k|v, gate|up)
+DECODE_SHAPES = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
+
+
+def shapes_of(bucket: str) -> list:
+    return DECODE_SHAPES if int(bucket) <= 16 else SHAPES
 
 
 
 def per_shape(times: list, bucket: str) -> list:
-    """Sweep times (M-major over SHAPES) -> one time per shape, summed over the bucket's M values."""
-    return [sum(times[mi * len(SHAPES) + si] for mi in range(len(M_OF[bucket]))) for si in range(len(SHAPES))]
+    """Sweep times (M-major over the bucket's shapes) -> one time per shape, summed over the bucket's M values."""
+    n = len(shapes_of(bucket))
+    return [sum(times[mi * n + si] for mi in range(len(M_OF[bucket]))) for si in range(n)]
 
 
 def from_log(log: Path, table: dict, kinds: list) -> None:
@@ -82,7 +100,9 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
         if m and m.group(1) in kinds:
             times = per_shape([float(t) for t in ast.literal_eval(m.group(4))], m.group(2))
             runs.setdefault((m.group(1), m.group(2)), []).append((times, ast.literal_eval(m.group(3))))
-    configs.overrides_from_runs(table, runs, SHAPES, log.name)
+    for bucket in sorted({b for _, b in runs}, key=int):
+        configs.overrides_from_runs(table, {kb: r for kb, r in runs.items() if kb[1] == bucket}, shapes_of(bucket),
+                                    log.name)
 
 
 def time_w8a8(cfg: dict, code: str, M: int, N: int, K: int) -> float:
@@ -137,12 +157,12 @@ for kind in args.kinds:
         elif bucket == "1":
             cands = [dict(c, fallback=table[kind].get("16") or configs.DEFAULT_GEMM["16"]) for c in cands]
         best = None
-        results = []     # (times, cfg); times ordered M-major over SHAPES
+        results = []     # (times, cfg); times ordered M-major over the bucket's shapes
 
         def time_config(cfg):
             times = []
             for M in M_OF[bucket]:
-                for N, K in SHAPES:
+                for N, K in shapes_of(bucket):
                     if kind in W8A8_KINDS:
                         times.append(time_w8a8(cfg, W8A8_KINDS[kind], M, N, K))
                         continue
@@ -185,7 +205,7 @@ for kind in args.kinds:
         if kind in W8A8_KINDS:
             table[kind]["65536"] = QUANTIZE
         print(f"==> {kind} M<={bucket}: {best[1]} ({best[0]:.2f} us, {time.time() - t0:.0f} s)", flush=True)
-        configs.set_shape_overrides(table[kind], kind, bucket, SHAPES,
+        configs.set_shape_overrides(table[kind], kind, bucket, shapes_of(bucket),
                                     [(per_shape(t, bucket), c) for t, c in results], best[1])
         path.write_text(json.dumps(table, indent=1) + "\n")     # after every bucket: a cut-off run keeps its work
 print(f"wrote {path}")

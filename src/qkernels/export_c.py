@@ -36,7 +36,7 @@ class _Spec:
 _QUANT = dict(QMIN=-128, QMAX=127, QSYM=127.0, IS_FP8=False, FP_MAX=0.0, FP8_MAN=2, FP8_BIAS=15, FP8_EMULATE=False,
               SYMMETRIC=True, STATIC=False, PACK4=False, BLOCK_R=1, BLOCK_S=1024, ONE_CHUNK=False, PDL=False)
 _MM = dict(HAS_SCALES=False, SA_PER_ROW=False, SB_PER_COL=False, HAS_BIAS=False, ACT=0, ACC_INT=True, INT4=False,
-           BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8)
+           BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=1, PDL=False)
 W4A16_GEMV = dict(path="gemv", BLOCK_N=8, BLOCK_K=2048, num_warps=4, num_stages=1)   # the exported GEMV's config
 _GEMV = dict(BITS=4, GROUP=128, HAS_BIAS=False, EVEN_K=False, BLOCK_N=W4A16_GEMV["BLOCK_N"],
              BLOCK_K=W4A16_GEMV["BLOCK_K"], SPLIT_K=1, INT_Z=False, SWIGLU=False, PDL=False)
@@ -51,12 +51,12 @@ SPECS = {
         "    return {launch}(stream, x, codes, scales, scales, M, K, 1, K, 1, K);"),
     "int8_matmul": _Spec(
         "qkernels.kernels._gemm", "_scaled_mm_kernel",
-        ("*i8:16", "*i8:16", "*i32:16", "*fp32", "*fp32", "*fp32", "fp32") + ("i32",) * 9, _MM,
+        ("*i8:16", "*i8:16", "*i32:16", "*fp32", "*fp32", "*fp32", "fp32") + ("i32",) * 9 + ("*i32", "*i32"), _MM,
         "((M + 63) / 64) * ((N + 63) / 64), 1, 1", 4, 3,
         "CUresult qk_int8_matmul(CUstream stream, CUdeviceptr a, CUdeviceptr w, CUdeviceptr c, int32_t M, "
         "int32_t N, int32_t K)",
         "if (M <= 0 || N <= 0) return CUDA_SUCCESS;\n"
-        "    return {launch}(stream, a, w, c, c, c, c, 1.0f, M, N, K, K, 1, 1, K, N, 1);"),
+        "    return {launch}(stream, a, w, c, c, c, c, 1.0f, M, N, K, K, 1, 1, K, N, 1, c, c);"),
     "w4a16": _Spec(
         "qkernels.kernels.weight_only.gemv", "_wo_gemv_kernel",
         ("*fp16:16", "*u8:16", "*fp16:16", "*fp16", "*fp16:16", "*fp32", "*i32") + ("i32",) * 7, _GEMV,

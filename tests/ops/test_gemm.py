@@ -129,6 +129,64 @@ def test_use_config_scopes_the_gemv():
             pass
 
 
+_SPLIT_TILE = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
+
+
+@pytest.mark.parametrize("split,min_programs", [(3, None), (8, None), (4, 1 << 30), (4, 2)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 200), (16, 33, 96), (17, 16, 32), (40, 50, 520)])
+def test_tile_kernel_split_k(M, N, K, split, min_programs):
+    """The tile kernel with K split (SPLIT_K slices of whole BLOCK_K steps, or fewer: one per step at most, and with
+    MIN_PROGRAMS only while the grid is smaller than that; the tile's last program adds the partials in slice order
+    and runs the epilogue): int8 and int4 give the exact int32 product and the unsplit kernel's epilogue bits, fp8
+    the reference within fp32 rounding; tails in M, N and K; every element written (poisoned outputs); the tile
+    counters are left at zero (a second call gives the same bits)."""
+    from qkernels.ops import gemm as G
+    cfg = dict(_SPLIT_TILE, SPLIT_K=split)
+    if min_programs is not None:
+        cfg["MIN_PROGRAMS"] = min_programs
+    tiles = -(-M // 16) * -(-N // 16)
+    want_split = G.k_splits(split, -(-K // 32), tiles, min_programs)
+    assert G._tile_plan(cfg, M, N, K) == (dict(_SPLIT_TILE, SPLIT_K=want_split), want_split)
+    a, w = _i8(M, K), _i8(N, K)
+    sa = torch.rand(M, device=DEVICE) * 0.01 + 1e-3
+    sb = torch.rand(N, device=DEVICE) * 0.01 + 1e-3
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    calls = {"exact": lambda: qk.int8_matmul(a, w.t()),
+             "scaled": lambda: qk.int8_matmul(a, w.t(), sa, sb, 0.5, bias=bias, activation="silu",
+                                              out_dtype=torch.bfloat16)}
+    for name, call in calls.items():
+        with G.use_config(cfg), qk.poison_outputs():
+            got = call()
+            again = call()
+        with G.use_config(_SPLIT_TILE):
+            want = call()
+        assert_bit_exact(got, want, f"int8 {name}")
+        assert_bit_exact(again, got, f"int8 {name}, second call")
+    ap = qk.pack_int4(torch.randint(-8, 8, (M, K), dtype=torch.int8, device=DEVICE))
+    bp = qk.pack_int4(torch.randint(-8, 8, (N, K), dtype=torch.int8, device=DEVICE))
+    with G.use_config(cfg), qk.poison_outputs():
+        got4 = qk.int4_matmul(ap, bp, K)
+    assert_bit_exact(got4, ref.int4_mm(ap, bp), "int4 product")
+    if ON_GPU and torch.cuda.get_device_capability() < (8, 9):
+        return
+    af = (torch.randn(M, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+    wf = (torch.randn(N, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+    with G.use_config(cfg), qk.poison_outputs():
+        gotf = qk.fp8_matmul(af, wf.t(), sa, sb, bias=bias, out_dtype=torch.float16)
+        againf = qk.fp8_matmul(af, wf.t(), sa, sb, bias=bias, out_dtype=torch.float16)
+    wantf = ref.scaled_mm(af.float(), wf.t().float(), sa, sb, 1.0, bias, None, torch.float64)
+    assert rel_err(gotf, wantf) < 2e-3
+    assert_bit_exact(againf, gotf, "fp8, second call (partials added in slice order)")
+
+
+def test_tile_kernel_split_k_refused_past_int32_workspace():
+    """No split where split x M x N would reach 2**31 workspace elements (int32 offsets in the kernel)."""
+    from qkernels.ops import gemm as G
+    cfg = dict(_SPLIT_TILE, SPLIT_K=4)
+    assert G._tile_plan(cfg, 16, 2 ** 27, 4096)[1] == 1
+    assert G._tile_plan(cfg, 16, 2 ** 24, 4096)[1] == 4
+
+
 WG_FALLBACK = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, GROUP_M=4, num_warps=4, num_stages=2)
 
 

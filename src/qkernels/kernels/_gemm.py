@@ -39,14 +39,23 @@ def _activation(x, ACT: tl.constexpr):
 def _scaled_mm_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c,
     M, N, K,                          # K: logical (unpacked) depth
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, ws_ptr, cnt_ptr,
     HAS_SCALES: tl.constexpr, SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr, ACC_INT: tl.constexpr, INT4: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
+    """C tile (pid_m, pid_n) of program_id(0). With SPLIT_K > 1, program_id(1) takes one BLOCK_K-aligned slice of
+    K and the tile's last program adds the partials in slice order (_splitk_fixup into ws_ptr / cnt_ptr: int32
+    partials stay exact, fp32 ones are added in the same order on every run), then runs the epilogue. A weight of
+    few output tiles at small M (1024 rows at M = 16: 16 tiles of 64 rows) needs the split to put enough programs
+    on the GPU to stream the weight at the memory's pace."""
     pid = tl.program_id(0)
     # GROUP_M row-blocks share their B tiles in L2
     pid_m, pid_n = _grouped_pid(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    k_lo, k_hi = _k_slice(K, tl.program_id(1), BLOCK_K, SPLIT_K)
+    _pdl_launch(PDL)
+    _pdl_wait(PDL)      # every load below may read what the kernel before wrote (A: an activation just quantized)
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M     # wrapped rows: loads need no M/N mask
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
@@ -60,10 +69,10 @@ def _scaled_mm_kernel(
     if INT4:
         KP: tl.constexpr = BLOCK_K // 2
         offs_k = tl.arange(0, KP)
-        a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
-        k_bytes = K // 2
-        for k0 in range(0, k_bytes, KP):
+        a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + (k_lo // 2 + offs_k[None, :]) * stride_ak
+        b_ptrs = b_ptr + (k_lo // 2 + offs_k[:, None]) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
+        k_bytes = k_hi // 2
+        for k0 in range(k_lo // 2, k_bytes, KP):
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_bytes - k0, other=0).to(tl.int32)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_bytes - k0, other=0).to(tl.int32)
             a_lo = ((a << 28) >> 28).to(tl.int8)
@@ -76,11 +85,11 @@ def _scaled_mm_kernel(
             b_ptrs += KP * stride_bk
     else:
         offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
-        for k0 in range(0, K, BLOCK_K):
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k0, other=0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k0, other=0)
+        a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + (k_lo + offs_k[None, :]) * stride_ak
+        b_ptrs = b_ptr + (k_lo + offs_k[:, None]) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi - k0, other=0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi - k0, other=0)
             if ACC_INT:
                 acc = tl.dot(a, b, acc, out_dtype=tl.int32)
             elif INTERPRET:   # the interpreter's fp8 dot decodes NaN (0x7F) as a number: decode exactly
@@ -95,9 +104,14 @@ def _scaled_mm_kernel(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
-    c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_cm + cols[None, :].to(tl.int64) * stride_cn
-    _epilogue(acc, c_ptrs, mask, sa_ptr, sb_ptr, bias_ptr, scale_c, rows[:, None], cols[None, :], M, N,
-              HAS_SCALES, SA_PER_ROW, SB_PER_COL, HAS_BIAS, ACT)
+    last = True
+    if SPLIT_K > 1:
+        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, rows[:, None].to(tl.int64) * N + cols[None, :], mask,
+                                  M * N, tl.program_id(1), SPLIT_K)
+    if last:
+        c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_cm + cols[None, :].to(tl.int64) * stride_cn
+        _epilogue(acc, c_ptrs, mask, sa_ptr, sb_ptr, bias_ptr, scale_c, rows[:, None], cols[None, :], M, N,
+                  HAS_SCALES, SA_PER_ROW, SB_PER_COL, HAS_BIAS, ACT)
 
 
 @triton.jit

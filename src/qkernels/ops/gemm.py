@@ -1,7 +1,7 @@
 """Integer / FP8 GEMM launchers with fused dequant + bias + activation epilogues, and the W8A8 linear.
 
-The per-GPU table (configs/<gpu>.json) picks per M bucket: tile sizes for kernels/_gemm._scaled_mm_kernel,
-"path": "gemv" (the 8-bit GEMV, decode), for int8 on Hopper "path": "wg" (kernels/_gemm_wg.py: TMA ring and
+The per-GPU table (configs/<gpu>.json) picks per M bucket: tile sizes for kernels/_gemm._scaled_mm_kernel (with
+"SPLIT_K" / "MIN_PROGRAMS", K split inside the kernel where the grid has few tiles: small M), "path": "gemv" (the 8-bit GEMV, decode), for int8 on Hopper "path": "wg" (kernels/_gemm_wg.py: TMA ring and
 wgmma kept in flight, prefill sizes) or, for FP8 where cuBLAS is measured faster, "path": "cublas"
 (torch._scaled_mm with rowwise scales); each carries a "fallback" tile config for calls it does not take.
 
@@ -101,15 +101,45 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
         if kind == "int8" and cdiv(K, cfg["BLOCK_K"]) >= cfg["STAGES"] - 1 and _wg_ok(a2, b, c, act):
             return _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg)
         cfg = cfg["fallback"]
-    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    tile_cfg, split = _tile_plan(cfg, M, N, K)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
-    launch(_kg()._scaled_mm_kernel, grid,
+    ws = cnt = unused
+    if split > 1:
+        ws, cnt = splitk_scratch(c.device, split * M * N, tiles)
+        if kind != "fp8":
+            ws = ws.view(torch.int32)      # exact int32 partials
+    launch(_kg()._scaled_mm_kernel, (tiles, split),
            a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
            bias if bias is not None else unused, scale_c, M, N, K,
-           a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+           a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), ws, cnt,
            HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
            SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
-           ACC_INT=kind != "fp8", INT4=kind == "int4", **cfg)
+           ACC_INT=kind != "fp8", INT4=kind == "int4", **tile_cfg, **pdl_options(c.device))
+
+
+# (id(cfg), M, N, K) -> (cfg, the tile kernel's constexprs, split); cfg kept alive: ids stay unique
+_TILE_PLANS: dict = {}
+
+
+def _tile_plan(cfg: dict, M: int, N: int, K: int) -> tuple[dict, int]:
+    """The tile kernel's constexprs for `cfg` and the split of K: SPLIT_K ways, or fewer with MIN_PROGRAMS (split
+    only while the grid has fewer tiles than that), as the weight-only tile kernel splits; none where the
+    workspace would reach 2**31 elements (the kernel's offsets into it are int32 products)."""
+    key = (id(cfg), M, N, K)
+    hit = _TILE_PLANS.get(key)
+    if hit is not None:
+        return hit[1:]
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    split = k_splits(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"]), tiles, cfg.get("MIN_PROGRAMS"))
+    if split * M * N >= 2 ** 31:
+        split = 1
+    constexprs = {k: v for k, v in cfg.items() if k not in ("SPLIT_K", "MIN_PROGRAMS")}
+    constexprs["SPLIT_K"] = split
+    if len(_TILE_PLANS) >= 4096:
+        _TILE_PLANS.clear()
+    _TILE_PLANS[key] = (cfg, constexprs, split)
+    return constexprs, split
 
 
 def _cublas_fp8(a2, b, c, sa, sb, bias, scale_c, act) -> bool:
