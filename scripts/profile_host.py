@@ -1,50 +1,41 @@
-"""Host cost of eager calls (no GPU waiting): our ops and layers with the direct launch (_runtime.launch's cache;
-layers and weight-only ops then replay their first call's launches: ops/_eager.py) and through Triton's own
-launch path (QKERNELS_FAST_LAUNCH=0 behaviour), against torch calls on the same host, then a cProfile of the
-w4a16 and w8a8 eager calls and of F.linear. Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
+"""Host cost of eager calls (no GPU waiting; `qkernels bench host`'s calls and more): our ops and layers with the
+direct launch (_runtime.launch's cache; layers and weight-only ops then replay their first call's launches:
+ops/_eager.py) and through Triton's own launch path (QKERNELS_FAST_LAUNCH=0 behaviour), against torch calls on the
+same host, then a cProfile of the w4a16 and w8a8 eager calls and of F.linear.
+Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
 import cProfile
 import pstats
 
 import torch
-import torch.nn.functional as F
 
 import qkernels as qk
 from qkernels import _runtime as R
 from qkernels.bench.harness import host_us
+from qkernels.bench.host import cases
 
 dev = torch.device("cuda")
 K = N = 4096
+calls = {name: fn for name, (_, fn) in cases(dev, N, K).items()}     # what `qkernels bench host` times
 x = torch.randn(1, K, device=dev, dtype=torch.float16)
 x16 = torch.randn(16, K, device=dev, dtype=torch.float16)
 w = torch.randn(N, K, device=dev, dtype=torch.float16)
 pw4 = qk.PackedWeight.from_float(w, 4, 128)
-pw8 = qk.PackedWeight.from_float(w, 8, -1, symmetric=True)
 wq = qk.quantize(w, "int8", "row")
 xq = qk.quantize(x16, "int8", "row")
 ws = wq.scale.reshape(-1)
 wf8 = qk.quantize(w, "fp8_e4m3", "row")
 wf8s = wf8.scale.reshape(-1)
-lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16)
-mods = {s: qk.QuantizedLinear.from_linear(lin, s) for s in ("w4a16", "w8a16", "w8a8", "w8a8-fp8")}
-x3 = x.reshape(1, 1, K)
-calls = {
-    "F.linear fp16 M=1": lambda: F.linear(x, w),
-    "nn.Linear fp16 [1, 1, K]": lambda: lin(x3),
-    **{f"QuantizedLinear {s} [1, 1, K]": (lambda m: lambda: m(x3))(m) for s, m in mods.items()},
+calls.update({
     "torch.add (one tiny kernel)": lambda: torch.add(x, x),
-    "w4a16_linear M=1": lambda: qk.w4a16_linear(x, pw4),
     "w4a16_linear M=16": lambda: qk.w4a16_linear(x16, pw4),
-    "w8a16_linear M=1": lambda: qk.w8a16_linear(x, pw8),
     "w8a8_linear M=16": lambda: qk.w8a8_linear(x16, wq.data, ws),
-    "w8a8_linear M=1": lambda: qk.w8a8_linear(x, wq.data, ws),
-    "w8a8_linear fp8 M=1": lambda: qk.w8a8_linear(x, wf8.data, wf8s, dtype="fp8"),
     "fp8_matmul M=1 scaled": lambda: qk.fp8_matmul(wf8.data[:1], wf8.data.t(), wf8s[:1], wf8s,
                                                    out_dtype=torch.float16),
     "int8_matmul M=16 (exact)": lambda: qk.int8_matmul(xq.data, wq.data.t()),
     "int8_matmul M=16 scaled": lambda: qk.int8_matmul(xq.data, wq.data.t(), xq.scale, ws),
     "quantize row int8 M=16": lambda: qk.quantize(x16, "int8", "row"),
     "rms_norm M=1": lambda: qk.rms_norm(x, w[0]),
-}
+})
 print(f"{'call':32s} {'direct launch':>14s} {'triton launch':>14s}  (host us / call)")
 for name, fn in calls.items():
     with R.fast_launch(True):
@@ -52,8 +43,7 @@ for name, fn in calls.items():
     with R.fast_launch(False):
         slow = host_us(fn)
     print(f"{name:32s} {fast:14.1f} {slow:14.1f}", flush=True)
-for name in ("w4a16_linear M=1", "QuantizedLinear w8a8 [1, 1, K]", "QuantizedLinear w8a8-fp8 [1, 1, K]",
-             "F.linear fp16 M=1"):
+for name in ("w4a16_linear", "QuantizedLinear w8a8", "QuantizedLinear w8a8-fp8", "F.linear fp16"):
     fn = calls[name]
     pr = cProfile.Profile()
     pr.enable()

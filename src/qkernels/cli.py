@@ -1,5 +1,5 @@
-"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|decode-gemv|fused|model|runtime|quantizers|all|report]`,
-`qkernels eval ppl`, `qkernels quantize` and `qkernels generate`.
+"""`qkernels env`, `qkernels bench [quantize|gemm|weight-only|decode-gemv|host|fused|model|runtime|quantizers|all|
+report]`, `qkernels eval ppl`, `qkernels quantize` and `qkernels generate`.
 
 On a machine without a CUDA GPU the kernels run in the Triton interpreter (TRITON_INTERPRET=1 is
 set here, before any kernel module is imported) at small sizes, and the output says so.
@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-BENCHES = ("quantize", "gemm", "weight-only", "decode-gemv", "fused", "model", "runtime", "quantizers")
+BENCHES = ("quantize", "gemm", "weight-only", "decode-gemv", "host", "fused", "model", "runtime", "quantizers")
 # "all": the kernel benchmarks; the model ones run on their own
-ALL = ("quantize", "gemm", "weight-only", "decode-gemv", "fused")
+ALL = ("quantize", "gemm", "weight-only", "decode-gemv", "host", "fused")
 
 
 def _ensure_backend() -> bool:

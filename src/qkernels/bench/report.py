@@ -29,6 +29,9 @@ DESCRIPTIONS = {
                    "bytes/s, %) / kernels launched per call.",
     "gemm": "int8 / fp8 GEMMs and W8A8 linears against fp16 cuBLAS, `_int_mm`, `_scaled_mm` and torch.compile, "
             "median µs of CUDA-graph replays.",
+    "host": "Host cost of one eager call of a linear at M = 1 (weight N x K): µs of host time per call of "
+            "back-to-back calls not waited for, and its ratio to `F.linear` fp16 on the same host in the same run; "
+            "per scheme the layer (`QuantizedLinear`, after its first call) and the functional op.",
     "quantize": "Quantize kernels against torch.compile of the reference expression, median µs of CUDA-graph "
                 "replays.",
     "fused": "Fused RMSNorm / LayerNorm / SwiGLU / softmax against torch eager and torch.compile, median µs of "
@@ -43,7 +46,7 @@ DESCRIPTIONS = {
                   "a random-weight fp16 model of the named shapes: wall time and peak GPU memory, beside one fp16 "
                   "decoder layer's bytes and the calibration activations (a layer's inputs and outputs, fp16).",
 }
-ORDER = ["runtime", "tp", "decode_gemv", "weight_only", "gemm", "quantize", "fused", "model", "model_fusion",
+ORDER = ["runtime", "tp", "decode_gemv", "weight_only", "gemm", "host", "quantize", "fused", "model", "model_fusion",
          "ppl_smollm2", "quantizers"]
 SIZE_KEYS = ("model", "scheme", "shape", "N", "K", "M", "numel", "batch", "prompt", "ctx", "rows", "cols", "hidden")
 
@@ -233,6 +236,21 @@ def _decode_gemv(rows: list[dict]) -> list[str]:
     return out + [""]
 
 
+def _host(rows: list[dict]) -> list[str]:
+    """The host-cost table, then the target per scheme: every eager call of a quantized linear (the layer and the
+    functional op) at most bench.host.TARGET x F.linear's."""
+    from .host import TARGET
+    out = _table(["call", "scheme", "N x K", "host µs / call", "x F.linear"],
+                 [[r["provider"], r["scheme"], f"{r['N']}x{r['K']}", r["median_us"], r["x_F.linear"]]
+                  for r in rows]) + [""]
+    for scheme in dict.fromkeys(r["scheme"] for r in rows if r["scheme"] != "fp16"):
+        worst = max((r for r in rows if r["scheme"] == scheme), key=lambda r: r["x_F.linear"])
+        ok = worst["x_F.linear"] <= TARGET
+        out.append(f"- {scheme}, eager host cost at M = 1 ≤ {TARGET}x F.linear: {worst['x_F.linear']:.2f}x at worst "
+                   f"({worst['provider']}) — {'met' if ok else '**not met**'}")
+    return out + [""]
+
+
 def _same_format(ours: str, peer: str) -> bool:
     """Whether a peer provider of the decode-GEMV table runs the format of our scheme `ours`."""
     scheme = ours.split()[-1]
@@ -287,6 +305,8 @@ def build(results: Path) -> str:
             out += _tp(d["rows"])
         elif name == "decode_gemv":
             out += _runs_note(d, "shape") + _decode_gemv(d["rows"])
+        elif name == "host":
+            out += _host(d["rows"])
         elif name.startswith("ppl"):
             rt = any(r.get("ppl_runtime") is not None for r in d["rows"])
             out += _table(["scheme", "perplexity", "Δ %", "quantized layers"]
