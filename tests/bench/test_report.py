@@ -71,6 +71,19 @@ def test_gemm_targets_from_graph_rows():
     assert "M = 4096 on the large shapes: ≥ 1.7x: 1.80x at worst (14336x4096) — met" in text
 
 
+def test_weight_only_prefill_targets_from_graph_rows():
+    row = lambda p, M, us, mode="graph": dict(op="weight_only_linear", provider=p, mode=mode, M=M,  # noqa
+                                              shape="4096x4096", median_us=us)
+    rows = [row("fp16 cuBLAS", 16, 20.0), row("qkernels w4a16 g128 asym", 16, 30.0),     # M < 128: not judged here
+            row("fp16 cuBLAS", 128, 20.0), row("qkernels w4a16 g128 asym", 128, 25.0),
+            row("qkernels w4a16 g128 asym", 128, 1.0, "eager"),                      # eager rows do not count
+            row("fp16 cuBLAS", 1024, 50.0), row("qkernels w4a16 g128 asym", 1024, 40.0),
+            row("qkernels w8a16 per-channel", 128, 19.0), row("qkernels w8a16 per-channel", 1024, 50.0)]
+    text = "\n".join(report._weight_only_targets(rows))
+    assert "- W4A16 g128 vs fp16 at every M ≥ 128: ≥ 1.0x: 0.80x at worst (M = 128, 4096x4096) — **not met**" in text
+    assert "- W8A16 vs fp16 at every M ≥ 128: ≥ 1.0x: 1.00x at worst (M = 1024, 4096x4096) — met" in text
+
+
 def test_tp_table_and_targets(tmp_path):
     root = tmp_path / "results"
     row = lambda m, s, tp, us, x=None: dict(op="decode", provider="qkernels runtime", mode="graph", model=m,  # noqa

@@ -326,6 +326,8 @@ def build(results: Path) -> str:
             out += _pivot(d["rows"], "median_us") + [""]
             if name == "gemm":
                 out += _gemm_targets(d["rows"])
+            elif name == "weight_only":
+                out += _weight_only_targets(d["rows"])
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -370,6 +372,22 @@ def _gemm_targets(rows) -> list[str]:
         worst = min(int8)
         lines.append(f"- W8A8 int8 linear vs fp16 at M = 4096 on the large shapes: ≥ 1.7x: {worst[0]:.2f}x at worst "
                      f"({worst[1]}) — {'met' if worst[0] >= 1.7 else '**not met**'}")
+    return lines + [""]
+
+
+def _weight_only_targets(rows) -> list[str]:
+    """The kernel-gaps issue's prefill targets for the weight-only linears (one-call graph rows): W4A16 g128 (the
+    default, with zero points) and W8A16 (per channel) >= 1.0x fp16 cuBLAS at every M >= 128. (Decode sizes are
+    judged in decode_gemv.)"""
+    t = {(r["provider"], r["M"], r["shape"]): r["median_us"] for r in rows if r["mode"] == "graph"}
+    lines = []
+    for prov, label in (("qkernels w4a16 g128 asym", "W4A16 g128"), ("qkernels w8a16 per-channel", "W8A16")):
+        got = [(t[("fp16 cuBLAS", M, shape)] / us, M, shape) for (p, M, shape), us in t.items()
+               if p == prov and M >= 128 and ("fp16 cuBLAS", M, shape) in t]
+        if got:
+            worst = min(got)
+            lines.append(f"- {label} vs fp16 at every M ≥ 128: ≥ 1.0x: {worst[0]:.2f}x at worst (M = {worst[1]}, "
+                         f"{worst[2]}) — {'met' if worst[0] >= 1.0 else '**not met**'}")
     return lines + [""]
 
 
