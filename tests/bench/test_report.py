@@ -64,8 +64,14 @@ def test_gemm_targets_from_graph_rows():
             row("qkernels w8a8 fp8", 128, 4096, 4096, 10.0),
             row("torch._scaled_mm fp8 +act quant", 128, 4096, 4096, 9.0),
             row("torch._scaled_mm fp8 +act quant", 128, 4096, 4096, 1.0, "eager"),     # eager rows do not count
-            row("qkernels w8a8 int8", 4096, 14336, 4096, 100.0), row("fp16 cuBLAS", 4096, 14336, 4096, 180.0)]
+            row("qkernels w8a8 int8", 4096, 14336, 4096, 100.0), row("fp16 cuBLAS", 4096, 14336, 4096, 180.0),
+            row("gemlite w8a8 fp8", 1, 4096, 4096, 11.0), row("gemlite w8a8 fp8", 128, 4096, 4096, 9.5),
+            row("qkernels w8a8 int8", 16, 4096, 4096, 8.0), row("gemlite w8a8 int8", 16, 4096, 4096, 8.8),
+            row("gemlite w8a8 int8", 4096, 14336, 4096, 90.0)]      # M > 16: not judged against gemlite
     text = "\n".join(report._gemm_targets(rows))
+    assert "- FP8 linear vs gemlite w8a8 fp8, every M: ≥ 1.0x: 0.95x at worst (M = 128, 4096x4096) — **not met**" \
+        in text
+    assert "- INT8 linear vs gemlite w8a8 int8, M <= 16: ≥ 1.0x: 1.10x at worst (M = 16, 4096x4096) — met" in text
     assert "every M: ≥ 1.0x: 0.90x at worst (M = 128, 4096x4096) — **not met**" in text
     assert "M <= 16: ≥ 1.1x: 1.20x at worst (M = 1, 4096x4096) — met" in text
     assert "M = 4096 on the large shapes: ≥ 1.7x: 1.80x at worst (14336x4096) — met" in text
@@ -80,7 +86,8 @@ def test_weight_only_prefill_targets_from_graph_rows():
             row("fp16 cuBLAS", 1024, 50.0), row("qkernels w4a16 g128 asym", 1024, 40.0),
             row("qkernels w8a16 per-channel", 128, 19.0), row("qkernels w8a16 per-channel", 1024, 50.0)]
     text = "\n".join(report._weight_only_targets(rows))
-    assert "- W4A16 g128 vs fp16 at every M ≥ 128: ≥ 1.0x: 0.80x at worst (M = 128, 4096x4096) — **not met**" in text
+    assert "- W4A16 g128 vs fp16 at every M ≥ 128: ≥ 1.0x: 0.80x at worst (M = 128, 4096x4096) — **not met**" \
+        in text
     assert "- W8A16 vs fp16 at every M ≥ 128: ≥ 1.0x: 1.00x at worst (M = 1024, 4096x4096) — met" in text
 
 

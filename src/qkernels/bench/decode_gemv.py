@@ -10,11 +10,8 @@ ceiling a weight-only kernel can hope for). `kernels_per_call`: GPU kernels one 
 one replay), counted after every timing of the run (a profiler session may leave the profiling library attached,
 slowing what follows). Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them
 (w4a16: group 128, asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations
-quantized inside the call). Peers as their users build them: gemlite (`A16W4_HQQ_INT().from_weights` on our w4a16
-codes, scales and zero points; `A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`, gemlite's own
-autotune on first call), bitsandbytes `Linear4bit` nf4 (fp16 compute). Peers' weight bytes are their formats'
-nominal sizes (4-bit g128: codes + fp16 scale and zero per group; nf4: codes + an fp32 absmax per 64). Peers not
-installed on the machine are listed in the JSON as missing.
+quantized inside the call). Peers (gemlite, bitsandbytes) as bench/peers.py builds them, with their nominal weight
+bytes; peers not installed on the machine are listed in the JSON as missing.
 
 `--models` / `--shapes` (N x K) naming a part of the grid (a time-limited job may not hold it all) merge its rows into
 this GPU's decode_gemv.json: the rows of the layers measured again are replaced, the others kept with their dates.
@@ -28,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .harness import Row, merge_results, method_text, on_gpu, read_results, results_doc, write_json
-from .weight_only import _try_tinygemm
+from .peers import peers, try_tinygemm
 
 SHAPES = {   # (N, K, layer)
     "llama3-8b": [(1024, 4096, "k, v"), (4096, 4096, "q, o"), (6144, 4096, "q|k|v"), (14336, 4096, "gate, up"),
@@ -97,40 +94,6 @@ def _kernels_per_call(fn) -> float:
     return n / 4
 
 
-def _peers(lin, dev) -> tuple[dict, list]:
-    """name -> (make a layer from `lin`, nominal weight bytes) for the peers installed here, and the missing."""
-    N, K = lin.weight.shape
-    peers, missing = {}, []
-    try:
-        from gemlite.helper import A8W8_fp8_dynamic, A8W8_int8_dynamic, A16W4_HQQ_INT, A16W8_INT8
-
-        def g4(lin=lin):
-            from ..packed_weight import PackedWeight
-            pw = PackedWeight.from_float(lin.weight.detach(), 4, 128, symmetric=False)
-            return A16W4_HQQ_INT(device=str(dev)).from_weights(pw.codes(), pw.scales.reshape(N, -1),
-                                                               pw.zeros.reshape(N, -1))
-        peers["gemlite w4a16 g128"] = (g4, N * K // 2 + 4 * N * (K // 128))
-        peers["gemlite w8a16"] = (lambda: A16W8_INT8(device=str(dev)).from_linear(copy.deepcopy(lin)), N * K + 4 * N)
-        peers["gemlite w8a8 int8"] = (lambda: A8W8_int8_dynamic(device=str(dev)).from_linear(copy.deepcopy(lin)),
-                                      N * K + 4 * N)
-        if torch.cuda.get_device_capability(dev) >= (8, 9):
-            peers["gemlite w8a8 fp8"] = (lambda: A8W8_fp8_dynamic(device=str(dev)).from_linear(copy.deepcopy(lin)),
-                                         N * K + 4 * N)
-    except ImportError:
-        missing.append("gemlite: not installed")
-    try:
-        import bitsandbytes as bnb
-
-        def nf4(lin=lin):
-            layer = bnb.nn.Linear4bit(K, N, bias=False, compute_dtype=torch.float16, quant_type="nf4")
-            layer.weight = bnb.nn.Params4bit(lin.weight.detach().cpu(), requires_grad=False, quant_type="nf4")
-            return layer.to(dev)
-        peers["bitsandbytes nf4"] = (nf4, N * K // 2 + 4 * (N * K // 64))
-    except ImportError:
-        missing.append("bitsandbytes: not installed")
-    return peers, missing
-
-
 def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[Row]:
     """models: names of SHAPES (default all); shapes: "NxK" strings (default all of theirs)."""
     from ..nn.linear import QuantizedLinear
@@ -163,12 +126,12 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
                     continue
                 q = QuantizedLinear.from_linear(lin, scheme)
                 providers[f"qkernels {scheme}"] = (lambda q=q: copy.deepcopy(q), _nbytes(q))
-            tiny = _try_tinygemm(lin.weight.detach()) if gpu and K % 128 == 0 else None
+            tiny = try_tinygemm(lin.weight.detach()) if gpu and K % 128 == 0 else None
             if tiny is not None:
                 providers["tinygemm int4 g128 (bf16)"] = (lambda t=tiny: (t[0].clone(), t[1].clone()), tiny[2])
             if gpu:
-                peers, missing = _peers(lin, dev)
-                providers.update(peers)
+                found, missing = peers(lin, dev)
+                providers.update(found)
             xs = {M: torch.randn(M, K, device=dev, dtype=torch.float16) for M in MS}
             fp16 = {}         # M -> fp16's (µs, GB/s): fp16 runs first, the others are compared with it
             for prov, (make, nbytes) in providers.items():

@@ -1,5 +1,6 @@
 """`qkernels bench gemm`: int8 / fp8 GEMMs and the W8A8 linear on Llama-3-8B shapes against fp16
-cuBLAS, torch._int_mm, a torch.compile'd W8A8 pipeline and torch._scaled_mm rowwise FP8, in one run."""
+cuBLAS, torch._int_mm, a torch.compile'd W8A8 pipeline, torch._scaled_mm rowwise FP8 and gemlite's W8A8 layers
+(int8 and fp8, dynamic per-token activations: bench/peers.py, where installed), in one run."""
 from __future__ import annotations
 
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 import qkernels as qk
 
 from .harness import Row, format_table, on_gpu, plot, time_us, write_json
+from .peers import peers
 
 SHAPES_GPU = [(4096, 4096), (14336, 4096), (4096, 14336)]
 MS_GPU = [1, 16, 128, 1024, 4096]
@@ -39,6 +41,8 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
     w8a8_c = torch.compile(_torch_w8a8, dynamic=False) if gpu else None
     fp8_c = torch.compile(_torch_fp8_rowwise, dynamic=False) if fp8_ok else None
     rows: list[Row] = []
+    peer_layers: dict = {}       # (N, K) -> {name: layer}: gemlite's W8A8 layers, made once per shape
+    missing: list = []
     for M, N, K in shapes:
         x = torch.randn(M, K, device=dev, dtype=torch.float16)
         w = torch.randn(N, K, device=dev, dtype=torch.float16) / K ** 0.5
@@ -67,10 +71,21 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
             cases.append(("core", "qkernels fp8", lambda: qk.fp8_matmul(a_f8, qf.weight.t(), sa, qf.weight_scale,
                                                                          out_dtype=torch.bfloat16)))
             cases.append(("linear", "qkernels w8a8 fp8", lambda: qf(x)))
+        if gpu:
+            if (N, K) not in peer_layers:
+                found, missing = peers(lin, dev, kinds=("w8a8",))
+                peer_layers[(N, K)] = {name: make() for name, (make, _) in found.items()}
+            for name, layer in peer_layers[(N, K)].items():
+                cases.append(("linear", name, lambda layer=layer: layer(x)))
         modes = ("eager", "graph") if gpu else ("eager",)   # graph replay = GPU time; eager adds host cost
         for kind, prov, fn in cases:
             for mode in modes:
-                us = time_us(fn, mode=mode, rep_ms=100, warmup_ms=25)
+                try:
+                    with torch.inference_mode():
+                        us = time_us(fn, mode=mode, rep_ms=100, warmup_ms=25)
+                except Exception as e:      # a peer that cannot run this case: say so, go on
+                    print(f"{N}x{K} M={M} {prov} {mode}: failed: {type(e).__name__}: {str(e)[:160]}")
+                    continue
                 rows.append(Row(f"gemm_{kind}", prov, us, mode, {"M": M, "N": N, "K": K},
                                 {"tops": 2 * M * N * K / (us * 1e-6) / 1e12}))
         del x, w, lin, q8
@@ -79,7 +94,7 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
         key = (r.sizes["M"], r.sizes["N"], r.sizes["K"], r.mode)
         if key in base:
             r.extra["speedup_vs_fp16"] = base[key] / r.median_us
-    path = write_json("gemm", rows, out_root)
+    path = write_json("gemm", rows, out_root, {"peers_missing": missing})
     print(format_table(rows, ["op", "provider", "mode", "M", "N", "K", "median_us", "tops", "speedup_vs_fp16"]))
     print(f"wrote {path}")
     png = plot(path, x="M", y="tops", group=("provider",), facet="N")

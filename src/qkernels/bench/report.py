@@ -21,14 +21,15 @@ DESCRIPTIONS = {
           "one GPU in the same run: decode of one CUDA-graph step (all-reduces inside), batch 1, context 128, random "
           "weights of the real shapes; bandwidth share per GPU (one rank's bytes over one GPU's copy bandwidth); "
           "the NCCL kernels' time per step from a profile.",
-    "weight_only": "W4A16 / W8A16 linears against fp16 cuBLAS and torch's int4 kernel (tinygemm), median µs of "
-                   "one call in a CUDA graph (the JSON also holds eager and eight-weight-copy graph timings).",
+    "weight_only": "W4A16 / W8A16 linears against fp16 cuBLAS, torch's int4 kernel (tinygemm) and, in runs where "
+                   "they were installed, gemlite (w4a16 g128, w8a16) and bitsandbytes (nf4), median µs of one call in "
+                   "a CUDA graph (the JSON also holds eager and eight-weight-copy graph timings).",
     "decode_gemv": "Quantized linears at decode sizes on the layer shapes of the served models (separate and merged "
                    "projections, lm_head), each provider in one CUDA graph over weight copies spanning >= 256 MB (as a "
                    "decode step walks its layers). Cells: speed-up over fp16 `F.linear` (share of fp16's weight "
                    "bytes/s, %) / kernels launched per call.",
-    "gemm": "int8 / fp8 GEMMs and W8A8 linears against fp16 cuBLAS, `_int_mm`, `_scaled_mm` and torch.compile, "
-            "median µs of CUDA-graph replays.",
+    "gemm": "int8 / fp8 GEMMs and W8A8 linears against fp16 cuBLAS, `_int_mm`, `_scaled_mm`, torch.compile and, "
+            "in runs where it was installed, gemlite's W8A8 layers, median µs of CUDA-graph replays.",
     "host": "Host cost of one eager call of a linear at M = 1 (weight N x K): µs of host time per call of "
             "back-to-back calls not waited for, and its ratio to `F.linear` fp16 on the same host in the same run; "
             "per scheme the layer (`QuantizedLinear`, after its first call) and the functional op.",
@@ -352,8 +353,9 @@ def _tp(rows: list[dict]) -> list[str]:
 
 def _gemm_targets(rows) -> list[str]:
     """The kernel-gaps issue's W8A8 targets, from graph-replay rows: the FP8 linear against torch.compile'd
-    activation quantization + torch._scaled_mm (>= 1.0x at every M, >= 1.1x at M <= 16), int8 W8A8 against fp16
-    at M = 4096 on the large shapes (>= 1.7x)."""
+    activation quantization + torch._scaled_mm (>= 1.0x at every M, >= 1.1x at M <= 16) and against gemlite's FP8
+    layer (>= 1.0x at every M), int8 W8A8 against gemlite's at decode sizes (>= 1.0x at M <= 16) and against fp16 at
+    M = 4096 on the large shapes (>= 1.7x)."""
     t = {(r["provider"], r["M"], r["N"], r["K"]): r["median_us"] for r in rows if r["mode"] == "graph"}
     lines = []
     ratios = [(t[("torch._scaled_mm fp8 +act quant", M, N, K)] / us, M, f"{N}x{K}")
@@ -366,6 +368,14 @@ def _gemm_targets(rows) -> list[str]:
             lines.append(f"- FP8 linear vs torch.compile quant + `_scaled_mm`, {label}: ≥ {want:.1f}x: "
                          f"{worst[0]:.2f}x at worst (M = {worst[1]}, {worst[2]}) — "
                          f"{'met' if worst[0] >= want else '**not met**'}")
+    for ours, peer, label, sel in (("qkernels w8a8 fp8", "gemlite w8a8 fp8", "every M", lambda m: True),
+                                   ("qkernels w8a8 int8", "gemlite w8a8 int8", "M <= 16", lambda m: m <= 16)):
+        got = [(t[(peer, M, N, K)] / us, M, f"{N}x{K}") for (p, M, N, K), us in t.items()
+               if p == ours and sel(M) and (peer, M, N, K) in t]
+        if got:
+            worst = min(got)
+            lines.append(f"- {ours.split()[-1].upper()} linear vs {peer}, {label}: ≥ 1.0x: {worst[0]:.2f}x at worst "
+                         f"(M = {worst[1]}, {worst[2]}) — {'met' if worst[0] >= 1.0 else '**not met**'}")
     int8 = [(t[("fp16 cuBLAS", M, N, K)] / us, f"{N}x{K}") for (p, M, N, K), us in t.items()
             if p == "qkernels w8a8 int8" and M == 4096 and N * K > 4096 * 4096 and ("fp16 cuBLAS", M, N, K) in t]
     if int8:

@@ -60,8 +60,8 @@ class _TinygemmLinear(torch.nn.Module):
 
     def __init__(self, lin: torch.nn.Linear):
         super().__init__()
-        from .weight_only import _tinygemm
-        self.wp, self.sz, _ = _tinygemm(lin.weight.detach())
+        from .peers import tinygemm
+        self.wp, self.sz, _ = tinygemm(lin.weight.detach())
         self.bias = lin.bias
         self.n = lin.out_features
 

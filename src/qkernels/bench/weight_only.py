@@ -1,5 +1,6 @@
 """`qkernels bench weight-only`: W4A16 / W8A16 linears on Llama-3-8B shapes against fp16 and bf16
-cuBLAS and PyTorch's tinygemm int4 (`aten._weight_int4pack_mm`, bf16, group 128), in one run.
+cuBLAS, PyTorch's tinygemm int4 (`aten._weight_int4pack_mm`, bf16, group 128) and the weight-only peers installed
+(gemlite w4a16 g128 and w8a16, bitsandbytes nf4: bench/peers.py), at every M from decode to prefill, in one run.
 
 Reports GPU time (CUDA-graph replay, L2 flushed; "graph8" for M <= 16: per call of 8 calls on 8 weight
 copies in one graph, as a model's decode graph runs its layers), the plain eager call, the host cost of one call
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 import qkernels as qk
 
 from .harness import Row, format_table, host_us, on_gpu, plot, time_us, write_json
+from .peers import peers, try_tinygemm
 
 SHAPES_GPU = [(4096, 4096), (14336, 4096), (4096, 14336)]   # (N, K)
 MS_GPU = [1, 2, 4, 8, 16, 32, 64, 128, 1024, 4096]
@@ -27,28 +29,6 @@ LAYERS = 8
 LAYERS_MAX_M = 16
 SHAPES_CPU = [(64, 128)]
 MS_CPU = [1, 16]
-
-
-def _tinygemm(w: torch.Tensor, group: int = 128, inner_k_tiles: int = 8):
-    """PyTorch's int4 tinygemm weight (bf16 activations): asymmetric group-wise, packed by aten."""
-    N, K = w.shape
-    wg = w.float().reshape(N, K // group, group)
-    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
-    scale = ((hi - lo) / 15).clamp_min(1e-6)
-    q = torch.clamp(torch.round((wg - lo) / scale), 0, 15).to(torch.int32).reshape(N, K)
-    zero = lo + 8 * scale                      # tinygemm: w = (q - 8) * scale + zero
-    sz = torch.stack([scale.reshape(N, -1).t(), zero.reshape(N, -1).t()], dim=-1).to(torch.bfloat16).contiguous()
-    packed_u8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
-    wp = torch.ops.aten._convert_weight_to_int4pack(packed_u8, inner_k_tiles)
-    return wp, sz, N * K // 2 + sz.numel() * 2
-
-
-def _try_tinygemm(w):
-    try:
-        return _tinygemm(w)
-    except Exception as e:     # an aten build without tinygemm for this GPU
-        print(f"tinygemm unavailable: {type(e).__name__}: {str(e)[:200]}")
-        return None
 
 
 def _copy(v):
@@ -84,6 +64,7 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
     shapes = [(M, N, K) for (N, K) in (SHAPES_GPU if gpu else SHAPES_CPU) for M in (MS_GPU if gpu else MS_CPU)]
     rows: list[Row] = []
     packed = {}
+    missing: list = []
     for M, N, K in shapes:
         if (N, K) not in packed:
             w = torch.randn(N, K, device=dev, dtype=torch.float16) / K ** 0.5
@@ -94,7 +75,15 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
                 w4g64a=qk.PackedWeight.from_float(w, 4, 64, symmetric=False),
                 w4g64s=qk.PackedWeight.from_float(w, 4, 64, symmetric=True),
                 w8=qk.PackedWeight.from_float(w, 8, -1, symmetric=True),
-                tiny=_try_tinygemm(w) if gpu else None)}
+                tiny=try_tinygemm(w) if gpu else None)}
+            if gpu:     # the peers' layers, made from an fp16 linear of the same weight
+                lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16).requires_grad_(False)
+                lin.weight.copy_(w)
+                found, missing = peers(lin, dev, kinds=("w4a16", "w8a16", "nf4"))
+                packed[(N, K)]["makers"] = {name: make for name, (make, _) in found.items()}
+                for name, (make, nbytes) in found.items():
+                    packed[(N, K)][name] = make()
+                    packed[(N, K)][name + " bytes"] = nbytes
         P = packed[(N, K)]
         x = torch.randn(M, K, device=dev, dtype=torch.float16)
         xb = x.bfloat16()
@@ -114,17 +103,26 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
         if gpu:     # the kernels an sm_80 GPU (A100) gets on the same shapes: no wgmma kernel, its tables' fallbacks
             cases.append(("qkernels w4a16 g128 asym, sm_80 paths", "w4g128a", P["w4g128a"].nbytes,
                           lambda w: _as_sm80(qk.w4a16_linear, x, w)))
+        for name in P.get("makers", {}):
+            cases.append((name, name, P[name + " bytes"], lambda layer: layer(x)))
         modes = ("graph", "eager") if gpu else ("eager",)
         if gpu and M <= LAYERS_MAX_M:
             modes = ("graph", "graph8", "eager")
-            layers = P.setdefault("layers", {k: [_copy(P[k]) for _ in range(LAYERS)] for _, k, _, _ in cases})
+            layers = P.setdefault("layers", {k: [P["makers"][k]() if k in P.get("makers", {}) else _copy(P[k])
+                                                 for _ in range(LAYERS)] for _, k, _, _ in cases})
         for prov, key, nbytes, op in cases:
             fn = functools.partial(op, P[key])
             for mode in modes:
-                if mode == "graph8":
-                    us = time_us(_cycling(op, layers[key]), mode="graph", calls=LAYERS, rep_ms=60, warmup_ms=15)
-                else:
-                    us = time_us(fn, mode=mode, rep_ms=60 if mode == "graph" else 30, warmup_ms=15)
+                try:
+                    with torch.inference_mode():
+                        if mode == "graph8":
+                            us = time_us(_cycling(op, layers[key]), mode="graph", calls=LAYERS, rep_ms=60,
+                                         warmup_ms=15)
+                        else:
+                            us = time_us(fn, mode=mode, rep_ms=60 if mode == "graph" else 30, warmup_ms=15)
+                except Exception as e:      # a peer that cannot run this case: say so, go on
+                    print(f"{N}x{K} M={M} {prov} {mode}: failed: {type(e).__name__}: {str(e)[:160]}")
+                    continue
                 extra = {"shape": f"{N}x{K}", "weight_gbps": nbytes / (us * 1e-6) / 1e9, "weight_bytes": nbytes}
                 if mode == "eager" and M == 1 and gpu:
                     extra["host_us"] = host_us(fn)
@@ -139,7 +137,7 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
             r.extra["speedup_vs_fp16"] = base[key] / r.median_us
         if key in tiny:
             r.extra["speedup_vs_tinygemm"] = tiny[key] / r.median_us
-    path = write_json("weight_only", rows, out_root)
+    path = write_json("weight_only", rows, out_root, {"peers_missing": missing if gpu else []})
     print(format_table(rows, ["provider", "mode", "M", "N", "K", "median_us", "weight_gbps", "speedup_vs_fp16",
                               "speedup_vs_tinygemm", "host_us"]))
     print(f"wrote {path}")
