@@ -34,9 +34,9 @@ DESCRIPTIONS = {
             "back-to-back calls not waited for, and its ratio to `F.linear` fp16 on the same host in the same run; "
             "per scheme the layer (`QuantizedLinear`, after its first call) and the functional op.",
     "quantize": "Quantize kernels against torch eager and torch.compile of the reference expression, median µs of "
-                "CUDA-graph replays (in runs from 2026-11-25 on, every provider in a graph and L2-hot rows for the "
-                "seed sizes that fit in half the L2: back-to-back calls on the same tensors; the JSON also holds "
-                "eager timings, each compared only with its own kind).",
+                "CUDA-graph replays, with L2-hot rows for the seed sizes that fit in half the L2 (back-to-back calls "
+                "on the same tensors); the JSON also holds eager timings, each compared only with its own kind. "
+                "(A file from an earlier version of this benchmark timed only ours in a graph.)",
     "fused": "Fused RMSNorm / LayerNorm / SwiGLU / softmax against torch eager and torch.compile, median µs of "
              "CUDA-graph replays.",
     "model": "Hugging Face decoders with `quantize_` per scheme (prefill, graph-captured decode, memory).",
