@@ -51,7 +51,10 @@ CANDIDATES = {
 GEMV = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=1024)
         for bn, bk, w, sp in [(2, 2048, 2, 4), (2, 1024, 1, 4), (2, 1024, 2, 4), (4, 2048, 4, 4), (4, 1024, 2, 4),
                               (8, 2048, 8, 1), (2, 4096, 2, 1), (4, 512, 2, 1)]]
-CANDIDATES["1"] = GEMV
+# beside them the tensor-core tile kernel with K split (x's row padded to a 16-row tile: few instructions per weight,
+# which the fp8 GEMV's decode to fp32 is not)
+CANDIDATES["1"] = GEMV + [S(C(16, 64, 256, 4, 4), 4, 264), S(C(16, 64, 512, 4, 3), 8, 528),
+                          S(C(16, 32, 256, 4, 4), 4, 528), S(C(16, 128, 128, 4, 4), 8, 528)]
 # the W8A8 linear at M = 1: x is quantized per step in every program (amortized over BLOCK_N rows) and each program
 # reads the row's absmax over all of K first, so wider row blocks and fewer slices than the plain GEMV's
 FUSED = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp)
@@ -154,8 +157,9 @@ for kind in args.kinds:
         cands = CANDIDATES[bucket]
         if kind in W8A8_KINDS:
             cands = FUSED + [QUANTIZE]
-        elif bucket == "1":
-            cands = [dict(c, fallback=table[kind].get("16") or configs.DEFAULT_GEMM["16"]) for c in cands]
+        elif bucket == "1":      # a GEMV config carries a tile config for the calls the GEMV does not take
+            cands = [dict(c, fallback=table[kind].get("16") or configs.DEFAULT_GEMM["16"]) if c.get("path") == "gemv"
+                     else c for c in cands]
         best = None
         results = []     # (times, cfg); times ordered M-major over the bucket's shapes
 
