@@ -37,7 +37,9 @@ INTERPRETER_WEIGHT_ONLY = {
     "64": dict(path="mm", BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, GROUP_N=4, num_warps=4, num_stages=1),
     "65536": dict(path="dequant", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
 }
-_INTERPRETER_MMA = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
+# the tile kernel, K split in two whenever it spans two steps (so the CPU suite runs the split-K fix-up everywhere)
+_INTERPRETER_MMA = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1, SPLIT_K=2,
+                        MIN_PROGRAMS=1 << 30)
 # M = 1: the int8 / fp8 GEMV, K split whenever it spans two steps (int4 runs its fallback)
 INTERPRETER_GEMM = {"1": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=1 << 30,
                               fallback=_INTERPRETER_MMA),
