@@ -3,9 +3,9 @@ into src/qkernels/configs/<gpu>.json ("w4a16" / "w8a16"). Each candidate is time
 replay on the three Llama-3-8B shapes; the score is the geometric mean of time / best time per shape.
 Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]
 
---chain (decode buckets, M <= 16): each candidate is timed as a decode step runs it instead, on Llama-3-8B's
-decode shapes, separate (a Hugging Face model's) and merged (the runtime's): one CUDA graph calling it
-on weight copies spanning >= 256 MB (bench.decode_gemv's method: no weight is in L2 when its call runs,
+--chain (decode buckets, M <= 64: batched decode included): each candidate is timed as a decode step runs it
+instead, on Llama-3-8B's decode shapes, separate (a Hugging Face model's) and merged (the runtime's): one CUDA graph
+calling it on weight copies spanning >= 256 MB (bench.decode_gemv's method: no weight is in L2 when its call runs,
 and a call overlaps the previous one's tail under programmatic dependent launch). One-call graphs time a
 cold start after an L2 flush and pick other configs there."""
 import argparse
@@ -36,9 +36,11 @@ def gemv(bn, bk, w, s, min_programs=0):
     return c if not min_programs else dict(c, SPLIT_K=4, MIN_PROGRAMS=min_programs)
 
 
-def mm(bm, bn, bk, w, s, g=8, split=1):
+def mm(bm, bn, bk, w, s, g=8, split=1, min_programs=None):
+    """split > 1: K split `split` ways, or with min_programs only while the grid has fewer tiles than that."""
     c = dict(path="mm", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=g, num_warps=w, num_stages=s)
-    return c if split == 1 else dict(c, SPLIT_K=split)
+    c = c if split == 1 else dict(c, SPLIT_K=split)
+    return c if min_programs is None or split == 1 else dict(c, MIN_PROGRAMS=min_programs)
 
 
 def tc(bn, bm, w, split=1, min_programs=0, stages=1):
@@ -112,6 +114,9 @@ def candidates(m: int) -> list[dict]:
     if m <= 32:
         bms = [8] if m <= 8 else [m // 2, m]     # M = 16 as two 8-row blocks (weights re-read from L2) or one
         c += [mm(bm, bn, bk, w, s, split=sp) for bm in bms for bn, bk, w, s in small_mm for sp in (1, 2, 4, 8)]
+        # one config for few-tile and many-tile weights (4096 x 14336 and the 28672-row gate|up): split while the
+        # grid has fewer than two tiles per SM
+        c += [mm(bm, bn, bk, w, s, split=8, min_programs=264) for bm in bms for bn, bk, w, s in small_mm]
     elif m <= 64:
         c += [mm(64, bn, bk, 4, s) for bn, bk, s in itertools.product((64, 128), (64, 128), (3, 4, 5))]
         c += [mm(64, bn, bk, w, s, split=sp) for bn, bk, w, s in [(64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 8, 3),
@@ -182,10 +187,11 @@ def main():
     ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
     ap.add_argument("--paths", nargs="+", help="only candidates of these paths (and the table's current config)")
     ap.add_argument("--chain", action="store_true",
-                    help="decode buckets (M <= 16) timed over weight copies as a decode step runs them (above)")
+                    help="decode buckets (M <= 64: batched decode too) timed over weight copies as a decode step runs "
+                         "them (above)")
     args = ap.parse_args()
-    if args.chain and (args.from_log or max(args.buckets) > 16):
-        ap.error("--chain times decode buckets (--buckets of 16 or less) and cannot replay logs (--from-log)")
+    if args.chain and (args.from_log or max(args.buckets) > 64):
+        ap.error("--chain times decode buckets (--buckets of 64 or less) and cannot replay logs (--from-log)")
     shapes = CHAIN_SHAPES if args.chain else SHAPES
     if args.from_log:
         path = Path(configs.__file__).parent / f"{args.gpu}.json"
