@@ -1,9 +1,10 @@
 """Integer / FP8 GEMM launchers with fused dequant + bias + activation epilogues, and the W8A8 linear.
 
 The per-GPU table (configs/<gpu>.json) picks per M bucket: tile sizes for kernels/_gemm._scaled_mm_kernel (with
-"SPLIT_K" / "MIN_PROGRAMS", K split inside the kernel where the grid has few tiles: small M), "path": "gemv" (the 8-bit GEMV, decode), for int8 on Hopper "path": "wg" (kernels/_gemm_wg.py: TMA ring and
-wgmma kept in flight, prefill sizes) or, for FP8 where cuBLAS is measured faster, "path": "cublas"
-(torch._scaled_mm with rowwise scales); each carries a "fallback" tile config for calls it does not take.
+"SPLIT_K" / "MIN_PROGRAMS": K split inside the kernel where the grid has few tiles, at small M), "path": "gemv"
+(the 8-bit GEMV, decode), for int8 on Hopper "path": "wg" (kernels/_gemm_wg.py: TMA ring and wgmma kept in
+flight, prefill sizes) or, for FP8 where cuBLAS is measured faster, "path": "cublas" (torch._scaled_mm with
+rowwise scales); each carries a "fallback" tile config for calls it does not take.
 
 Kernels: kernels/_gemm.py, kernels/_gemm_wg.py. Reference: reference.scaled_mm / int_mm / int4_mm / w8a8_linear.
 """
