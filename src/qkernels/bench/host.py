@@ -3,8 +3,9 @@ a user calls it: the layer (`QuantizedLinear`, what `quantize_` puts in a model)
 `F.linear` and `nn.Linear` in fp16 on the same host, in the same run.
 
 Method: wall time per call of 100 back-to-back eager calls that are not waited for (harness.host_us: median over
-20 such batches), after a first call (which records the layer's eager plan: ops/_eager.py). Weight 4096 x 4096,
-x [1, 4096] fp16 (the layer gets [1, 1, 4096], as a decoder passes it). The GPU's own time per call is not in it.
+20 such batches), after a first call (which records the layer's eager plan: ops/_eager.py), under
+torch.inference_mode. Weight 4096 x 4096, x [1, 4096] fp16 (the layer gets [1, 1, 4096], as a decoder passes it).
+The GPU's own time per call is not in it.
 """
 from __future__ import annotations
 
@@ -54,9 +55,10 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
     N = K = 4096 if gpu else 128
     timing = {} if gpu else {"batch": 1, "batches": 3}     # the interpreter: a few calls show the path works
     rows = []
-    for prov, (scheme, fn) in cases(dev, N, K).items():
-        rows.append(Row("linear_host", prov, host_us(fn, **timing), "eager", {"M": 1, "N": N, "K": K},
-                        {"scheme": scheme}))
+    with torch.inference_mode():       # as inference runs: no autograd bookkeeping in any provider's call
+        for prov, (scheme, fn) in cases(dev, N, K).items():
+            rows.append(Row("linear_host", prov, host_us(fn, **timing), "eager", {"M": 1, "N": N, "K": K},
+                            {"scheme": scheme}))
     base = next(r.median_us for r in rows if r.provider == BASELINE)
     for r in rows:
         r.extra["x_F.linear"] = r.median_us / base

@@ -125,7 +125,8 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
                     continue
                 extra = {"shape": f"{N}x{K}", "weight_gbps": nbytes / (us * 1e-6) / 1e9, "weight_bytes": nbytes}
                 if mode == "eager" and M == 1 and gpu:
-                    extra["host_us"] = host_us(fn)
+                    with torch.inference_mode():
+                        extra["host_us"] = host_us(fn)
                 rows.append(Row("weight_only_linear", prov, us, mode, {"M": M, "N": N, "K": K}, extra))
         del x, xb
     base = {(r.sizes["M"], r.sizes["N"], r.sizes["K"], r.mode): r.median_us for r in rows if r.provider == "fp16 cuBLAS"}
