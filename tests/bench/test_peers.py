@@ -1,0 +1,43 @@
+"""bench/peers.py: which peers a run gets (gemlite's classes stood in for by fakes, bitsandbytes absent), the kinds
+filter the weight-only and gemm benches ask with, and the missing ones named."""
+import sys
+import types
+
+import torch
+
+from qkernels.bench import peers as P
+
+
+class _Fake:
+    def __init__(self, device):
+        self.device = device
+
+    def from_linear(self, lin):
+        return ("layer", type(self).__name__, tuple(lin.weight.shape))
+
+    def from_weights(self, codes, scales, zeros):
+        return ("layer", type(self).__name__, tuple(codes.shape), tuple(scales.shape), tuple(zeros.shape))
+
+
+def test_peers_named_filtered_and_missing(monkeypatch):
+    helper = types.ModuleType("gemlite.helper")
+    for name in ("A16W4_HQQ_INT", "A16W8_INT8", "A8W8_int8_dynamic", "A8W8_fp8_dynamic"):
+        setattr(helper, name, type(name, (_Fake,), {}))
+    monkeypatch.setitem(sys.modules, "gemlite", types.ModuleType("gemlite"))
+    monkeypatch.setitem(sys.modules, "gemlite.helper", helper)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)          # import fails: reported missing
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    lin = torch.nn.Linear(256, 64, bias=False, dtype=torch.float16)
+    found, missing = P.peers(lin, torch.device("cpu"))
+    assert list(found) == ["gemlite w4a16 g128", "gemlite w8a16", "gemlite w8a8 int8", "gemlite w8a8 fp8"]
+    assert missing == ["bitsandbytes: not installed"]
+    make, nbytes = found["gemlite w4a16 g128"]
+    assert nbytes == 64 * 256 // 2 + 4 * 64 * 2                    # codes + fp16 scale and zero per group of 128
+    assert make() == ("layer", "A16W4_HQQ_INT", (64, 256), (64, 2), (64, 2))
+    assert found["gemlite w8a8 fp8"][0]() == ("layer", "A8W8_fp8_dynamic", (64, 256))
+    weight_only, _ = P.peers(lin, torch.device("cpu"), kinds=("w4a16", "w8a16", "nf4"))
+    assert list(weight_only) == ["gemlite w4a16 g128", "gemlite w8a16"]
+    w8a8, _ = P.peers(lin, torch.device("cpu"), kinds=("w8a8",))
+    assert list(w8a8) == ["gemlite w8a8 int8", "gemlite w8a8 fp8"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))      # no FP8 tensor cores
+    assert "gemlite w8a8 fp8" not in P.peers(lin, torch.device("cpu"))[0]
