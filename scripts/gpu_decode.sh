@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Decode-size work on one GPU in one call (under 10 minutes on an H100 / H200): the GEMM and weight-only GPU tests
+# of the decode paths, the M <= 16 GEMM sweep (tile configs with K split against the 8-bit GEMV), the weight-only
+# decode-chain sweep of the buckets named in WO_BUCKETS, then the decode-GEMV and host-cost benchmarks with the new
+# tables. Usage: scripts/gpu_decode.sh OUTDIR   (SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip steps;
+# WO_BUCKETS="16 32" and WO_BUDGET_S=150 by default; DECODE_MODELS=llama3-8b)
+# Writes OUTDIR/decode.log (everything), OUTDIR/<gpu>.json (the config table after the sweeps) and
+# OUTDIR/<gpu>/{decode_gemv,host}.json.
+set -uo pipefail
+OUT=${1:?usage: scripts/gpu_decode.sh OUTDIR}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+LOG="$OUT/decode.log"
+if compgen -G ".whl/*.whl" > /dev/null; then      # the peers (gemlite, bitsandbytes), carried as wheels (README)
+  python3 -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -2
+fi
+python3 -m qkernels.cli env 2>&1 | tee "$LOG"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
+  python3 -m pytest tests/ops/test_gemm.py tests/ops/test_weight_only.py tests/bench/test_peers.py -q \
+    -p no:cacheprovider $WORKERS 2>&1 | tee -a "$LOG" | tail -8
+fi
+if [ -z "${SKIP_TUNE:-}" ]; then
+  python3 scripts/tune_gemm.py --kinds int8 fp8 --buckets 16 1 2>&1 | tee -a "$LOG" | grep -E "==>|failed" | head -40
+  python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16 32} \
+    --budget-s "${WO_BUDGET_S:-150}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
+  cp src/qkernels/configs/"$(python3 -c 'import torch; from qkernels._runtime import gpu_slug, device_name;
+print(gpu_slug(device_name(torch.device("cuda"))))')".json "$OUT/"
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  python3 -m qkernels.cli bench decode-gemv --models "${DECODE_MODELS:-llama3-8b}" --out "$OUT" 2>&1 \
+    | tee -a "$LOG" | tail -3
+  python3 -m qkernels.cli bench host --out "$OUT" 2>&1 | tee -a "$LOG" | tail -14
+fi
