@@ -3,7 +3,8 @@
 # of the decode paths, the M <= 16 GEMM sweep (tile configs with K split against the 8-bit GEMV), the weight-only
 # decode-chain sweep of the buckets named in WO_BUCKETS, then the decode-GEMV and host-cost benchmarks with the new
 # tables. Usage: scripts/gpu_decode.sh OUTDIR   (SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip steps;
-# WO_BUCKETS="16" and WO_BUDGET_S=100 by default: "16 32" for batched decode too; DECODE_MODELS=llama3-8b)
+# WO_BUCKETS="16", WO_PATHS="gvt" (with the table's current configs) and WO_BUDGET_S=100 by default: WO_BUCKETS="16 32"
+# WO_PATHS="gvt mm wg tc" for batched decode too, if the call has the time; DECODE_MODELS=llama3-8b)
 # Writes OUTDIR/decode.log (everything), OUTDIR/<gpu>.json (the config table after the sweeps) and
 # OUTDIR/<gpu>/{decode_gemv,host}.json.
 set -uo pipefail
@@ -23,7 +24,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then
   python3 scripts/tune_gemm.py --kinds int8 fp8 --buckets 16 1 2>&1 | tee -a "$LOG" | grep -E "==>|failed" | head -40
-  python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} \
+  python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
     --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
   cp src/qkernels/configs/"$(python3 -c 'import torch; from qkernels._runtime import gpu_slug, device_name;
 print(gpu_slug(device_name(torch.device("cuda"))))')".json "$OUT/"
