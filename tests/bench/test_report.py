@@ -114,3 +114,13 @@ def test_ppl_targets_group_calibrated_methods_by_group_size():
     assert "- w4a16-g32 (best calibrated method) ≤ +6%: +7.50% (w4a16-g32-awq+gptq-act) — not met" in targets
     assert "- w4a16-g128 ≤ +8%: +8.20% (w4a16-g128) — not met" in targets
     assert not any(ln.startswith("- w4a16 ") for ln in targets)      # no group keyed on the bare scheme
+
+
+def test_targets_at_a_glance_count_and_list_the_missed():
+    body = ["## gemm — H100 (`results/h100/gemm.json`)", "", "- a: 1.2x — met", "- b: 0.9x — **not met**",
+            "## ppl — cpu (`results/cpu/ppl.json`)", "- c ≤ +2%: +3% (c) — not met", "- d ≤ +8%: +1% (d) — met",
+            "- a plain list item, no target"]
+    text = "\n".join(report._summary(body))
+    assert "| gemm — H100 | 1 | 2 |" in text and "| ppl — cpu | 1 | 2 |" in text
+    assert "- gemm — H100: b: 0.9x — not met" in text and "- ppl — cpu: c ≤ +2%: +3% (c) — not met" in text
+    assert "a: 1.2x" not in text and report._summary(["## x — cpu", "- no targets here"]) == []

@@ -331,7 +331,28 @@ def build(results: Path) -> str:
                 out += _gemm_targets(d["rows"])
             elif name == "weight_only":
                 out += _weight_only_targets(d["rows"])
+    out[4:4] = _summary(out[4:])
     return "\n".join(out).rstrip() + "\n"
+
+
+def _summary(body: list[str]) -> list[str]:
+    """The target lines of the sections in `body` at a glance: per results file, how many are met, then every one
+    not met with the file it comes from."""
+    counts, missed, section = {}, [], ""
+    for line in body:
+        if line.startswith("## "):
+            section = line[3:].split(" (`")[0]
+        elif line.startswith("- ") and line.endswith(("— met", "— **not met**", "— not met")):
+            ok = line.endswith("— met")
+            met, n = counts.get(section, (0, 0))
+            counts[section] = (met + ok, n + 1)
+            if not ok:
+                missed.append(f"- {section}: {line[2:].replace('**', '')}")
+    if not counts:
+        return []
+    return (["## Targets at a glance", ""] + _table(["results", "met", "targets"], [[s, m, n] for s, (m, n) in
+                                                                                   counts.items()])
+            + ["", "Not met:", ""] + missed + [""])
 
 
 def _tp(rows: list[dict]) -> list[str]:
