@@ -385,20 +385,13 @@ def _gemm_targets(rows) -> list[str]:
               for (p, M, N, K), us in t.items() if p == "qkernels w8a8 fp8"
               and ("torch._scaled_mm fp8 +act quant", M, N, K) in t]
     for label, sel, want in (("every M", lambda m: True, 1.0), ("M <= 16", lambda m: m <= 16, 1.1)):
-        got = [r for r in ratios if sel(r[1])]
-        if got:
-            worst = min(got)
-            lines.append(f"- FP8 linear vs torch.compile quant + `_scaled_mm`, {label}: ≥ {want:.1f}x: "
-                         f"{worst[0]:.2f}x at worst (M = {worst[1]}, {worst[2]}) — "
-                         f"{'met' if worst[0] >= want else '**not met**'}")
+        lines += _worst_line(f"FP8 linear vs torch.compile quant + `_scaled_mm`, {label}",
+                             [r for r in ratios if sel(r[1])], want)
     for ours, peer, label, sel in (("qkernels w8a8 fp8", "gemlite w8a8 fp8", "every M", lambda m: True),
                                    ("qkernels w8a8 int8", "gemlite w8a8 int8", "M <= 16", lambda m: m <= 16)):
-        got = [(t[(peer, M, N, K)] / us, M, f"{N}x{K}") for (p, M, N, K), us in t.items()
-               if p == ours and sel(M) and (peer, M, N, K) in t]
-        if got:
-            worst = min(got)
-            lines.append(f"- {ours.split()[-1].upper()} linear vs {peer}, {label}: ≥ 1.0x: {worst[0]:.2f}x at worst "
-                         f"(M = {worst[1]}, {worst[2]}) — {'met' if worst[0] >= 1.0 else '**not met**'}")
+        lines += _worst_line(f"{ours.split()[-1].upper()} linear vs {peer}, {label}",
+                             [(t[(peer, M, N, K)] / us, M, f"{N}x{K}") for (p, M, N, K), us in t.items()
+                              if p == ours and sel(M) and (peer, M, N, K) in t], 1.0)
     int8 = [(t[("fp16 cuBLAS", M, N, K)] / us, f"{N}x{K}") for (p, M, N, K), us in t.items()
             if p == "qkernels w8a8 int8" and M == 4096 and N * K > 4096 * 4096 and ("fp16 cuBLAS", M, N, K) in t]
     if int8:
@@ -415,13 +408,19 @@ def _weight_only_targets(rows) -> list[str]:
     t = {(r["provider"], r["M"], r["shape"]): r["median_us"] for r in rows if r["mode"] == "graph"}
     lines = []
     for prov, label in (("qkernels w4a16 g128 asym", "W4A16 g128"), ("qkernels w8a16 per-channel", "W8A16")):
-        got = [(t[("fp16 cuBLAS", M, shape)] / us, M, shape) for (p, M, shape), us in t.items()
-               if p == prov and M >= 128 and ("fp16 cuBLAS", M, shape) in t]
-        if got:
-            worst = min(got)
-            lines.append(f"- {label} vs fp16 at every M ≥ 128: ≥ 1.0x: {worst[0]:.2f}x at worst (M = {worst[1]}, "
-                         f"{worst[2]}) — {'met' if worst[0] >= 1.0 else '**not met**'}")
+        lines += _worst_line(f"{label} vs fp16 at every M ≥ 128",
+                             [(t[("fp16 cuBLAS", M, shape)] / us, M, shape) for (p, M, shape), us in t.items()
+                              if p == prov and M >= 128 and ("fp16 cuBLAS", M, shape) in t], 1.0)
     return lines + [""]
+
+
+def _worst_line(what: str, got: list, want: float) -> list[str]:
+    """A target line for the worst of `got` [(ratio, M, shape)] against `want`; none without rows."""
+    if not got:
+        return []
+    ratio, M, shape = min(got)
+    return [f"- {what}: ≥ {want:.1f}x: {ratio:.2f}x at worst (M = {M}, {shape}) — "
+            f"{'met' if ratio >= want else '**not met**'}"]
 
 
 def run(root="benchmarks/results", out: str | None = None) -> Path:
