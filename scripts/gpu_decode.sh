@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Decode-size work on one GPU in one call (under 10 minutes on an H100 / H200): the GEMM and weight-only GPU tests
 # of the decode paths, the M <= 16 GEMM sweep (tile configs with K split against the 8-bit GEMV), the weight-only
-# decode-chain sweep of the buckets named in WO_BUCKETS, then the decode-GEMV and host-cost benchmarks with the new
-# tables. Usage: scripts/gpu_decode.sh OUTDIR   (SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip steps;
-# WO_BUCKETS="16", WO_PATHS="gvt" (with the table's current configs) and WO_BUDGET_S=100 by default: WO_BUCKETS="16 32"
-# WO_PATHS="gvt mm wg tc" for batched decode too, if the call has the time; DECODE_MODELS=llama3-8b)
+# decode-chain sweep, then the decode-GEMV and host-cost benchmarks with the new tables.
+# Usage: scripts/gpu_decode.sh OUTDIR
+#   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step;
+#   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100): the
+#   weight-only sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
+#   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too): the decode-GEMV rows measured, merged into the committed file.
 # Writes OUTDIR/decode.log (everything), OUTDIR/<gpu>.json (the config table after the sweeps) and
-# OUTDIR/<gpu>/{decode_gemv,host}.json.
+# OUTDIR/<gpu>/{decode_gemv,host}.json (benchmarks/results/<gpu>/'s, the new rows merged in).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_decode.sh OUTDIR}
 mkdir -p "$OUT"
@@ -17,6 +19,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then      # the peers (gemlite, bitsandb
   python3 -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -2
 fi
 python3 -m qkernels.cli env 2>&1 | tee "$LOG"
+SLUG=$(python3 -c 'import torch; from qkernels._runtime import gpu_slug, device_name
+print(gpu_slug(device_name(torch.device("cuda"))))')
 if [ -z "${SKIP_TESTS:-}" ]; then
   WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
   python3 -m pytest tests/ops/test_gemm.py tests/ops/test_weight_only.py tests/bench/test_peers.py -q \
@@ -26,11 +30,13 @@ if [ -z "${SKIP_TUNE:-}" ]; then
   python3 scripts/tune_gemm.py --kinds int8 fp8 --buckets 16 1 2>&1 | tee -a "$LOG" | grep -E "==>|failed" | head -40
   python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
     --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
-  cp src/qkernels/configs/"$(python3 -c 'import torch; from qkernels._runtime import gpu_slug, device_name;
-print(gpu_slug(device_name(torch.device("cuda"))))')".json "$OUT/"
+  cp "src/qkernels/configs/$SLUG.json" "$OUT/"
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
-  python3 -m qkernels.cli bench decode-gemv --models "${DECODE_MODELS:-llama3-8b}" --out "$OUT" 2>&1 \
+  # into the working tree's results, so the rows of the models named replace theirs and the others stay
+  python3 -m qkernels.cli bench decode-gemv --models "${DECODE_MODELS:-llama3-8b}" --out benchmarks/results 2>&1 \
     | tee -a "$LOG" | tail -3
-  python3 -m qkernels.cli bench host --out "$OUT" 2>&1 | tee -a "$LOG" | tail -14
+  python3 -m qkernels.cli bench host --out benchmarks/results 2>&1 | tee -a "$LOG" | tail -14
+  mkdir -p "$OUT/$SLUG"
+  cp "benchmarks/results/$SLUG/decode_gemv.json" "benchmarks/results/$SLUG/host.json" "$OUT/$SLUG/"
 fi
