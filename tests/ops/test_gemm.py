@@ -164,9 +164,12 @@ def test_tile_kernel_split_k(M, N, K, split, min_programs):
         assert_bit_exact(again, got, f"int8 {name}, second call")
     ap = qk.pack_int4(torch.randint(-8, 8, (M, K), dtype=torch.int8, device=DEVICE))
     bp = qk.pack_int4(torch.randint(-8, 8, (N, K), dtype=torch.int8, device=DEVICE))
-    with G.use_config(cfg), qk.poison_outputs():
+    with G.use_config(dict(cfg, BLOCK_K=64)), qk.poison_outputs():     # int4: 32-byte K steps at least
         got4 = qk.int4_matmul(ap, bp, K)
     assert_bit_exact(got4, ref.int4_mm(ap, bp), "int4 product")
+    if ON_GPU:   # the GPU's int8 dots take 32 bytes of K at least: a clear error, not a compile failure
+        with G.use_config(cfg), pytest.raises(ValueError, match="BLOCK_K >= 64"):
+            qk.int4_matmul(ap, bp, K)
     if ON_GPU and torch.cuda.get_device_capability() < (8, 9):
         return
     af = (torch.randn(M, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)

@@ -102,6 +102,8 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
         if kind == "int8" and cdiv(K, cfg["BLOCK_K"]) >= cfg["STAGES"] - 1 and _wg_ok(a2, b, c, act):
             return _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg)
         cfg = cfg["fallback"]
+    if kind == "int4" and cfg["BLOCK_K"] < 64 and not is_interpreter():   # two codes a byte: 32-byte int8 dots
+        raise ValueError(f"an int4 GEMM config needs BLOCK_K >= 64, got {cfg['BLOCK_K']} ({cfg!r})")
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     tile_cfg, split = _tile_plan(cfg, M, N, K)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
