@@ -38,6 +38,42 @@ def test_int8_exact_real_sizes(M, N, K):
     assert_bit_exact(qk.int8_matmul(a, w.t()), ref.int_mm(a, w.t()))
 
 
+def _gemm_table_entries():
+    """(kind, key, config) of every int8 / fp8 entry of this GPU's shipped table (none off a GPU or without one)."""
+    if not ON_GPU:
+        return []
+    from qkernels import configs
+    from qkernels._runtime import device_name, gpu_slug
+    table = configs.load(gpu_slug(device_name(torch.device(DEVICE))))
+    return [(kind, key, cfg) for kind in ("int8", "fp8") for key, cfg in (table.get(kind) or {}).items()]
+
+
+@gpu
+@pytest.mark.parametrize("kind,key,cfg", _gemm_table_entries(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_shipped_gemm_config(kind, key, cfg):
+    """Each int8 / fp8 entry of this GPU's table (and its fallback) at its bucket's M on the shape it was tuned for (a
+    shape override's N x K; 4096 x 4096 for a bucket), as the dispatch runs it: int8 bit-exact, fp8 to fp32
+    rounding."""
+    from qkernels.ops import gemm as G
+    bucket, *shape = key.split(":")
+    N, K = (int(shape[0][1:]), int(shape[1][1:])) if shape else (4096, 4096)
+    M = max(1, int(bucket) // 2 + 1)
+    sa, sb = torch.rand(M, device=DEVICE) * 0.01 + 1e-3, torch.rand(N, device=DEVICE) * 0.01 + 1e-3
+    if kind == "int8":
+        a, w = _i8(M, K), _i8(N, K)
+        want = ref.int_mm(a, w.t())
+    else:
+        a = (torch.randn(M, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+        w = (torch.randn(N, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+        want = ref.scaled_mm(a.float(), w.t().float(), sa, sb, 1.0, None, None, torch.float64)
+    for c in [cfg] + ([cfg["fallback"]] if "fallback" in cfg else []):
+        with G.use_config(c), qk.poison_outputs():
+            if kind == "int8":
+                assert_bit_exact(qk.int8_matmul(a, w.t()), want, f"{key} {c}")
+            else:
+                assert rel_err(qk.fp8_matmul(a, w.t(), sa, sb, out_dtype=torch.float16), want) < 2e-3, f"{key} {c}"
+
+
 def test_empty_k():
     """K = 0: the product is zero; the epilogue (bias, activation) still applies."""
     a, w = _i8(5, 0), _i8(7, 0)
