@@ -163,6 +163,8 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
                 del ws
                 if gpu:
                     torch.cuda.empty_cache()
+        # the rows so far (kernel counts still NaN), merged in: a job cut off keeps its finished models
+        _write(rows, missing, gpu, read_results("decode_gemv", out_root), grid, out_root, upto=model)
     # kernels per call, after every timing: a profiler session must not run before a timed one
     for row, make, prov, x, xb in to_count:
         try:
@@ -172,12 +174,20 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
             print(f"{row.sizes['shape']} M={row.sizes['M']} {prov}: kernel count failed: {type(e).__name__}: {e}")
             continue
         print(f"{row.sizes['shape']} M={row.sizes['M']:2d} {prov:26s} {row.extra['kernels_per_call']:.0f} kernels")
+    _write(rows, missing, gpu, prev, grid, out_root)
+    return rows
+
+
+def _write(rows: list, missing: list, gpu: bool, prev, grid: dict, out_root: str, upto: str | None = None):
+    """The results file: `rows`, with the layers measured replacing theirs in `prev` (the GPU's earlier results;
+    the others kept), or alone without `prev`. upto: only the models of the grid up to this one are measured yet."""
     meta = {"peers_missing": missing, "span_bytes": SPAN,
             "method": method_text(__doc__, gpu, "tiny shape")}
     doc = results_doc(rows, meta)
-    if prev:        # the layers measured here replace theirs in the GPU's earlier results; the others kept
-        done = {(m, f"{n}x{k}") for m, v in grid.items() for n, k, _ in v}
+    if prev:
+        names = list(grid)
+        measured = names[:names.index(upto) + 1] if upto else names
+        done = {(m, f"{n}x{k}") for m in measured for n, k, _ in grid[m]}
         doc = merge_results(prev, doc, lambda r: (r.get("model"), r.get("shape")) in done)
     path = write_json("decode_gemv", doc, out_root)
     print(f"wrote {path}")
-    return rows
