@@ -55,6 +55,17 @@ def test_decode_gemv_table_and_targets(tmp_path):
     text = report.build(root)
     assert "Rows of 4096x4096: from the run of 2025-12-30 08:15 UTC (torch 2.w, Triton 3.y)" in text
     assert "Rows of 6144x4096" not in text
+    assert "not measured" not in text
+
+
+def test_missing_peers_count_as_targets_not_measured(tmp_path):
+    """A run without a peer installed says so as a target line, and the summary lists it among those not met."""
+    root = tmp_path / "results"
+    _write(root, "h100", "decode_gemv", [], peers_missing=["gemlite: not installed"])
+    text = report.build(root)
+    assert "- the targets against gemlite: not installed: not in this run — **not measured**" in text
+    assert "| decode_gemv — GPU X | 0 | 1 |" in text
+    assert "- decode_gemv — GPU X: the targets against gemlite: not installed: not in this run — not measured" in text
 
 
 def test_gemm_targets_from_graph_rows():

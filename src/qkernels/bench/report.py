@@ -302,6 +302,8 @@ def build(results: Path) -> str:
         out += [f"## {name} — {d.get('gpu')} (`{f.relative_to(results.parent)}`)", "",
                 f"torch {d.get('torch')}, Triton {d.get('triton')}, {str(d.get('date', ''))[:10]}. "
                 + DESCRIPTIONS.get(name, ""), ""]
+        if d.get("peers_missing"):      # a peer absent from the machine: its targets are not judged by this run
+            out += [f"- the targets against {', '.join(d['peers_missing'])}: not in this run — **not measured**", ""]
         if name == "runtime":
             out += _runtime(d)
         elif name == "tp":
@@ -337,12 +339,12 @@ def build(results: Path) -> str:
 
 def _summary(body: list[str]) -> list[str]:
     """The target lines of the sections in `body` at a glance: per results file, how many are met, then every one
-    not met with the file it comes from."""
+    not met (or not measured: a peer missing from the run) with the file it comes from."""
     counts, missed, section = {}, [], ""
     for line in body:
         if line.startswith("## "):
             section = line[3:].split(" (`")[0]
-        elif line.startswith("- ") and line.endswith(("— met", "— **not met**", "— not met")):
+        elif line.startswith("- ") and line.endswith(("— met", "— **not met**", "— not met", "— **not measured**")):
             ok = line.endswith("— met")
             met, n = counts.get(section, (0, 0))
             counts[section] = (met + ok, n + 1)
