@@ -8,7 +8,7 @@ shift
 BENCHES=${*:-all}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/_gpu_env.sh    # PYTHONPATH, the carried wheels, the compiled-kernel cache
 python3 -m qkernels.cli env 2>&1 | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >> "$OUT/env.txt" 2>&1
 if [ -z "${SKIP_TESTS:-}" ]; then

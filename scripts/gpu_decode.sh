@@ -13,11 +13,8 @@ set -uo pipefail
 OUT=${1:?usage: scripts/gpu_decode.sh OUTDIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/_gpu_env.sh    # PYTHONPATH, the carried wheels, the compiled-kernel cache
 LOG="$OUT/decode.log"
-if compgen -G ".whl/*.whl" > /dev/null; then      # the peers (gemlite, bitsandbytes), carried as wheels (README)
-  python3 -m pip install -q --no-deps --no-index .whl/*.whl 2>&1 | tail -2
-fi
 python3 -m qkernels.cli env 2>&1 | tee "$LOG"
 SLUG=$(python3 -c 'import torch; from qkernels._runtime import gpu_slug, device_name
 print(gpu_slug(device_name(torch.device("cuda"))))')

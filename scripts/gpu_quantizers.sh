@@ -7,7 +7,7 @@ OUT=${1:?usage: scripts/gpu_quantizers.sh OUTDIR [bench args...]}
 shift
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/_gpu_env.sh    # PYTHONPATH, the carried wheels, the compiled-kernel cache
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest tests/nn tests/models tests/ops/test_attention.py tests/reliability/test_compile_graphs.py \
     tests/test_cli_generate.py -q -p no:cacheprovider -n 8 2>&1 | tee "$OUT/tests_quantizers.log" | tail -15

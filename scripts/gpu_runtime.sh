@@ -6,7 +6,7 @@ OUT=${1:?usage: scripts/gpu_runtime.sh OUTDIR [bench args...]}
 shift
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/_gpu_env.sh    # PYTHONPATH, the carried wheels, the compiled-kernel cache
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest tests/ops/test_attention.py tests/models -q -p no:cacheprovider -n 4 2>&1 \
     | tee "$OUT/tests_runtime.log" | tail -15

@@ -11,7 +11,7 @@ WO_S=${3:-200}
 CHAIN_S=${4:-150}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/_gpu_env.sh    # PYTHONPATH, the carried wheels, the compiled-kernel cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/env.txt" 2>&1
 python3 scripts/tune_gemm.py --kinds int8 fp8 --budget-s "$GEMM_S" 2>&1 | tee "$OUT/tune_gemm.log" | grep -E "==>|wrote|budget"
 cp src/qkernels/configs/*.json "$OUT/"

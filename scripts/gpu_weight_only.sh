@@ -6,7 +6,7 @@ OUT=${1:?usage: scripts/gpu_weight_only.sh OUTDIR}
 shift
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/_gpu_env.sh    # PYTHONPATH, the carried wheels, the compiled-kernel cache
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest tests/ops/test_weight_only.py tests/test_packed_weight.py -q -p no:cacheprovider -n 8 2>&1 \
     | tee "$OUT/tests_weight_only.log" | tail -15

@@ -12,7 +12,7 @@ OUT=${1:?usage: scripts/sanitize.sh OUTDIR}
 RACE_SEL=${2:-tests/ops/test_fused.py tests/ops/test_quant.py}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/_gpu_env.sh    # PYTHONPATH, the carried wheels, the compiled-kernel cache
 [ -z "${MEM_CACHING:-}" ] && export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 RACE_KERNELS=${RACE_KERNELS:-'^_(norm|silu_and_mul|softmax|scaled_mm|quantize|stats|dequantize|pack|unpack|wo)_'}
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
