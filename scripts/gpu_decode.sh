@@ -2,8 +2,8 @@
 # Decode-size work on one GPU: the GEMM and weight-only GPU tests of the decode paths, the M <= 16 GEMM sweep (tile
 # configs with K split against the 8-bit GEMV), the weight-only decode-chain sweep, then the decode-GEMV and host-cost
 # benchmarks with the new tables. Times on an H100 with no compiled-kernel cache: tests 195 s (8 workers), GEMM sweep
-# 110 s, weight-only sweep 120 s, `bench decode-gemv --models llama3-8b` 60 s without the peers and over 330 s with
-# gemlite (which compiles its kernels for every shape), `bench host` 10 s. So under a 10-minute limit: one job with
+# 110 s, weight-only sweep 120 s, `bench decode-gemv --models llama3-8b` and `bench host` 60 s together without the
+# peers, the former over 330 s with gemlite (which compiles its kernels for every shape). So in 10 minutes: one job with
 # SKIP_BENCH=1, then one with SKIP_TESTS=1 SKIP_TUNE=1 after putting its OUTDIR/<gpu>.json in src/qkernels/configs/.
 # Usage: scripts/gpu_decode.sh OUTDIR
 #   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step;
