@@ -1,0 +1,97 @@
+"""Instructions per byte of weight in the main loop of a decode kernel, from an offline compile (no GPU needed:
+Triton's ptxas and nvdisasm): the kernel compiled for sm_90 with the divisibility-16 specializations a real launch
+gets, its SASS disassembled, the loop (the block between the first backward branch's label and the branch) counted
+by opcode, and its instruction count divided by the weight bytes a thread loads per iteration. Registers per
+thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
+lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
+
+Usage: python scripts/sass_count.py gemv8-fp8 | w4a16-gemv | w4a16-gvt [--arch 90] [--top 12]
+"""
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def gemv8_fp8():
+    """The 8-bit GEMV on fp8 codes (x already quantized), 2 rows x 1024 k per step, 2 warps."""
+    from qkernels.kernels._gemm import _gemv8_kernel as k
+    cx = dict(HAS_SCALES=True, SA_PER_ROW=False, SB_PER_COL=True, HAS_BIAS=False, ACT=0, FP8=True, EVEN_K=True,
+              BLOCK_N=2, BLOCK_K=1024, SPLIT_K=1, PDL=False, QUANT_A=False, QMIN=0, QMAX=0, QSYM=1.0, FP_MAX=0.0,
+              FP8_EMULATE=False, XBLOCK=0)
+    types = dict(a_ptr="*u8", b_ptr="*u8", c_ptr="*fp16", sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*fp16",
+                 scale_c="fp32", ws_ptr="*fp32", cnt_ptr="*i32", M="i32", N="i32", K="i32", stride_am="i32",
+                 stride_bn="i32", stride_cm="i32")
+    return k, types, cx, 2, ASTSource, 2 * 1024 // 64           # bytes of weight per thread per step
+
+
+def w4a16_gemv():
+    """The 4-bit weight-only GEMV (group 128), the H100 table's M = 1 bucket config: 4 rows x 2048 k, 4 warps."""
+    from qkernels.kernels.weight_only.gemv import _wo_gemv_kernel as k
+    cx = dict(BITS=4, GROUP=128, HAS_BIAS=False, EVEN_K=True, BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, INT_Z=False,
+              SWIGLU=False, PDL=False)
+    names = [n for n in k.arg_names if n not in cx]
+    kinds = ["*fp16", "*u8", "*fp16", "*fp16", "*fp16", "*fp32", "*i32"] + ["i32"] * (len(names) - 7)
+    return k, dict(zip(names, kinds)), cx, 4, ASTSource, 4 * 2048 // 2 // 128
+
+
+def w4a16_gvt():
+    """The Gluon tensor-core GEMV, 4-bit, one 16-row tile, WPT 8 (256 k per step), one warp (the H100 table's
+    28672x4096 M = 1 entry)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qkernels.kernels.weight_only.gvt import _wo_gvt_kernel as k
+    cx = dict(GROUP=128, HAS_BIAS=False, TILES=1, WPT=8, MT=1, SPLIT_K=1, EVEN_K=True, SWIGLU=False, PAIRS=False,
+              BITS=4, PDL=False)
+    types = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32",
+                 K="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32", stride_om="i32", ws_ptr="*fp32",
+                 cnt_ptr="*i32")
+    return k, types, cx, 1, GluonASTSource, 16 * 256 // 2 // 32
+
+
+CASES = {"gemv8-fp8": gemv8_fp8, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    kernel, types, cx, warps, source, bytes_per_iter = CASES[args.case]()
+    sig = {n: types.get(n, "constexpr") for n in kernel.arg_names}
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t != "fp32"}
+    compiled = triton.compile(source(kernel, sig, cx, attrs), target=GPUTarget("cuda", args.arch, 32),
+                              options=dict(num_warps=warps, num_stages=1))
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", cubin], capture_output=True, text=True,
+                              check=True).stdout
+        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
+                               text=True).stdout
+    lines = sass.splitlines()
+    back = next(i for i, l in enumerate(lines) if re.search(r"BRA\s+`\(\.L_x_\d+\)", l)
+                and any(x.startswith(re.search(r"\.L_x_\d+", l).group(0) + ":") for x in lines[:i]))
+    label = re.search(r"\.L_x_\d+", lines[back]).group(0)
+    start = next(i for i, l in enumerate(lines) if l.startswith(label + ":"))
+    body = [re.sub(r"^.*?\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0] for l in lines[start:back + 1]
+            if re.search(r"/\*[0-9a-f]{4}\*/", l)]
+    regs = re.search(r"REG:(\d+)", usage)
+    print(f"{args.case}: loop {len(body)} instructions per thread per iteration, {bytes_per_iter} weight bytes "
+          f"-> {len(body) / bytes_per_iter:.1f} per byte; {regs.group(1) if regs else '?'} registers per thread")
+    for op, n in Counter(body).most_common(args.top):
+        print(f"  {n:5d} {op}")
+
+
+if __name__ == "__main__":
+    main()
