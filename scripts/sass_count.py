@@ -1,11 +1,11 @@
 """Instructions per byte of weight in the main loop of a decode kernel, from an offline compile (no GPU needed:
 Triton's ptxas and nvdisasm): the kernel compiled for sm_90 with the divisibility-16 specializations a real launch
-gets, its SASS disassembled, the loop (the block between the first backward branch's label and the branch) counted
-by opcode, and its instruction count divided by the weight bytes a thread loads per iteration. Registers per
+gets, its SASS disassembled, the loop (the block between a backward branch's label and the branch) counted
+by opcode (the largest, where there are several), and its instruction count divided by the weight bytes a thread loads per iteration. Registers per
 thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
-Usage: python scripts/sass_count.py gemv8-fp8 | w4a16-gemv | w4a16-gvt [--arch 90] [--top 12]
+Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt [--arch 90] [--top 12]
 """
 import argparse
 import os
@@ -33,6 +33,15 @@ def gemv8_fp8():
     return k, types, cx, 2, ASTSource, 2 * 1024 // 64           # bytes of weight per thread per step
 
 
+def gemv8_fp8_quant():
+    """gemv8-fp8 quantizing x itself (QUANT_A: the W8A8 linear in one launch), x fp16."""
+    from qkernels.ops.quant import _format_constexprs
+    k, types, cx, warps, source, nbytes = gemv8_fp8()
+    f = _format_constexprs("fp8_e4m3", True, False)
+    cx.update(QUANT_A=True, QMIN=f["QMIN"], QMAX=f["QMAX"], QSYM=f["QSYM"], FP_MAX=f["FP_MAX"], XBLOCK=2048)
+    return k, dict(types, a_ptr="*fp16"), cx, warps, source, nbytes
+
+
 def w4a16_gemv():
     """The 4-bit weight-only GEMV (group 128), the H100 table's M = 1 bucket config: 4 rows x 2048 k, 4 warps."""
     from qkernels.kernels.weight_only.gemv import _wo_gemv_kernel as k
@@ -57,7 +66,7 @@ def w4a16_gvt():
     return k, types, cx, 1, GluonASTSource, 16 * 256 // 2 // 32
 
 
-CASES = {"gemv8-fp8": gemv8_fp8, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt}
+CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt}
 
 
 def main():
@@ -80,15 +89,19 @@ def main():
         usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
                                text=True).stdout
     lines = sass.splitlines()
-    back = next(i for i, l in enumerate(lines) if re.search(r"BRA\s+`\(\.L_x_\d+\)", l)
-                and any(x.startswith(re.search(r"\.L_x_\d+", l).group(0) + ":") for x in lines[:i]))
-    label = re.search(r"\.L_x_\d+", lines[back]).group(0)
-    start = next(i for i, l in enumerate(lines) if l.startswith(label + ":"))
-    body = [re.sub(r"^.*?\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0] for l in lines[start:back + 1]
-            if re.search(r"/\*[0-9a-f]{4}\*/", l)]
+    labels = {l.split(":")[0]: i for i, l in enumerate(lines) if re.match(r"\.L_x_\d+:", l)}
+    loops = []         # (start, end) of each block a backward branch closes
+    for i, l in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", l)
+        if m and labels.get(m.group(1), i) < i - 1:     # not the one-instruction trap loop after EXIT
+            loops.append((labels[m.group(1)], i))
+    ops = [[re.sub(r"^.*?\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0] for l in lines[a:b + 1]
+            if re.search(r"/\*[0-9a-f]{4}\*/", l)] for a, b in loops]
+    body = max(ops, key=len)     # the main loop: the largest (others: e.g. the row's absmax before it)
     regs = re.search(r"REG:(\d+)", usage)
     print(f"{args.case}: loop {len(body)} instructions per thread per iteration, {bytes_per_iter} weight bytes "
-          f"-> {len(body) / bytes_per_iter:.1f} per byte; {regs.group(1) if regs else '?'} registers per thread")
+          f"-> {len(body) / bytes_per_iter:.1f} per byte; {regs.group(1) if regs else '?'} registers per thread"
+          + (f"; other loops: {sorted(len(o) for o in ops if o is not body)}" if len(ops) > 1 else ""))
     for op, n in Counter(body).most_common(args.top):
         print(f"  {n:5d} {op}")
 
