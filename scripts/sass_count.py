@@ -6,6 +6,7 @@ thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate 
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt [--arch 90] [--top 12]
+       [--set NAME=INT ...]
 """
 import argparse
 import os
@@ -74,8 +75,10 @@ def main():
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT", help="constexprs to override")
     args = ap.parse_args()
     kernel, types, cx, warps, source, bytes_per_iter = CASES[args.case]()
+    cx.update({k: int(v) for k, v in (a.split("=") for a in args.set)})
     sig = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t != "fp32"}
     compiled = triton.compile(source(kernel, sig, cx, attrs), target=GPUTarget("cuda", args.arch, 32),
