@@ -6,7 +6,8 @@
 # peers, the former over 330 s with gemlite (which compiles its kernels for every shape). So in 10 minutes: one job with
 # SKIP_BENCH=1, then one with SKIP_TESTS=1 SKIP_TUNE=1 after putting its OUTDIR/<gpu>.json in src/qkernels/configs/.
 # Usage: scripts/gpu_decode.sh OUTDIR
-#   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step;
+#   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; GEMM_KINDS ("int8 fp8"; "w8a8 w8a8-fp8" add the W8A8
+#   linear at M = 1: the GEMV quantizing x, ROW_BLOCKS among its candidates, against quantize + GEMV);
 #   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100): the
 #   weight-only sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
 #   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too): the decode-GEMV rows measured, merged into the committed file.
@@ -27,7 +28,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     -p no:cacheprovider $WORKERS 2>&1 | tee -a "$LOG" | tail -8
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then
-  python3 scripts/tune_gemm.py --kinds int8 fp8 --buckets 16 1 2>&1 | tee -a "$LOG" | grep -E "==>|failed" | head -40
+  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8} --buckets 16 1 2>&1 | tee -a "$LOG" \
+    | grep -E "==>|failed" | head -40
   python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
     --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
   cp "src/qkernels/configs/$SLUG.json" "$OUT/"
