@@ -27,7 +27,7 @@ def gemv8_fp8():
     from qkernels.kernels._gemm import _gemv8_kernel as k
     cx = dict(HAS_SCALES=True, SA_PER_ROW=False, SB_PER_COL=True, HAS_BIAS=False, ACT=0, FP8=True, EVEN_K=True,
               BLOCK_N=2, BLOCK_K=1024, SPLIT_K=1, PDL=False, QUANT_A=False, QMIN=0, QMAX=0, QSYM=1.0, FP_MAX=0.0,
-              FP8_EMULATE=False, XBLOCK=0)
+              FP8_EMULATE=False, XBLOCK=0, ROW_BLOCKS=1)
     types = dict(a_ptr="*u8", b_ptr="*u8", c_ptr="*fp16", sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*fp16",
                  scale_c="fp32", ws_ptr="*fp32", cnt_ptr="*i32", M="i32", N="i32", K="i32", stride_am="i32",
                  stride_bn="i32", stride_cm="i32")
