@@ -42,3 +42,23 @@ def graph_replay(fn):
     g.replay()
     torch.cuda.synchronize()
     return out
+
+
+def shipped_table_entries(kinds: tuple, device) -> list:
+    """(kind, key, config) of every entry of `kinds` in the shipped config table of `device`'s GPU (none off a GPU
+    or without a table)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return []
+    from qkernels import configs
+    from qkernels._runtime import device_name, gpu_slug
+    table = configs.load(gpu_slug(device_name(device)))
+    return [(kind, key, cfg) for kind in kinds for key, cfg in (table.get(kind) or {}).items()]
+
+
+def table_entry_case(key: str) -> tuple[int, int, int]:
+    """(M, N, K) a table entry is run at: its bucket's M (the largest M of the bucket below plus one) on the shape
+    it was tuned for (a shape override's N x K; 4096 x 4096 for a bucket)."""
+    bucket, *shape = key.split(":")
+    N, K = (int(shape[0][1:]), int(shape[1][1:])) if shape else (4096, 4096)
+    return max(1, int(bucket) // 2 + 1), N, K

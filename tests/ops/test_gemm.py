@@ -9,7 +9,7 @@ from qkernels import reference as ref
 from qkernels.ops.gemm import MAX_K_INT8
 
 from ..conftest import DEVICE, ON_GPU
-from ..helpers import assert_bit_exact, graph_replay, rel_err
+from ..helpers import assert_bit_exact, graph_replay, rel_err, shipped_table_entries, table_entry_case
 
 gpu = pytest.mark.gpu
 MS = [0, 1, 2, 15, 16, 17, 33, 127, 128, 129]
@@ -38,26 +38,15 @@ def test_int8_exact_real_sizes(M, N, K):
     assert_bit_exact(qk.int8_matmul(a, w.t()), ref.int_mm(a, w.t()))
 
 
-def _gemm_table_entries():
-    """(kind, key, config) of every int8 / fp8 entry of this GPU's shipped table (none off a GPU or without one)."""
-    if not ON_GPU:
-        return []
-    from qkernels import configs
-    from qkernels._runtime import device_name, gpu_slug
-    table = configs.load(gpu_slug(device_name(torch.device(DEVICE))))
-    return [(kind, key, cfg) for kind in ("int8", "fp8") for key, cfg in (table.get(kind) or {}).items()]
-
-
 @gpu
-@pytest.mark.parametrize("kind,key,cfg", _gemm_table_entries(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("kind,key,cfg", shipped_table_entries(("int8", "fp8"), DEVICE),
+                         ids=lambda v: v if isinstance(v, str) else "")
 def test_every_shipped_gemm_config(kind, key, cfg):
     """Each int8 / fp8 entry of this GPU's table (and its fallback) at its bucket's M on the shape it was tuned for (a
     shape override's N x K; 4096 x 4096 for a bucket), as the dispatch runs it: int8 bit-exact, fp8 to fp32
     rounding."""
     from qkernels.ops import gemm as G
-    bucket, *shape = key.split(":")
-    N, K = (int(shape[0][1:]), int(shape[1][1:])) if shape else (4096, 4096)
-    M = max(1, int(bucket) // 2 + 1)
+    M, N, K = table_entry_case(key)
     sa, sb = torch.rand(M, device=DEVICE) * 0.01 + 1e-3, torch.rand(N, device=DEVICE) * 0.01 + 1e-3
     if kind == "int8":
         a, w = _i8(M, K), _i8(N, K)

@@ -14,7 +14,7 @@ from qkernels import reference as ref
 from qkernels.ops import weight_only as WO
 
 from ..conftest import DEVICE, ON_GPU
-from ..helpers import assert_bit_exact, graph_replay, rel_err
+from ..helpers import assert_bit_exact, graph_replay, rel_err, shipped_table_entries, table_entry_case
 
 gpu = pytest.mark.gpu
 PATHS = [p for p in WO.PATHS if ON_GPU or p.split("-")[0] not in WO.SUPPORTED]   # tc, wg: Gluon, no interpreter
@@ -484,24 +484,13 @@ def test_real_sizes(M, N, K, bits, group_size, path):
     _check(_run(x, pw, path=path), _ref(x, pw), torch.float16)
 
 
-def _table_entries():
-    """(kind, key, config) of every weight-only entry of this GPU's shipped table (none off a GPU or without one)."""
-    if not ON_GPU:
-        return []
-    from qkernels import configs
-    from qkernels._runtime import device_name, gpu_slug
-    table = configs.load(gpu_slug(device_name(torch.device(DEVICE))))
-    return [(kind, key, cfg) for kind in ("w4a16", "w8a16") for key, cfg in (table.get(kind) or {}).items()]
-
-
 @gpu
-@pytest.mark.parametrize("kind,key,cfg", _table_entries(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("kind,key,cfg", shipped_table_entries(("w4a16", "w8a16"), DEVICE),
+                         ids=lambda v: v if isinstance(v, str) else "")
 def test_every_shipped_config(kind, key, cfg):
     """Each entry of this GPU's table (and its fallback) at its bucket's M on the shape it was tuned for (a shape
     override's N x K; 4096 x 4096 for a bucket), as the dispatch runs it."""
-    bucket, *shape = key.split(":")
-    N, K = (int(shape[0][1:]), int(shape[1][1:])) if shape else (4096, 4096)
-    M = max(1, int(bucket) // 2 + 1)              # inside the bucket: the largest M of the one below plus one
+    M, N, K = table_entry_case(key)
     bits = int(kind[1])
     pw = _weight(N, K, bits, 128 if bits == 4 else -1, bits == 8)
     x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
