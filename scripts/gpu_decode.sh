@@ -7,7 +7,7 @@
 # SKIP_BENCH=1, then one with SKIP_TESTS=1 SKIP_TUNE=1 after putting its OUTDIR/<gpu>.json in src/qkernels/configs/.
 # Usage: scripts/gpu_decode.sh OUTDIR
 #   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; GEMM_KINDS ("int8 fp8"; "w8a8 w8a8-fp8" add the W8A8
-#   linear at M = 1: the GEMV quantizing x, ROW_BLOCKS among its candidates, against quantize + GEMV);
+#   linear at M = 1: the GEMV quantizing x against quantize + GEMV);
 #   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100): the
 #   weight-only sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
 #   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too): the decode-GEMV rows measured, merged into the committed file.

@@ -6,7 +6,6 @@ thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate 
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt [--arch 90] [--top 12]
-       [--set NAME=INT ...]
 """
 import argparse
 import os
@@ -27,7 +26,7 @@ def gemv8_fp8():
     from qkernels.kernels._gemm import _gemv8_kernel as k
     cx = dict(HAS_SCALES=True, SA_PER_ROW=False, SB_PER_COL=True, HAS_BIAS=False, ACT=0, FP8=True, EVEN_K=True,
               BLOCK_N=2, BLOCK_K=1024, SPLIT_K=1, PDL=False, QUANT_A=False, QMIN=0, QMAX=0, QSYM=1.0, FP_MAX=0.0,
-              FP8_EMULATE=False, XBLOCK=0, ROW_BLOCKS=1)
+              FP8_EMULATE=False, XBLOCK=0)
     types = dict(a_ptr="*u8", b_ptr="*u8", c_ptr="*fp16", sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*fp16",
                  scale_c="fp32", ws_ptr="*fp32", cnt_ptr="*i32", M="i32", N="i32", K="i32", stride_am="i32",
                  stride_bn="i32", stride_cm="i32")
@@ -75,10 +74,8 @@ def main():
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--top", type=int, default=12)
-    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=INT", help="constexprs to override")
     args = ap.parse_args()
     kernel, types, cx, warps, source, bytes_per_iter = CASES[args.case]()
-    cx.update({k: int(v) for k, v in (a.split("=") for a in args.set)})
     sig = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t != "fp32"}
     compiled = triton.compile(source(kernel, sig, cx, attrs), target=GPUTarget("cuda", args.arch, 32),

@@ -63,11 +63,6 @@ FUSED = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_
                                    (32, 1024, 4, 1, 0), (32, 512, 4, 2, 512), (8, 512, 2, 4, 1024),
                                    (4, 1024, 2, 2, 1024), (4, 2048, 2, 1, 0),
                                    (2, 2048, 2, 2, 1024), (4, 4096, 4, 1, 0), (8, 4096, 4, 1, 0)]]
-# ... and programs that take several blocks of columns in turn (ROW_BLOCKS), the row's absmax read once for all:
-# the small tiles of the plain GEMV without a whole-row pass per 2-4 rows
-FUSED += [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=1024, ROW_BLOCKS=rb)
-          for bn, bk, w, sp, rb in [(2, 1024, 1, 4, 4), (2, 1024, 1, 4, 8), (2, 1024, 2, 4, 4), (4, 1024, 2, 2, 4),
-                                    (4, 2048, 2, 2, 2), (8, 1024, 2, 2, 2)]]
 QUANTIZE = dict(path="quantize")
 W8A8_KINDS = {"w8a8": "int8", "w8a8-fp8": "fp8"}
 CANDIDATES["16384"] = CANDIDATES["4096"]

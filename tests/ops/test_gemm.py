@@ -423,32 +423,6 @@ def test_w8a8_gemv_quantizes_x_itself(M, N, K, x_dtype, dtype, monkeypatch):
         assert rel_err(got, two) < (2e-3 if x_dtype == torch.float16 else 1e-2)
 
 
-@pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
-@pytest.mark.parametrize("M,N,K,split", [(1, 37, 200, 2), (2, 45, 256, 1), (1, 8, 64, 2)])
-def test_gemv_row_blocks_give_the_same_bits(M, N, K, split, dtype):
-    """ROW_BLOCKS: a GEMV program takes several blocks of columns in turn (the one-launch W8A8 path reads the
-    row's absmax once for all of them; blocks past N skipped; a split-K counter per block): the bits of one block
-    per program, for the GEMV on codes and for the one quantizing x; a second call gives them again (counters
-    reset)."""
-    from qkernels.ops import gemm as G
-    x, ql = _w8a8_case(dtype, torch.float16, M, N, K)
-    code = torch.int8 if dtype == "int8" else torch.float8_e4m3fn
-    a = _i8(M, K) if dtype == "int8" else (torch.randn(M, K, device=DEVICE) * 4).to(code)
-    sa = torch.rand(M, 1, device=DEVICE) * 0.01 + 1e-3
-    calls = {"codes": lambda: (qk.int8_matmul if dtype == "int8" else qk.fp8_matmul)(
-                 a, ql.weight.t(), sa, ql.weight_scale, out_dtype=torch.float16),
-             "quantizing x": lambda: ql(x)}
-    one = dict(FUSED, SPLIT_K=split)
-    for name, call in calls.items():
-        with G.use_config(one), qk.poison_outputs():
-            want = call()
-        for rb in (2, 3):
-            with G.use_config(dict(one, ROW_BLOCKS=rb)), qk.poison_outputs():
-                got, again = call(), call()
-            assert_bit_exact(got, want, f"{name}, ROW_BLOCKS={rb}")
-            assert_bit_exact(again, want, f"{name}, ROW_BLOCKS={rb}, second call")
-
-
 @pytest.mark.parametrize("row", ["zeros", "nan_inf", "tiny"])
 def test_w8a8_gemv_special_rows(row):
     """The in-kernel quantization on rows the quantize kernel has rules for: all zeros (scale 1), NaN / inf

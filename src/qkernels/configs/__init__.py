@@ -40,15 +40,13 @@ INTERPRETER_WEIGHT_ONLY = {
 # the tile kernel, K split in two whenever it spans two steps (so the CPU suite runs the split-K fix-up everywhere)
 _INTERPRETER_MMA = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1, SPLIT_K=2,
                         MIN_PROGRAMS=1 << 30)
-# M = 1: the int8 / fp8 GEMV, K split whenever it spans two steps, two blocks of columns per program (int4 runs its
-# fallback)
+# M = 1: the int8 / fp8 GEMV, K split whenever it spans two steps (int4 runs its fallback)
 INTERPRETER_GEMM = {"1": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=1 << 30,
-                              ROW_BLOCKS=2, fallback=_INTERPRETER_MMA),
+                              fallback=_INTERPRETER_MMA),
                     "65536": _INTERPRETER_MMA}
 # W8A8 with dynamic per-token activations ("w8a8" / "w8a8-fp8" kinds): "gemv", the 8-bit GEMV quantizing x itself
 # (one launch, the gemv parameters as above); "quantize", the quantize kernel then the int8 / fp8 GEMM's own table
-INTERPRETER_W8A8 = {"1": dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, SPLIT_K=2, MIN_PROGRAMS=1 << 30,
-                              ROW_BLOCKS=2),
+INTERPRETER_W8A8 = {"1": dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, SPLIT_K=2, MIN_PROGRAMS=1 << 30),
                     "65536": dict(path="quantize")}
 
 

@@ -239,7 +239,7 @@ def _gemv8_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False,
                   QUANT_A: tl.constexpr = False, QMIN: tl.constexpr = 0, QMAX: tl.constexpr = 0,
                   QSYM: tl.constexpr = 1.0, FP_MAX: tl.constexpr = 0.0, FP8_EMULATE: tl.constexpr = False,
-                  XBLOCK: tl.constexpr = 0, ROW_BLOCKS: tl.constexpr = 1):
+                  XBLOCK: tl.constexpr = 0):
     """C[m, n] for BLOCK_N columns n and row m = program_id(1); K split SPLIT_K ways over program_id(2) (the tile's
     last program adds the partials in slice order: int32 partials stay exact). int8: strides in bytes and K
     multiples of 4 (the launcher checks). The first step's B is loaded before _pdl_wait (weights).
@@ -248,73 +248,43 @@ def _gemv8_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr
     per row inside the kernel: every program takes its row's absmax over all of K (XBLOCK at a time, up to 64
     elements per thread: one round of loads for most rows; the row is a few KB, from cache for most programs), the
     quantize kernel's scale from it, and quantizes its steps of the row as it goes; scale_a is that scale (sa_ptr is
-    unread). The same codes and scale as quantize(x, fmt, "row"), so int8 gives the bits of quantize + GEMM.
-    ROW_BLOCKS: a program takes that many consecutive blocks of BLOCK_N columns one after the other (QUANT_A: the
-    row's absmax read once for all of them); blocks past N are skipped; the split-K tiles are the column blocks."""
+    unread). The same codes and scale as quantize(x, fmt, "row"), so int8 gives the bits of quantize + GEMM."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = rows % N                                                    # wrapped: loads need no row mask
     unit = 1 if FP8 else 4
+    rows_b = offs_n.to(tl.int64) * (stride_bn // unit)
     k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
-    blocks = tl.cdiv(N, BLOCK_N)
-    rows = pid_n * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_b = (rows % N).to(tl.int64) * (stride_bn // unit)               # wrapped: loads need no row mask
     _pdl_launch(PDL)
     w = _gemv8_load(b_ptr, rows_b[:, None], k_lo, K, FP8, EVEN_K, BLOCK_K)
     _pdl_wait(PDL)
-    inv = 1.0
-    scale_a = 1.0
     if QUANT_A:
         x_row = a_ptr + m * stride_am
         amax = _row_absmax(x_row, K, XBLOCK)
         scale_a = _scale_and_zero_point(amax, amax, amax, QSYM, QMIN, QMAX, True)[0]
         inv = tl.math.div_rn(1.0, scale_a)
-    else:
-        x_row = a_ptr
-    for r in tl.static_range(ROW_BLOCKS):
-        rb = pid_n * ROW_BLOCKS + r
-        if rb < blocks:
-            if r > 0:
-                rows = rb * BLOCK_N + tl.arange(0, BLOCK_N)
-                rows_b = (rows % N).to(tl.int64) * (stride_bn // unit)
-                w = _gemv8_load(b_ptr, rows_b[:, None], k_lo, K, FP8, EVEN_K, BLOCK_K)
-            _gemv8_block(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr, cnt_ptr, M, N, K,
-                         stride_am, stride_cm, w, rows, rows_b, x_row, m, k_lo, k_hi,
-                         m * (tl.num_programs(0) * ROW_BLOCKS) + rb, inv, scale_a, HAS_SCALES, SA_PER_ROW, SB_PER_COL,
-                         HAS_BIAS, ACT, FP8, EVEN_K, BLOCK_K, SPLIT_K, QUANT_A, QMIN, QMAX, FP_MAX, FP8_EMULATE)
-
-
-@triton.jit
-def _gemv8_block(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr, cnt_ptr, M, N, K, stride_am,
-                 stride_cm, w, rows, rows_b, x_row, m, k_lo, k_hi, tile, inv, scale_a, HAS_SCALES: tl.constexpr,
-                 SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-                 FP8: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 QUANT_A: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr, FP_MAX: tl.constexpr,
-                 FP8_EMULATE: tl.constexpr):
-    """_gemv8_kernel's work on one block of columns `rows` over the program's slice of K, w its first step (loaded
-    by the caller): the loop, the split-K fix-up (counter `tile`) and the epilogue. x_row: QUANT_A, the float row's
-    pointer; else a_ptr (the row's codes at m * stride_am)."""
-    unit = 1 if FP8 else 4
-    xo = m * (stride_am // unit)
-    if QUANT_A:
         x = _gemv8_quant_x(x_row, k_lo, K, inv, QMIN, QMAX, FP8, FP_MAX, FP8_EMULATE, EVEN_K, BLOCK_K)
     else:
-        x = _gemv8_load(a_ptr, xo, k_lo, K, FP8, EVEN_K, BLOCK_K)
+        x_row = m * (stride_am // unit)
+        x = _gemv8_load(a_ptr, x_row, k_lo, K, FP8, EVEN_K, BLOCK_K)
     if FP8:
-        acc = _gemv8_acc(w, x, tl.zeros(w.shape, tl.float32), FP8)
+        acc = _gemv8_acc(w, x, tl.zeros((BLOCK_N, BLOCK_K), tl.float32), FP8)
     else:
-        acc = _gemv8_acc(w, x, tl.zeros(w.shape, tl.int32), FP8)
+        acc = _gemv8_acc(w, x, tl.zeros((BLOCK_N, BLOCK_K // 4), tl.int32), FP8)
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         w = _gemv8_load(b_ptr, rows_b[:, None], k0, K, FP8, EVEN_K, BLOCK_K)
         if QUANT_A:
             x = _gemv8_quant_x(x_row, k0, K, inv, QMIN, QMAX, FP8, FP_MAX, FP8_EMULATE, EVEN_K, BLOCK_K)
         else:
-            x = _gemv8_load(a_ptr, xo, k0, K, FP8, EVEN_K, BLOCK_K)
+            x = _gemv8_load(a_ptr, x_row, k0, K, FP8, EVEN_K, BLOCK_K)
         acc = _gemv8_acc(w, x, acc, FP8)
     tot = tl.sum(acc, axis=1)
     o_mask = rows < N
     last = True
     if SPLIT_K > 1:
-        tot, last = _splitk_fixup(tot, ws_ptr, cnt_ptr, tile, m * N + rows, o_mask, M * N, tl.program_id(2), SPLIT_K)
+        tot, last = _splitk_fixup(tot, ws_ptr, cnt_ptr, m * tl.num_programs(0) + pid_n, m * N + rows, o_mask, M * N,
+                                  tl.program_id(2), SPLIT_K)
     if last:
         if QUANT_A:
             _epilogue_after_a(tot.to(tl.float32) * scale_a, c_ptr + m * stride_cm + rows, o_mask, sb_ptr, bias_ptr,

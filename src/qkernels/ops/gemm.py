@@ -232,14 +232,9 @@ def _gemv_plan(cfg: dict, M: int, N: int, K: int, kind: str):
     p = {k: v for k, v in cfg.items() if k not in ("path", "fallback", "SPLIT_K", "MIN_PROGRAMS")}
     if p["BLOCK_K"] % 4:
         raise RuntimeError(f"GEMV config BLOCK_K={p['BLOCK_K']} must be a multiple of 4: {cfg}")
-    rb = int(p.get("ROW_BLOCKS", 1))
-    if rb < 1:
-        raise RuntimeError(f"GEMV config ROW_BLOCKS={rb} must be at least 1: {cfg}")
-    nb = cdiv(cdiv(N, p["BLOCK_N"]), rb)      # programs per row of the output
+    nb = cdiv(N, p["BLOCK_N"])
     split = k_splits(int(cfg.get("SPLIT_K", 1)), cdiv(K, p["BLOCK_K"]), nb * M, int(cfg.get("MIN_PROGRAMS", 0)))
-    # split-K counters: one per block of columns and row of x
-    plan = ((nb, M, split), split, dict(FP8=kind == "fp8", EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p),
-            nb * rb * M)
+    plan = ((nb, M, split), split, dict(FP8=kind == "fp8", EVEN_K=K % p["BLOCK_K"] == 0, SPLIT_K=split, **p))
     if len(_GEMV_PLANS) >= 4096:
         _GEMV_PLANS.clear()
         _GEMV_KEYWORDS.clear()
@@ -248,9 +243,9 @@ def _gemv_plan(cfg: dict, M: int, N: int, K: int, kind: str):
 
 
 def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
-    grid, split, constexprs, counters = _gemv_plan(cfg, M, N, K, kind)
+    grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
     if split > 1:
-        ws, cnt = splitk_scratch(c.device, split * M * N, counters)
+        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[1])
         if kind == "int8":
             ws = ws.view(torch.int32)      # exact int32 partials
     else:
@@ -347,9 +342,9 @@ def _w8a8_dynamic(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, sc
 
 def _launch_gemv_quant(x2, b, w_scale, scale_c, bias, kind, M, N, K, cfg):
     c = alloc((M, N), x2.dtype, x2.device)
-    grid, split, constexprs, counters = _gemv_plan(cfg, M, N, K, kind)
+    grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
     if split > 1:
-        ws, cnt = splitk_scratch(c.device, split * M * N, counters)
+        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[1])
         if kind == "int8":
             ws = ws.view(torch.int32)
     else:
