@@ -66,7 +66,22 @@ def w4a16_gvt():
     return k, types, cx, 1, GluonASTSource, 16 * 256 // 2 // 32
 
 
-CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt}
+def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
+    """The Gluon tensor-core W8A8 GEMV quantizing x itself (fp16 x), int8 codes: TILES 16-row tiles per warp, WPT 8
+    (128 k per step), one warp, one x row."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qkernels.kernels._gemv_mma import _w8a8_gvt_kernel as k
+    cx = dict(SB_PER_COL=True, HAS_BIAS=False, FP8=fp8, QUANT_A=True, QSYM=448.0 if fp8 else 127.0, TILES=tiles,
+              WPT=wpt, MT=mt, XR=xr, SPLIT_K=1, EVEN_K=True, PDL=False)
+    types = dict(x_ptr="*fp16", w_ptr="*u8", c_ptr="*fp16", sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*fp16",
+                 scale_c="fp32", ws_ptr="*fp32" if fp8 else "*i32", cnt_ptr="*i32", M="i32", N="i32", K="i32",
+                 stride_xm="i32", stride_wn="i32", stride_cm="i32")
+    return k, types, cx, 1, GluonASTSource, 16 * tiles * 16 * wpt // 32
+
+
+CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt,
+         "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True)}
 
 
 def main():

@@ -2,8 +2,9 @@
 Each candidate is timed on the Llama-3-8B shapes (geometric mean; at M <= 16 also the k / v, q|k|v and gate|up
 projections a decode step runs, where tile configs may split K: SPLIT_K / MIN_PROGRAMS); a shape for which
 another candidate is clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" /
-"w8a8-fp8" are the W8A8 linear with dynamic per-token activations at M = 1: the GEMV that quantizes x itself
-against the quantize kernel + the GEMM its table picks ("path": "quantize", also every bucket above). Usage:
+"w8a8-fp8" are the W8A8 linear with dynamic per-token activations at M <= 16: the GEMVs that quantize x themselves
+(the 8-bit GEMV at M = 1, the tensor-core one at both) against the quantize kernel + the GEMM its table picks ("path":
+"quantize", also every bucket above). Usage:
 PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8]"""
 import argparse
 import ast
@@ -58,12 +59,15 @@ CANDIDATES["1"] = GEMV + [S(C(16, 64, 256, 4, 4), 4, 264), S(C(16, 64, 512, 4, 3
 # the W8A8 linear at M = 1: x is quantized per step in every program (amortized over BLOCK_N rows) and each program
 # reads the row's absmax over all of K first, so wider row blocks and fewer slices than the plain GEMV's
 FUSED = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp)
-         for bn, bk, w, sp, mp in [(8, 1024, 2, 2, 1024), (8, 2048, 4, 2, 1024), (16, 1024, 4, 1, 0),
-                                   (16, 1024, 4, 2, 512), (16, 512, 2, 2, 1024), (16, 2048, 4, 2, 512),
-                                   (32, 1024, 4, 1, 0), (32, 512, 4, 2, 512), (8, 512, 2, 4, 1024),
-                                   (4, 1024, 2, 2, 1024), (4, 2048, 2, 1, 0),
-                                   (2, 2048, 2, 2, 1024), (4, 4096, 4, 1, 0), (8, 4096, 4, 1, 0)]]
+         for bn, bk, w, sp, mp in [(16, 1024, 4, 1, 0), (16, 1024, 4, 2, 512), (4, 4096, 4, 1, 0),
+                                   (4, 1024, 2, 2, 1024), (8, 512, 2, 4, 1024)]]     # the H100 / H200 sweeps' best
 QUANTIZE = dict(path="quantize")
+# the tensor-core GEMV (kernels/_gemv_mma.py: 16-row tiles, TILES per program, WPT / 4 blocks of 64 k per step), for
+# the W8A8 linear quantizing x itself (each program reads its x rows whole first: more warps per program share
+# that) and for the int8 / fp8 GEMMs on codes at M <= 16
+GVT = [dict(path="gvt", TILES=t, WPT=wpt, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp)
+       for t, wpt, w, sp, mp in [(2, 8, 1, 2, 1024), (1, 8, 1, 4, 2048), (4, 8, 4, 1, 0), (4, 8, 4, 4, 1024),
+                                 (8, 8, 4, 2, 512), (4, 16, 4, 2, 1024)]]
 W8A8_KINDS = {"w8a8": "int8", "w8a8-fp8": "fp8"}
 CANDIDATES["16384"] = CANDIDATES["4096"]
 
@@ -82,6 +86,13 @@ M_OF = {"16": [2, 16], "1": [1],       # the M <= 16 bucket serves M = 2..16 (M 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 # decode sizes: also the small and merged projections a decode step runs (k / v, q|k|v, gate|up)
 DECODE_SHAPES = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
+
+
+def tile_of(cfg: dict) -> dict:
+    """The tile config at the end of cfg's fallbacks (cfg itself when it is one)."""
+    while "path" in cfg:
+        cfg = cfg["fallback"]
+    return cfg
 
 
 def shapes_of(bucket: str) -> list:
@@ -153,14 +164,15 @@ for kind in args.kinds:
         if time.time() - t0 > args.budget_s:
             print(f"budget spent: {kind} M<={bucket} and later keep their configs", flush=True)
             break
-        if kind in W8A8_KINDS and bucket != "1":
+        if kind in W8A8_KINDS and bucket not in ("1", "16"):
             continue
         cands = CANDIDATES[bucket]
         if kind in W8A8_KINDS:
-            cands = FUSED + [QUANTIZE]
+            gvt = [dict(c, fallback=QUANTIZE) for c in GVT]
+            cands = (FUSED + gvt if bucket == "1" else gvt) + [QUANTIZE]
         elif bucket == "1":      # a GEMV config carries a tile config for the calls the GEMV does not take
-            cands = [dict(c, fallback=table[kind].get("16") or configs.DEFAULT_GEMM["16"]) if c.get("path") == "gemv"
-                     else c for c in cands]
+            cands = [dict(c, fallback=tile_of(table[kind].get("16") or configs.DEFAULT_GEMM["16"]))
+                     if c.get("path") == "gemv" else c for c in cands]
         best = None
         results = []     # (times, cfg); times ordered M-major over the bucket's shapes
 
@@ -199,8 +211,14 @@ for kind in args.kinds:
             paths = [dict(path="cublas", fallback=best[1])]
         if kind == "int8" and bucket in WG_BUCKETS and torch.cuda.get_device_capability(dev) == (9, 0):
             paths = [dict(c, fallback=best[1]) for c in WG]
+        if kind in ("int8", "fp8") and bucket in ("1", "16"):    # a tile config as the fallback
+            paths += [dict(c, fallback=tile_of(best[1])) for c in GVT[:4]]
         for cfg in paths:
-            times = time_config(cfg)
+            try:
+                times = time_config(cfg)
+            except Exception as e:
+                print(f"{kind} {bucket} {cfg} failed: {type(e).__name__}: {str(e)[:100]}")
+                continue
             results.append((times, cfg))
             gm = math.exp(sum(map(math.log, times)) / len(times))
             print(f"{kind} M<={bucket:5s} {cfg}  geomean {gm:8.2f} us  {['%.1f' % t for t in times]}", flush=True)

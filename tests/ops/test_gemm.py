@@ -492,6 +492,117 @@ def test_w8a8_decode_real_sizes(cfg, N, K, dtype):
     assert_bit_exact(replayed, got, "graph replay")
 
 
+# the tensor-core GEMV (Gluon, GPUs only): two 16-row tiles per warp, 8 words (128 k) per step, K split 4 ways
+_GVT = dict(path="gvt", TILES=2, WPT=8, num_warps=1, SPLIT_K=4, MIN_PROGRAMS=1 << 30, fallback=_TILE)
+
+
+@pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (1, 300, 1024), (3, 45, 320), (8, 64, 192), (9, 37, 256),
+                                   (16, 96, 512), (20, 72, 128)])
+@pytest.mark.parametrize("cfg", [_GVT, dict(_GVT, TILES=4, WPT=4, num_warps=2, SPLIT_K=1), dict(_GVT, WPT=16)],
+                         ids=["split4", "two-warps", "wpt16"])
+@gpu
+def test_w8a8_gvt_quantizes_x_itself(cfg, M, N, K, x_dtype, dtype, monkeypatch):
+    """The one-launch tensor-core W8A8 GEMV: x quantized per row inside the kernel with the quantize kernel's codes
+    and scales, so int8 gives the bits of quantize + GEMM and of the reference (fp8: fp32 sums in another order);
+    rows and columns past M / N, K past the last whole step (EVEN_K false), split-K, two x tiles (M > 8), more
+    programs along M (M > 16), a bias."""
+    from qkernels.ops import gemm as G
+    x, ql = _w8a8_case(dtype, x_dtype, M, N, K)
+    x[:, 5] = -60.0          # an outlier sets each row's scale
+    launched = _launched(monkeypatch)
+    with G.use_config(cfg), qk.poison_outputs():
+        got = ql(x)
+        again = ql(x)
+    assert launched == ["_w8a8_gvt_kernel"] * 2
+    with G.use_config(_TILE):          # quantize kernel, then the tile GEMM
+        two = ql(x)
+    want = ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, dtype)
+    if dtype == "int8":
+        assert_bit_exact(got, two, "one launch vs quantize + GEMM")
+        assert_bit_exact(got, want, "one launch vs reference")
+    else:
+        assert rel_err(got, want) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+        assert rel_err(got, two) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+    assert_bit_exact(again, got, "second call (split-K partials added in slice order)")
+
+
+@pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
+@pytest.mark.parametrize("row", ["zeros", "nan_inf", "tiny"])
+@gpu
+def test_w8a8_gvt_special_rows(row, dtype):
+    """The tensor-core GEMV's quantization on rows the quantize kernel has rules for (as
+    test_w8a8_gemv_special_rows for the 8-bit GEMV): the same codes and scales, so int8 gives the reference's bits
+    and fp8 its NaN pattern and values."""
+    from qkernels.ops import gemm as G
+    x, ql = _w8a8_case(dtype, torch.float16, 2, 48, 256)
+    if row == "zeros":
+        x[1].zero_()
+    elif row == "nan_inf":
+        x[0, 3], x[0, 70], x[0, 71] = float("nan"), float("inf"), -float("inf")
+    else:
+        x[1].mul_(1e-6)
+    with G.use_config(_GVT):
+        got = ql(x)
+    want = ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, dtype)
+    if dtype == "int8":
+        assert_bit_exact(got, want)
+    else:
+        assert torch.equal(got.isnan(), want.isnan())
+        assert rel_err(torch.nan_to_num(got[1]), torch.nan_to_num(want[1])) < 2e-3
+
+
+@pytest.mark.parametrize("M", [1, 5, 16])
+@gpu
+def test_gvt_on_codes_gives_the_tile_kernels_bits(M, monkeypatch):
+    """The tensor-core GEMV on pre-quantized x (int8 / fp8 codes with per-row scales): int8, the tile kernel's
+    bits (the same exact sums and fp32 epilogue); fp8 within fp32 rounding of the reference. A call it does not
+    take (an activation) runs the config's fallback."""
+    from qkernels.ops import gemm as G
+    N, K = 72, 320
+    a, w = _i8(M, K), _i8(N, K)
+    sa, sb = torch.rand(M, device=DEVICE), torch.rand(N, device=DEVICE)
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    launched = _launched(monkeypatch)
+    with G.use_config(_GVT), qk.poison_outputs():
+        got = qk.int8_matmul(a, w.t(), sa, sb, 0.5, bias=bias, out_dtype=torch.float16)
+        assert launched == ["_w8a8_gvt_kernel"]
+        launched.clear()
+        got_act = qk.int8_matmul(a, w.t(), sa, sb, activation="silu", out_dtype=torch.float16)
+        assert launched == ["_scaled_mm_kernel"]
+    with G.use_config(_TILE):
+        want = qk.int8_matmul(a, w.t(), sa, sb, 0.5, bias=bias, out_dtype=torch.float16)
+        want_act = qk.int8_matmul(a, w.t(), sa, sb, activation="silu", out_dtype=torch.float16)
+    assert_bit_exact(got, want, "int8 codes")
+    assert_bit_exact(got_act, want_act, "int8 codes, the fallback")
+    assert rel_err(got, ref.scaled_mm(a, w.t(), sa, sb, 0.5, bias, None, torch.float64)) < 1e-3
+    if torch.cuda.get_device_capability() < (8, 9):
+        return
+    af = (torch.randn(M, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+    wf = (torch.randn(N, K, device=DEVICE) * 4).to(torch.float8_e4m3fn)
+    launched.clear()
+    with G.use_config(_GVT), qk.poison_outputs():
+        gotf = qk.fp8_matmul(af, wf.t(), sa, sb, bias=bias, out_dtype=torch.float16)
+    assert launched == ["_w8a8_gvt_kernel"]
+    wantf = ref.scaled_mm(af.float(), wf.t().float(), sa, sb, 1.0, bias, None, torch.float64)
+    assert rel_err(gotf, wantf) < 2e-3
+
+
+@pytest.mark.parametrize("K", [200, 256])
+def test_gvt_config_runs_its_fallback_where_its_kernel_does_not(K, monkeypatch):
+    """A "gvt" config on a call its kernel does not take (K not a multiple of 64; any call under the interpreter,
+    Gluon having no CPU twin) runs its fallback config: the W8A8 linear quantizes x then runs the tile GEMM."""
+    from qkernels.ops import gemm as G
+    x, ql = _w8a8_case("int8", torch.float16, 2, 24, K)
+    launched = _launched(monkeypatch)
+    with G.use_config(_GVT):
+        got = ql(x)
+    if K % 64 or not ON_GPU:
+        assert launched == ["_quantize_segments_kernel", "_scaled_mm_kernel"]
+    assert_bit_exact(got, ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, "int8"))
+
+
 def test_quantized_linear_state_dict_round_trip():
     lin = torch.nn.Linear(64, 32, device=DEVICE, dtype=torch.float16)
     ql = qk.QuantizedLinear.from_linear(lin)

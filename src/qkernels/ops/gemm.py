@@ -41,6 +41,12 @@ def _kwg():
     return _gemm_wg
 
 
+@functools.cache
+def _kmma():
+    from ..kernels import _gemv_mma     # Gluon: imported where the gvt path first runs
+    return _gemv_mma
+
+
 _FORCED_CONFIG: list = [None]    # set only inside use_config()
 
 
@@ -55,9 +61,9 @@ def _gemm_config(kind: str, M: int, N: int, K: int, device: torch.device) -> dic
 def use_config(cfg: dict):
     """Every int8 / fp8 / int4 GEMM inside the block runs `cfg` (a config-table entry: tile sizes, or
     {"path": "gemv" | "wg" | "cublas", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
-    if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") in ("gemv", "cublas", "wg")):
-        raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' / 'wg' / 'cublas' path), got "
-                         f"{cfg!r}")
+    if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") in ("gemv", "gvt", "cublas", "wg")):
+        raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' / 'gvt' / 'wg' / 'cublas' "
+                         f"path), got {cfg!r}")
     return scoped_value(_FORCED_CONFIG, cfg)
 
 
@@ -90,17 +96,22 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
 
 
 def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
-    if cfg.get("path") == "cublas":
-        if kind == "fp8" and _cublas_fp8(a2, b, c, sa, sb, bias, scale_c, act):
+    while "path" in cfg:     # a kernel path, or the fallback it carries for calls it does not take, down to tiles
+        path = cfg["path"]
+        if path == "cublas" and kind == "fp8" and _cublas_fp8(a2, b, c, sa, sb, bias, scale_c, act):
             return c
-        cfg = cfg["fallback"]
-    if cfg.get("path") == "gemv":
-        if kind in ("int8", "fp8") and _gemv_ok(a2, b, K):
+        if (path == "gvt" and kind in ("int8", "fp8") and act is None and sa is not None and sa.numel() == M
+                and sb is not None and _gvt_ok(a2, b.t(), K, kind)):
+            return _launch_gvt(a2, b.t(), c, sa, sb, bias, scale_c, kind, False, M, N, K, cfg)
+        if path == "gemv" and kind in ("int8", "fp8") and _gemv_ok(a2, b, K):
             return _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg)
-        cfg = cfg["fallback"]
-    if cfg.get("path") == "wg":       # its ring looks STAGES - 1 steps ahead within a tile and into the next one
-        if kind == "int8" and cdiv(K, cfg["BLOCK_K"]) >= cfg["STAGES"] - 1 and _wg_ok(a2, b, c, act):
+        # the wg ring looks STAGES - 1 steps ahead within a tile and into the next one
+        if (path == "wg" and kind == "int8" and cdiv(K, cfg["BLOCK_K"]) >= cfg["STAGES"] - 1
+                and _wg_ok(a2, b, c, act)):
             return _launch_wg(a2, b, c, sa, sb, bias, scale_c, M, N, K, cfg)
+        if "fallback" not in cfg:
+            raise RuntimeError(f"the {kind} GEMM config {cfg} does not run this call (M={M}, N={N}, K={K}) and "
+                               f"carries no fallback config")
         cfg = cfg["fallback"]
     if kind == "int4" and cfg["BLOCK_K"] < 64 and not is_interpreter():   # two codes a byte: 32-byte int8 dots
         raise ValueError(f"an int4 GEMM config needs BLOCK_K >= 64, got {cfg['BLOCK_K']} ({cfg!r})")
@@ -276,6 +287,69 @@ def _gemv_keywords(constexprs: dict, has_scales: bool, sa_per_row: bool, sb_per_
     return hit
 
 
+GVT_K = 64     # "gvt": k per block (16 code words of a row)
+
+
+def _gvt_ok(x2: torch.Tensor, w: torch.Tensor, K: int, kind: str) -> bool:
+    """Whether the Gluon tensor-core GEMV (kernels/_gemv_mma.py) runs this case: NVIDIA sm_80+ (fp8: sm_89+; no
+    interpreter twin: the Triton-language GEMV is its CPU stand-in), K a multiple of 64, x's rows and the [N, K]
+    weight's rows contiguous with 16-byte aligned bases and row strides."""
+    return (K > 0 and K % GVT_K == 0 and not is_interpreter() and x2.is_cuda and torch.version.hip is None
+            and capability(x2.device) >= ((8, 9) if kind == "fp8" else (8, 0)) and x2.stride(1) == 1
+            and w.stride(1) == 1 and x2.stride(0) * x2.element_size() % 16 == 0 and w.stride(0) % 16 == 0
+            and x2.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+# (id(cfg), M, N, K, kind, quant_a) -> (cfg, grid, split, constexprs) of a gvt launch; cfg kept alive
+_GVT_PLANS: dict = {}
+
+
+def _gvt_plan(cfg: dict, M: int, N: int, K: int, kind: str, quant_a: bool):
+    """Grid, split and constexprs of a gvt launch: 16-row weight tiles (TILES per program, num_warps dividing it),
+    up to two x tiles of 8 rows per program (M <= 16: every weight read once), steps of WPT / 4 blocks of 64 k, K
+    split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs."""
+    key = (id(cfg), M, N, K, kind, quant_a)
+    hit = _GVT_PLANS.get(key)
+    if hit is not None:
+        return hit[1:]
+    tiles, wpt, warps = cfg["TILES"], cfg["WPT"], cfg["num_warps"]
+    if wpt not in (4, 8, 16) or tiles % warps:
+        raise RuntimeError(f"gvt config needs WPT in (4, 8, 16) and TILES a multiple of num_warps: {cfg}")
+    mt = 1 if M <= 8 else 2
+    step = GVT_K * wpt // 4
+    grid_n, grid_m = cdiv(N, 16 * tiles), cdiv(M, 8 * mt)
+    split = k_splits(int(cfg.get("SPLIT_K", 1)), cdiv(K, step), grid_n * grid_m, int(cfg.get("MIN_PROGRAMS", 0)))
+    qsym = _format_constexprs(_W8A8_FORMAT[kind], True, False)["QSYM"]
+    constexprs = dict(FP8=kind == "fp8", QUANT_A=quant_a, QSYM=qsym, TILES=tiles, WPT=wpt, MT=mt, XR=min(M, 8 * mt),
+                      SPLIT_K=split, EVEN_K=K % step == 0, num_warps=warps)
+    plan = ((grid_n, split, grid_m), split, constexprs)
+    if len(_GVT_PLANS) >= 4096:
+        _GVT_PLANS.clear()
+    _GVT_PLANS[key] = (cfg,) + plan
+    return plan
+
+
+def _launch_gvt(x2, w, c, sa, sb, bias, scale_c, kind, quant_a, M, N, K, cfg):
+    """c = (x2 quantized per row, or x2's codes with row scales sa) @ w.T * sa * sb * scale_c (+ bias) by the Gluon
+    tensor-core GEMV. x2: float [M, K] (quant_a) or its codes; w: [N, K] codes (fp8 as uint8 or e4m3); sb flat
+    fp32 (1 or N)."""
+    grid, split, constexprs = _gvt_plan(cfg, M, N, K, kind, quant_a)
+    if split > 1:
+        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[2])
+        if kind == "int8":
+            ws = ws.view(torch.int32)      # exact int32 partials
+    else:
+        ws = cnt = c
+    if kind == "fp8":
+        w = w.view(torch.uint8)
+        if not quant_a:
+            x2 = x2.view(torch.uint8)
+    launch(_kmma()._w8a8_gvt_kernel, grid, x2, w, c, sa if sa is not None else c, sb,
+           bias if bias is not None else c, scale_c, ws, cnt, M, N, K, x2.stride(0), w.stride(0), c.stride(0),
+           SB_PER_COL=sb.numel() > 1, HAS_BIAS=bias is not None, **constexprs, **pdl_options(c.device))
+    return c
+
+
 # ---------------------------------------------------------------------------------------------
 # custom op: one op for the whole family
 
@@ -318,9 +392,10 @@ def _(a, b, scale_a, scale_b, scale_c, bias, activation, out_dtype, kind):
 
 # ---------------------------------------------------------------------------------------------
 # W8A8 with per-token dynamic activation quantization: one custom op. Where the table's "w8a8" / "w8a8-fp8"
-# entry for M says "gemv" (decode sizes) it is one launch of the 8-bit GEMV that quantizes x itself
-# (kernels/_gemm._gemv8_kernel, QUANT_A); elsewhere ("path": "quantize") the quantize kernel, then the GEMM
-# its own table picks.
+# entry for M says "gemv" or "gvt" (decode sizes) it is one launch of a GEMV that quantizes x itself (the 8-bit
+# GEMV kernels/_gemm._gemv8_kernel with QUANT_A, or the tensor-core one kernels/_gemv_mma.py; a gvt entry carries
+# a "fallback" entry for the calls it does not take); elsewhere ("path": "quantize") the quantize kernel, then the
+# GEMM its own table picks.
 
 W8A8_TABLES = {"int8": "w8a8", "fp8": "w8a8-fp8"}     # config-table kind of the fused op, per code format
 _W8A8_FORMAT = {"int8": "int8", "fp8": "fp8_e4m3"}
@@ -334,6 +409,11 @@ def _w8a8_dynamic(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, sc
     b = w_q.t()
     if M and N and not (kind == "fp8" and lacks_fp8(x2.device)) and _gemv_ok(x2, b, K):
         cfg = _gemm_config(W8A8_TABLES[kind], M, N, K, x2.device)
+        if cfg is not None and cfg.get("path") == "gvt":
+            if _gvt_ok(x2, w_q, K, kind):
+                return _launch_gvt(x2, w_q, alloc((M, N), x2.dtype, x2.device), None, w_scale, bias, scale_c, kind,
+                                   True, M, N, K, cfg)
+            cfg = cfg["fallback"]
         if cfg is not None and cfg.get("path") == "gemv":
             return _launch_gemv_quant(x2, b, w_scale, scale_c, bias, kind, M, N, K, cfg)
     data, xs, _ = _quantize_dynamic(x2, _W8A8_FORMAT[kind], "row", 0, True)
