@@ -73,7 +73,7 @@ def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
 
     from qkernels.kernels._gemv_mma import _w8a8_gvt_kernel as k
     cx = dict(SB_PER_COL=True, HAS_BIAS=False, FP8=fp8, QUANT_A=True, QSYM=448.0 if fp8 else 127.0, TILES=tiles,
-              WPT=wpt, MT=mt, XR=xr, SPLIT_K=1, EVEN_K=True, PDL=False)
+              WPT=wpt, MT=mt, XR=xr, XB=2048, SPLIT_K=1, EVEN_K=True, PDL=False)
     types = dict(x_ptr="*fp16", w_ptr="*u8", c_ptr="*fp16", sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*fp16",
                  scale_c="fp32", ws_ptr="*fp32" if fp8 else "*i32", cnt_ptr="*i32", M="i32", N="i32", K="i32",
                  stride_xm="i32", stride_wn="i32", stride_cm="i32")

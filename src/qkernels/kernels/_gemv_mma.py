@@ -100,17 +100,33 @@ _Q_F8_BF16: gl.constexpr = gl.constexpr(_quant_asm(True, True))
 
 
 @gluon.jit
-def _row_scale(x_row, ok, K, QSYM: gl.constexpr, XB: gl.constexpr, XL: gl.constexpr):
+def _row_scale(x_row, ok, K, QSYM: gl.constexpr, XB: gl.constexpr, W: gl.constexpr):
     """The quantize kernel's per-row scale of x_row[0:K] (ok: the row exists; else 1): max(absmax / QSYM, the
-    smallest normal) over the finite values, 1 for a zero row. All the program's lanes along k, XB per round."""
-    m = gl.zeros([XB], gl.float32, layout=XL)
+    smallest normal) over the finite values, 1 for a zero row. All the program's lanes along k, XB elements per round
+    of loads (up to 64 per lane: one round for the rows of most layers, all its loads in flight at once), each
+    round's maximum taken in the lane before the next."""
+    V: gl.constexpr = XB // (32 * W)
+    XL: gl.constexpr = gl.BlockedLayout([1, V], [32, 1], [W, 1], [1, 0])
+    m = gl.zeros([32 * W], gl.float32, layout=gl.SliceLayout(1, XL))
+    lane = gl.expand_dims(gl.arange(0, 32 * W, layout=gl.SliceLayout(1, XL)), 1) * V
     for k0 in range(0, K, XB):
-        k = k0 + gl.arange(0, XB, layout=XL)
-        v = gl.abs(gl.load(x_row + k, mask=(k < K) & ok, other=0.0).to(gl.float32))
-        m = gl.maximum(m, gl.where(v < float("inf"), v, 0.0))
+        k = k0 + lane + gl.expand_dims(gl.arange(0, V, layout=gl.SliceLayout(0, XL)), 0)
+        v = gl.abs(gl.load(x_row + k, mask=(k < K) & ok, other=0.0))
+        m = gl.maximum(m, gl.max(gl.where(v < float("inf"), v, gl.zeros_like(v)), axis=1))
     amax = gl.max(m, axis=0)
     scale = gl.maximum(gl.div_rn(amax, QSYM), 1.1754943508222875e-38)
     return gl.where(amax == 0.0, 1.0, scale)
+
+
+@gluon.jit
+def _codes(p, k0, K, okc, EVEN_K: gl.constexpr):
+    """One step's code words of one row set (16-byte loads, streamed past L1); not EVEN_K: 64-k units past K as
+    zeros (an fp8 NaN there would make 0 x NaN)."""
+    if EVEN_K:
+        w = gl.load(p + k0 // 4, cache_modifier=".cg")
+    else:
+        w = gl.load(p + k0 // 4, mask=k0 + okc < K, other=0, cache_modifier=".cg")
+    return w
 
 
 @gluon.jit
@@ -165,20 +181,19 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
                      stride_xm, stride_wn, stride_cm,
                      SB_PER_COL: gl.constexpr, HAS_BIAS: gl.constexpr, FP8: gl.constexpr, QUANT_A: gl.constexpr,
                      QSYM: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr, MT: gl.constexpr,
-                     XR: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, PDL: gl.constexpr = False):
+                     XR: gl.constexpr, XB: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr,
+                     PDL: gl.constexpr = False):
     """C[m, n] = (sum_k xq[m, k] wq[n, k]) * scale_a[m] * scale_b[n] * scale_c (+ bias[n]). x: QUANT_A, fp16 / bf16
     [M, K] (stride in elements, rows 16-byte aligned); else codes (stride in bytes) with per-row scales sa_ptr. w:
     [N, K] codes (stride in bytes, rows 16-byte aligned). K a multiple of 64 (EVEN_K: of 16 WPT). Program (n,
     k-slice, m): TILES 16-row tiles of w, 8 MT rows of x, XR of which exist at most (the rows whose scales it
-    works out). SPLIT_K > 1: program column z covers slice z of K (whole steps) and writes its partials to ws_ptr
+    works out, XB elements of a row per round of loads). SPLIT_K > 1: program column z covers slice z of K (whole steps) and writes its partials to ws_ptr
     [SPLIT_K, M, N] (int8: int32); the tile's last program adds them up (cnt_ptr: an int32 counter per (n, m)
     program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
     NB: gl.constexpr = WPT // 4
     STEP: gl.constexpr = NB * 64
     L: gl.constexpr = _layout(TILES // W, NB, W)
-    XL: gl.constexpr = gl.BlockedLayout([8], [32], [W], [0])
-    XB: gl.constexpr = 256 * W
     BF16: gl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
     acc_ty: gl.constexpr = gl.float32 if FP8 else gl.int32
 
@@ -210,8 +225,8 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     xm1 = (m0 + 8 + g) < M
 
     k_lo, k_hi = _k_slice(K, STEP, SPLIT_K)      # slices of whole steps
-    wa = gl.load(wa_p + k_lo // 4, cache_modifier=".cg")
-    wb = gl.load(wb_p + k_lo // 4, cache_modifier=".cg")
+    wa = _codes(wa_p, k_lo, K, okc, EVEN_K)
+    wb = _codes(wb_p, k_lo, K, okc, EVEN_K)
     _pdl_launch(PDL)
     _pdl_wait(PDL)
 
@@ -226,7 +241,7 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     sa1 = sa0
     for r in gl.static_range(XR):
         if QUANT_A:
-            s = _row_scale(x_ptr + (m0 + r).to(gl.int64) * stride_xm, m0 + r < M, K, QSYM, XB, XL)
+            s = _row_scale(x_ptr + (m0 + r).to(gl.int64) * stride_xm, m0 + r < M, K, QSYM, XB, W)
             inv = gl.div_rn(1.0, s)
             if r < 8:
                 inv0 = gl.where(g == r, inv, inv0)
@@ -249,8 +264,8 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     for k0 in range(k_lo, k_hi, STEP):
         k1 = k0 + STEP
         k1 = gl.where(k1 < k_hi, k1, k_lo)     # past the slice's end: the first step again (in bounds, unused)
-        wa2 = gl.load(wa_p + k1 // 4, cache_modifier=".cg")
-        wb2 = gl.load(wb_p + k1 // 4, cache_modifier=".cg")
+        wa2 = _codes(wa_p, k1, K, okc, EVEN_K)
+        wb2 = _codes(wb_p, k1, K, okc, EVEN_K)
         acc0, acc1 = _mma_block(acc0, acc1, wa, wb, x0, x1, FP8, MT)
         x0 = _x_codes(x0_p, k1, K, xm0, okc, inv0, QUANT_A, FP8, BF16, EVEN_K)
         if MT == 2:

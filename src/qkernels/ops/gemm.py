@@ -320,8 +320,10 @@ def _gvt_plan(cfg: dict, M: int, N: int, K: int, kind: str, quant_a: bool):
     grid_n, grid_m = cdiv(N, 16 * tiles), cdiv(M, 8 * mt)
     split = k_splits(int(cfg.get("SPLIT_K", 1)), cdiv(K, step), grid_n * grid_m, int(cfg.get("MIN_PROGRAMS", 0)))
     qsym = _format_constexprs(_W8A8_FORMAT[kind], True, False)["QSYM"]
+    # quant_a: a program reads its x rows whole first, up to 64 elements per lane per round of loads
+    xb = min(max(next_pow2(K), 32 * warps), 2048 * warps)
     constexprs = dict(FP8=kind == "fp8", QUANT_A=quant_a, QSYM=qsym, TILES=tiles, WPT=wpt, MT=mt, XR=min(M, 8 * mt),
-                      SPLIT_K=split, EVEN_K=K % step == 0, num_warps=warps)
+                      XB=xb, SPLIT_K=split, EVEN_K=K % step == 0, num_warps=warps)
     plan = ((grid_n, split, grid_m), split, constexprs)
     if len(_GVT_PLANS) >= 4096:
         _GVT_PLANS.clear()
