@@ -562,7 +562,7 @@ def test_gvt_on_codes_gives_the_tile_kernels_bits(M, monkeypatch):
     from qkernels.ops import gemm as G
     N, K = 72, 320
     a, w = _i8(M, K), _i8(N, K)
-    sa, sb = torch.rand(M, device=DEVICE), torch.rand(N, device=DEVICE)
+    sa, sb = torch.rand(M, device=DEVICE) * 0.01, torch.rand(N, device=DEVICE) * 0.01     # sums within fp16
     bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
     launched = _launched(monkeypatch)
     with G.use_config(_GVT), qk.poison_outputs():

@@ -130,16 +130,21 @@ def _codes(p, k0, K, okc, EVEN_K: gl.constexpr):
 
 
 @gluon.jit
-def _x_codes(p, k0, K, xm, okc, inv, QUANT_A: gl.constexpr, FP8: gl.constexpr, BF16: gl.constexpr,
-             EVEN_K: gl.constexpr):
-    """One x tile's B words for a step [1, 8, 4, NB, 4] (x row g of the tile at the k of the lane's code words):
-    QUANT_A, 4 float values per word quantized with 1 / scale `inv` (per lane: its x row's); else the codes as
-    they are. xm: the row exists; not EVEN_K: 64-k units past K as zeros."""
+def _x_words(p, k0, K, xm, okc, QUANT_A: gl.constexpr, EVEN_K: gl.constexpr):
+    """One x tile's words for a step [1, 8, 4, NB, 4] (x row g of the tile at the k of the lane's code words):
+    QUANT_A, 8-byte words of 4 float values; else 32-bit words of 4 codes. xm: the row exists; not EVEN_K: 64-k
+    units past K as zeros."""
     ok = xm
     if not EVEN_K:
         ok = ok & (k0 + okc < K)
+    return gl.load(p + k0 // 4, mask=ok, other=0)
+
+
+@gluon.jit
+def _x_codes(v, inv, QUANT_A: gl.constexpr, FP8: gl.constexpr, BF16: gl.constexpr):
+    """_x_words' words -> the B words of 4 codes: QUANT_A, quantized with 1 / scale `inv` (per lane: its x row's);
+    else as they are."""
     if QUANT_A:
-        v = gl.load(p + k0 // 4, mask=ok, other=0)            # 4 values, 8 bytes
         lo = v.to(gl.int32)
         hi = (v >> 32).to(gl.int32)
         if FP8:
@@ -150,7 +155,7 @@ def _x_codes(p, k0, K, xm, okc, inv, QUANT_A: gl.constexpr, FP8: gl.constexpr, B
         q = gl.inline_asm_elementwise(asm=asm, constraints="=r,r,r,f", args=[lo, hi, inv], dtype=gl.int32,
                                       is_pure=True, pack=1)
     else:
-        q = gl.load(p + k0 // 4, mask=ok, other=0)
+        q = v
     return q
 
 
@@ -256,22 +261,29 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
 
     acc0 = gl.zeros([TILES, 8, 4, NB, 4], acc_ty, layout=L)
     acc1 = acc0                                                       # MT == 2: the second x tile's
-    x0 = _x_codes(x0_p, k_lo, K, xm0, okc, inv0, QUANT_A, FP8, BF16, EVEN_K)
-    x1 = x0
+    v0 = _x_words(x0_p, k_lo, K, xm0, okc, QUANT_A, EVEN_K)
+    v1 = v0
     if MT == 2:
-        x1 = _x_codes(x1_p, k_lo, K, xm1, okc, inv1, QUANT_A, FP8, BF16, EVEN_K)
-    # each step's codes are loaded a step ahead of its MMAs
+        v1 = _x_words(x1_p, k_lo, K, xm1, okc, QUANT_A, EVEN_K)
+    # each step's code and x words are loaded a step ahead of their use (x quantized just before its MMAs)
     for k0 in range(k_lo, k_hi, STEP):
         k1 = k0 + STEP
         k1 = gl.where(k1 < k_hi, k1, k_lo)     # past the slice's end: the first step again (in bounds, unused)
         wa2 = _codes(wa_p, k1, K, okc, EVEN_K)
         wb2 = _codes(wb_p, k1, K, okc, EVEN_K)
-        acc0, acc1 = _mma_block(acc0, acc1, wa, wb, x0, x1, FP8, MT)
-        x0 = _x_codes(x0_p, k1, K, xm0, okc, inv0, QUANT_A, FP8, BF16, EVEN_K)
+        u0 = _x_words(x0_p, k1, K, xm0, okc, QUANT_A, EVEN_K)
+        u1 = u0
         if MT == 2:
-            x1 = _x_codes(x1_p, k1, K, xm1, okc, inv1, QUANT_A, FP8, BF16, EVEN_K)
+            u1 = _x_words(x1_p, k1, K, xm1, okc, QUANT_A, EVEN_K)
+        x0 = _x_codes(v0, inv0, QUANT_A, FP8, BF16)
+        x1 = x0
+        if MT == 2:
+            x1 = _x_codes(v1, inv1, QUANT_A, FP8, BF16)
+        acc0, acc1 = _mma_block(acc0, acc1, wa, wb, x0, x1, FP8, MT)
         wa = wa2
         wb = wb2
+        v0 = u0
+        v1 = u1
 
     # element (tile, g, t, e): weight row a (e < 2) or b, x row m0 (+ 8 for acc1) + 2 t + e % 2
     row = gl.where(e4 < 2, gl.sum(row_a, axis=3), gl.sum(row_b, axis=3)) + 0 * t4      # [TILES, 8, 4, 4]
