@@ -65,10 +65,9 @@ QUANTIZE = dict(path="quantize")
 # the tensor-core GEMV (kernels/_gemv_mma.py: 16-row tiles, TILES per program, WPT / 4 blocks of 64 k per step), for
 # the W8A8 linear quantizing x itself (each program reads its x rows whole first: more warps per program share
 # that) and for the int8 / fp8 GEMMs on codes at M <= 16
-GVT = [dict(path="gvt", TILES=t, WPT=wpt, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp, AHEAD=ah)
-       for t, wpt, w, sp, mp, ah in [(1, 8, 1, 4, 2048, 2), (4, 8, 4, 4, 1024, 2), (4, 16, 4, 2, 1024, 2),
-                                     (1, 8, 1, 4, 2048, 1), (4, 8, 4, 4, 1024, 1), (2, 16, 2, 4, 2048, 2),
-                                     (4, 8, 4, 1, 0, 2)]]
+GVT = [dict(path="gvt", TILES=t, WPT=wpt, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp)
+       for t, wpt, w, sp, mp in [(2, 8, 1, 2, 1024), (1, 8, 1, 4, 2048), (4, 8, 4, 1, 0), (4, 8, 4, 4, 1024),
+                                 (8, 8, 4, 2, 512), (4, 16, 4, 2, 1024)]]
 W8A8_KINDS = {"w8a8": "int8", "w8a8-fp8": "fp8"}
 CANDIDATES["16384"] = CANDIDATES["4096"]
 

@@ -500,9 +500,8 @@ _GVT = dict(path="gvt", TILES=2, WPT=8, num_warps=1, SPLIT_K=4, MIN_PROGRAMS=1 <
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N,K", [(1, 40, 64), (1, 300, 1024), (3, 45, 320), (8, 64, 192), (9, 37, 256),
                                    (16, 96, 512), (20, 72, 128)])
-@pytest.mark.parametrize("cfg", [_GVT, dict(_GVT, TILES=4, WPT=4, num_warps=2, SPLIT_K=1), dict(_GVT, WPT=16),
-                                 dict(_GVT, AHEAD=2), dict(_GVT, WPT=4, SPLIT_K=1, AHEAD=2)],
-                         ids=["split4", "two-warps", "wpt16", "ahead2", "ahead2-unsplit"])
+@pytest.mark.parametrize("cfg", [_GVT, dict(_GVT, TILES=4, WPT=4, num_warps=2, SPLIT_K=1), dict(_GVT, WPT=16)],
+                         ids=["split4", "two-warps", "wpt16"])
 @gpu
 def test_w8a8_gvt_quantizes_x_itself(cfg, M, N, K, x_dtype, dtype, monkeypatch):
     """The one-launch tensor-core W8A8 GEMV: x quantized per row inside the kernel with the quantize kernel's codes

@@ -187,12 +187,12 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
                      SB_PER_COL: gl.constexpr, HAS_BIAS: gl.constexpr, FP8: gl.constexpr, QUANT_A: gl.constexpr,
                      QSYM: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr, MT: gl.constexpr,
                      XR: gl.constexpr, XB: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr,
-                     AHEAD: gl.constexpr = 1, PDL: gl.constexpr = False):
+                     PDL: gl.constexpr = False):
     """C[m, n] = (sum_k xq[m, k] wq[n, k]) * scale_a[m] * scale_b[n] * scale_c (+ bias[n]). x: QUANT_A, fp16 / bf16
     [M, K] (stride in elements, rows 16-byte aligned); else codes (stride in bytes) with per-row scales sa_ptr. w:
     [N, K] codes (stride in bytes, rows 16-byte aligned). K a multiple of 64 (EVEN_K: of 16 WPT). Program (n,
     k-slice, m): TILES 16-row tiles of w, 8 MT rows of x, XR of which exist at most (the rows whose scales it
-    works out, XB elements of a row per round of loads). AHEAD (1, 2): steps of codes in flight ahead of the MMAs. SPLIT_K > 1: program column z covers slice z of K (whole steps) and writes its partials to ws_ptr
+    works out, XB elements of a row per round of loads). SPLIT_K > 1: program column z covers slice z of K (whole steps) and writes its partials to ws_ptr
     [SPLIT_K, M, N] (int8: int32); the tile's last program adds them up (cnt_ptr: an int32 counter per (n, m)
     program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
@@ -232,12 +232,6 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     k_lo, k_hi = _k_slice(K, STEP, SPLIT_K)      # slices of whole steps
     wa = _codes(wa_p, k_lo, K, okc, EVEN_K)
     wb = _codes(wb_p, k_lo, K, okc, EVEN_K)
-    wa1 = wa                                   # AHEAD == 2: the second step's, in flight with the first's
-    wb1 = wb
-    if AHEAD == 2:
-        ks = gl.where(k_lo + STEP < k_hi, k_lo + STEP, k_lo)
-        wa1 = _codes(wa_p, ks, K, okc, EVEN_K)
-        wb1 = _codes(wb_p, ks, K, okc, EVEN_K)
     _pdl_launch(PDL)
     _pdl_wait(PDL)
 
@@ -275,10 +269,8 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     for k0 in range(k_lo, k_hi, STEP):
         k1 = k0 + STEP
         k1 = gl.where(k1 < k_hi, k1, k_lo)     # past the slice's end: the first step again (in bounds, unused)
-        kw = k0 + AHEAD * STEP                 # the codes AHEAD steps on
-        kw = gl.where(kw < k_hi, kw, k_lo)
-        wa2 = _codes(wa_p, kw, K, okc, EVEN_K)
-        wb2 = _codes(wb_p, kw, K, okc, EVEN_K)
+        wa2 = _codes(wa_p, k1, K, okc, EVEN_K)
+        wb2 = _codes(wb_p, k1, K, okc, EVEN_K)
         u0 = _x_words(x0_p, k1, K, xm0, okc, QUANT_A, EVEN_K)
         u1 = u0
         if MT == 2:
@@ -288,14 +280,8 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
         if MT == 2:
             x1 = _x_codes(v1, inv1, QUANT_A, FP8, BF16)
         acc0, acc1 = _mma_block(acc0, acc1, wa, wb, x0, x1, FP8, MT)
-        if AHEAD == 2:
-            wa = wa1
-            wb = wb1
-            wa1 = wa2
-            wb1 = wb2
-        else:
-            wa = wa2
-            wb = wb2
+        wa = wa2
+        wb = wb2
         v0 = u0
         v1 = u1
 

@@ -313,9 +313,8 @@ def _gvt_plan(cfg: dict, M: int, N: int, K: int, kind: str, quant_a: bool):
     if hit is not None:
         return hit[1:]
     tiles, wpt, warps = cfg["TILES"], cfg["WPT"], cfg["num_warps"]
-    if wpt not in (4, 8, 16) or tiles % warps or cfg.get("AHEAD", 1) not in (1, 2):
-        raise RuntimeError(f"gvt config needs WPT in (4, 8, 16), TILES a multiple of num_warps and AHEAD 1 or 2: "
-                           f"{cfg}")
+    if wpt not in (4, 8, 16) or tiles % warps:
+        raise RuntimeError(f"gvt config needs WPT in (4, 8, 16) and TILES a multiple of num_warps: {cfg}")
     mt = 1 if M <= 8 else 2
     step = GVT_K * wpt // 4
     grid_n, grid_m = cdiv(N, 16 * tiles), cdiv(M, 8 * mt)
@@ -324,7 +323,7 @@ def _gvt_plan(cfg: dict, M: int, N: int, K: int, kind: str, quant_a: bool):
     # quant_a: a program reads its x rows whole first, up to 64 elements per lane per round of loads
     xb = min(max(next_pow2(K), 32 * warps), 2048 * warps)
     constexprs = dict(FP8=kind == "fp8", QUANT_A=quant_a, QSYM=qsym, TILES=tiles, WPT=wpt, MT=mt, XR=min(M, 8 * mt),
-                      XB=xb, SPLIT_K=split, EVEN_K=K % step == 0, AHEAD=int(cfg.get("AHEAD", 1)), num_warps=warps)
+                      XB=xb, SPLIT_K=split, EVEN_K=K % step == 0, num_warps=warps)
     plan = ((grid_n, split, grid_m), split, constexprs)
     if len(_GVT_PLANS) >= 4096:
         _GVT_PLANS.clear()
