@@ -2,9 +2,9 @@
 Each candidate is timed on the Llama-3-8B shapes (geometric mean; at M <= 16 also the k / v, q|k|v and gate|up
 projections a decode step runs, where tile configs may split K: SPLIT_K / MIN_PROGRAMS); a shape for which
 another candidate is clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" /
-"w8a8-fp8" are the W8A8 linear with dynamic per-token activations at M <= 16: the GEMVs that quantize x themselves
-(the 8-bit GEMV at M = 1, the tensor-core one at both) against the quantize kernel + the GEMM its table picks ("path":
-"quantize", also every bucket above). Usage:
+"w8a8-fp8" are the W8A8 linear with dynamic per-token activations at M = 1: the GEMVs that quantize x themselves (the
+8-bit GEMV, the tensor-core one) against the quantize kernel + the GEMM its table picks ("path": "quantize", also every
+bucket above). Usage:
 PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8]"""
 import argparse
 import ast
@@ -66,8 +66,7 @@ QUANTIZE = dict(path="quantize")
 # the W8A8 linear quantizing x itself (each program reads its x rows whole first: more warps per program share
 # that) and for the int8 / fp8 GEMMs on codes at M <= 16
 GVT = [dict(path="gvt", TILES=t, WPT=wpt, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp)
-       for t, wpt, w, sp, mp in [(2, 8, 1, 2, 1024), (1, 8, 1, 4, 2048), (4, 8, 4, 1, 0), (4, 8, 4, 4, 1024),
-                                 (8, 8, 4, 2, 512), (4, 16, 4, 2, 1024)]]
+       for t, wpt, w, sp, mp in [(4, 8, 4, 4, 1024), (1, 8, 1, 4, 2048), (4, 16, 4, 2, 1024), (2, 8, 1, 2, 1024)]]
 W8A8_KINDS = {"w8a8": "int8", "w8a8-fp8": "fp8"}
 CANDIDATES["16384"] = CANDIDATES["4096"]
 
@@ -164,12 +163,11 @@ for kind in args.kinds:
         if time.time() - t0 > args.budget_s:
             print(f"budget spent: {kind} M<={bucket} and later keep their configs", flush=True)
             break
-        if kind in W8A8_KINDS and bucket not in ("1", "16"):
+        if kind in W8A8_KINDS and bucket != "1":
             continue
         cands = CANDIDATES[bucket]
         if kind in W8A8_KINDS:
-            gvt = [dict(c, fallback=QUANTIZE) for c in GVT]
-            cands = (FUSED + gvt if bucket == "1" else gvt) + [QUANTIZE]
+            cands = FUSED + [dict(c, fallback=QUANTIZE) for c in GVT] + [QUANTIZE]
         elif bucket == "1":      # a GEMV config carries a tile config for the calls the GEMV does not take
             cands = [dict(c, fallback=tile_of(table[kind].get("16") or configs.DEFAULT_GEMM["16"]))
                      if c.get("path") == "gemv" else c for c in cands]
@@ -211,8 +209,8 @@ for kind in args.kinds:
             paths = [dict(path="cublas", fallback=best[1])]
         if kind == "int8" and bucket in WG_BUCKETS and torch.cuda.get_device_capability(dev) == (9, 0):
             paths = [dict(c, fallback=best[1]) for c in WG]
-        if kind in ("int8", "fp8") and bucket in ("1", "16"):    # a tile config as the fallback
-            paths += [dict(c, fallback=tile_of(best[1])) for c in GVT[:4]]
+        if kind in ("int8", "fp8") and bucket == "16":    # a tile config as the fallback
+            paths += [dict(c, fallback=tile_of(best[1])) for c in GVT[:2]]
         for cfg in paths:
             try:
                 times = time_config(cfg)
