@@ -2,9 +2,10 @@
 direct launch (_runtime.launch's cache; layers and weight-only ops then replay their first call's launches:
 ops/_eager.py) and through Triton's own launch path (QKERNELS_FAST_LAUNCH=0 behaviour), against torch calls on the
 same host, then a cProfile of the w4a16 and w8a8 eager calls and of F.linear.
-Usage: PYTHONPATH=src python3 scripts/profile_host.py"""
+Usage: PYTHONPATH=src python3 scripts/profile_host.py [CALL ...]   (CALL: cProfile only these calls, by name)"""
 import cProfile
 import pstats
+import sys
 
 import torch
 
@@ -36,14 +37,17 @@ calls.update({
     "quantize row int8 M=16": lambda: qk.quantize(x16, "int8", "row"),
     "rms_norm M=1": lambda: qk.rms_norm(x, w[0]),
 })
+profiled = sys.argv[1:] or ["w4a16_linear", "QuantizedLinear w8a8", "QuantizedLinear w8a8-fp8", "F.linear fp16"]
 print(f"{'call':32s} {'direct launch':>14s} {'triton launch':>14s}  (host us / call)")
 for name, fn in calls.items():
+    if sys.argv[1:] and name not in profiled + ["F.linear fp16"]:
+        continue
     with R.fast_launch(True):
         fast = host_us(fn)
     with R.fast_launch(False):
         slow = host_us(fn)
     print(f"{name:32s} {fast:14.1f} {slow:14.1f}", flush=True)
-for name in ("w4a16_linear", "QuantizedLinear w8a8", "QuantizedLinear w8a8-fp8", "F.linear fp16"):
+for name in profiled:
     fn = calls[name]
     pr = cProfile.Profile()
     pr.enable()
