@@ -5,7 +5,8 @@ by opcode (the largest, where there are several), and its instruction count divi
 thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
-Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt [--arch 90] [--top 12]
+Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt | w8a8-gvt | w8a8-gvt-fp8
+       [--arch 90] [--top 12]
 """
 import argparse
 import os
@@ -67,8 +68,8 @@ def w4a16_gvt():
 
 
 def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
-    """The Gluon tensor-core W8A8 GEMV quantizing x itself (fp16 x), int8 codes: TILES 16-row tiles per warp, WPT 8
-    (128 k per step), one warp, one x row."""
+    """The Gluon tensor-core W8A8 GEMV quantizing x itself (fp16 x), int8 or fp8 codes: TILES 16-row tiles per warp,
+    WPT 8 (128 k per step), one warp, one x row. Its main loop is the one with the MMAs (the absmax loop is larger)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qkernels.kernels._gemv_mma import _w8a8_gvt_kernel as k
@@ -77,7 +78,7 @@ def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
     types = dict(x_ptr="*fp16", w_ptr="*u8", c_ptr="*fp16", sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*fp16",
                  scale_c="fp32", ws_ptr="*fp32" if fp8 else "*i32", cnt_ptr="*i32", M="i32", N="i32", K="i32",
                  stride_xm="i32", stride_wn="i32", stride_cm="i32")
-    return k, types, cx, 1, GluonASTSource, 16 * tiles * 16 * wpt // 32
+    return k, types, cx, 1, GluonASTSource, 16 * tiles * 16 * wpt // 32, "IMMA" if not fp8 else "HMMA"
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt,
@@ -90,7 +91,7 @@ def main():
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
-    kernel, types, cx, warps, source, bytes_per_iter = CASES[args.case]()
+    kernel, types, cx, warps, source, bytes_per_iter, *loop_op = CASES[args.case]()
     sig = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t != "fp32"}
     compiled = triton.compile(source(kernel, sig, cx, attrs), target=GPUTarget("cuda", args.arch, 32),
@@ -112,7 +113,8 @@ def main():
             loops.append((labels[m.group(1)], i))
     ops = [[re.sub(r"^.*?\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0] for l in lines[a:b + 1]
             if re.search(r"/\*[0-9a-f]{4}\*/", l)] for a, b in loops]
-    body = max(ops, key=len)     # the main loop: the largest (others: e.g. the row's absmax before it)
+    # the main loop: the largest (others: e.g. the row's absmax before it), or the largest with the case's opcode
+    body = max([o for o in ops if not loop_op or any(op.startswith(loop_op[0]) for op in o)], key=len)
     regs = re.search(r"REG:(\d+)", usage)
     print(f"{args.case}: loop {len(body)} instructions per thread per iteration, {bytes_per_iter} weight bytes "
           f"-> {len(body) / bytes_per_iter:.1f} per byte; {regs.group(1) if regs else '?'} registers per thread"

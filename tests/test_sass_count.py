@@ -1,5 +1,5 @@
 """scripts/sass_count.py (offline sm_90 compile, SASS of the decode kernels' loops) still builds each case: the
-kernels' signatures it names follow theirs."""
+kernels' signatures it names follow theirs, and the Gluon kernels (no interpreter twin) still compile on a CPU."""
 import os
 import subprocess
 import sys
@@ -13,7 +13,8 @@ NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdis
 
 
 @pytest.mark.skipif(not NVDISASM.exists(), reason="Triton's CUDA tools are not installed")
-@pytest.mark.parametrize("case", ["gemv8-fp8", "gemv8-fp8-quant", "w4a16-gemv", "w4a16-gvt"])
+@pytest.mark.parametrize("case", ["gemv8-fp8", "gemv8-fp8-quant", "w4a16-gemv", "w4a16-gvt", "w8a8-gvt",
+                                  "w8a8-gvt-fp8"])
 def test_sass_count_counts_each_decode_loop(case):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     env.pop("TRITON_INTERPRET", None)       # a real compile, not the interpreter
