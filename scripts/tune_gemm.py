@@ -63,10 +63,10 @@ FUSED = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_
                                    (4, 1024, 2, 2, 1024), (8, 512, 2, 4, 1024)]]     # the H100 / H200 sweeps' best
 QUANTIZE = dict(path="quantize")
 # the tensor-core GEMV (kernels/_gemv_mma.py: 16-row tiles, TILES per program, WPT / 4 blocks of 64 k per step), for
-# the W8A8 linear quantizing x itself (each program reads its x rows whole first: more warps per program share
-# that) and for the int8 / fp8 GEMMs on codes at M <= 16
+# the W8A8 linear quantizing x itself and for the int8 / fp8 GEMMs on codes at M <= 16: the H100 sweep's best (K
+# split 4 ways), and K split finer into slices of one or two steps (every program's codes in flight at once)
 GVT = [dict(path="gvt", TILES=t, WPT=wpt, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=mp)
-       for t, wpt, w, sp, mp in [(4, 8, 4, 4, 1024), (1, 8, 1, 4, 2048), (4, 16, 4, 2, 1024), (2, 8, 1, 2, 1024)]]
+       for t, wpt, w, sp, mp in [(4, 8, 4, 4, 1024), (1, 16, 1, 16, 4096), (1, 8, 1, 8, 4096), (2, 16, 2, 8, 2048)]]
 W8A8_KINDS = {"w8a8": "int8", "w8a8-fp8": "fp8"}
 CANDIDATES["16384"] = CANDIDATES["4096"]
 
