@@ -60,7 +60,8 @@ def _gemm_config(kind: str, M: int, N: int, K: int, device: torch.device) -> dic
 
 def use_config(cfg: dict):
     """Every int8 / fp8 / int4 GEMM inside the block runs `cfg` (a config-table entry: tile sizes, or
-    {"path": "gemv" | "wg" | "cublas", ..., "fallback": {...}}) whatever M and shape: the scoped override tuners use."""
+    {"path": "gemv" | "gvt" | "wg" | "cublas", ..., "fallback": {...}}) whatever M and shape: the scoped override
+    tuners use."""
     if not isinstance(cfg, dict) or not ("BLOCK_M" in cfg or cfg.get("path") in ("gemv", "gvt", "cublas", "wg")):
         raise ValueError(f"cfg must be a GEMM config-table entry (tile sizes, or a 'gemv' / 'gvt' / 'wg' / 'cublas' "
                          f"path), got {cfg!r}")
