@@ -589,6 +589,19 @@ def test_gvt_on_codes_gives_the_tile_kernels_bits(M, monkeypatch):
     assert rel_err(gotf, wantf) < 2e-3
 
 
+def test_gvt_plan():
+    """The gvt launch plan: 16-row tiles, two x tiles past M = 8, K split into slices of whole steps (one step each
+    at most), the x rows whose scales a program works out; a malformed config is a clear error."""
+    from qkernels.ops import gemm as G
+    cfg = dict(path="gvt", TILES=1, WPT=16, num_warps=1, SPLIT_K=16, MIN_PROGRAMS=1 << 30)
+    grid, split, cx = G._gvt_plan(cfg, 1, 1024, 4096, "fp8", True)
+    assert grid == (64, 16, 1) and split == 16 and cx["EVEN_K"] and cx["MT"] == 1 and cx["XR"] == 1 and cx["FP8"]
+    grid, split, cx = G._gvt_plan(dict(cfg, TILES=2, num_warps=2), 20, 72, 320, "int8", False)
+    assert grid == (3, 2, 2) and split == 2 and not cx["EVEN_K"] and cx["MT"] == 2 and cx["XR"] == 16
+    with pytest.raises(RuntimeError, match="WPT in"):
+        G._gvt_plan(dict(cfg, WPT=3), 1, 64, 64, "int8", True)
+
+
 @pytest.mark.parametrize("K", [200, 256])
 def test_gvt_config_runs_its_fallback_where_its_kernel_does_not(K, monkeypatch):
     """A "gvt" config on a call its kernel does not take (K not a multiple of 64; any call under the interpreter,
