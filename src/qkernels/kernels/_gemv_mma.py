@@ -162,22 +162,16 @@ def _x_codes(v, inv, QUANT_A: gl.constexpr, FP8: gl.constexpr, BF16: gl.constexp
 @gluon.jit
 def _mma_block(acc0, acc1, wa, wb, x0, x1, FP8: gl.constexpr, MT: gl.constexpr):
     """acc + the step's sums for each x tile (MT == 1: acc1 as it is): int32 (exact) or fp32."""
-    if FP8:
-        if MT == 1:
-            acc0 = gl.inline_asm_elementwise(asm=_MMA1_F8, constraints=_MMA1_CF, args=[wa, wb, x0, acc0],
-                                             dtype=gl.float32, is_pure=True, pack=4)
-        else:
-            acc0, acc1 = gl.inline_asm_elementwise(asm=_MMA2_F8, constraints=_MMA2_CF,
-                                                   args=[wa, wb, x0, x1, acc0, acc1], dtype=(gl.float32, gl.float32),
-                                                   is_pure=True, pack=4)
+    if MT == 1:
+        asm1: gl.constexpr = _MMA1_F8 if FP8 else _MMA1_I8
+        c1: gl.constexpr = _MMA1_CF if FP8 else _MMA1_CI
+        acc0 = gl.inline_asm_elementwise(asm=asm1, constraints=c1, args=[wa, wb, x0, acc0], dtype=acc0.dtype,
+                                         is_pure=True, pack=4)
     else:
-        if MT == 1:
-            acc0 = gl.inline_asm_elementwise(asm=_MMA1_I8, constraints=_MMA1_CI, args=[wa, wb, x0, acc0],
-                                             dtype=gl.int32, is_pure=True, pack=4)
-        else:
-            acc0, acc1 = gl.inline_asm_elementwise(asm=_MMA2_I8, constraints=_MMA2_CI,
-                                                   args=[wa, wb, x0, x1, acc0, acc1], dtype=(gl.int32, gl.int32),
-                                                   is_pure=True, pack=4)
+        asm2: gl.constexpr = _MMA2_F8 if FP8 else _MMA2_I8
+        c2: gl.constexpr = _MMA2_CF if FP8 else _MMA2_CI
+        acc0, acc1 = gl.inline_asm_elementwise(asm=asm2, constraints=c2, args=[wa, wb, x0, x1, acc0, acc1],
+                                               dtype=(acc0.dtype, acc1.dtype), is_pure=True, pack=4)
     return acc0, acc1
 
 
@@ -192,9 +186,9 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     [M, K] (stride in elements, rows 16-byte aligned); else codes (stride in bytes) with per-row scales sa_ptr. w:
     [N, K] codes (stride in bytes, rows 16-byte aligned). K a multiple of 64 (EVEN_K: of 16 WPT). Program (n,
     k-slice, m): TILES 16-row tiles of w, 8 MT rows of x, XR of which exist at most (the rows whose scales it
-    works out, XB elements of a row per round of loads). SPLIT_K > 1: program column z covers slice z of K (whole steps) and writes its partials to ws_ptr
-    [SPLIT_K, M, N] (int8: int32); the tile's last program adds them up (cnt_ptr: an int32 counter per (n, m)
-    program, zero between launches)."""
+    works out, XB elements of a row per round of loads). SPLIT_K > 1: program column z covers slice z of K (whole
+    steps) and writes its partials to ws_ptr [SPLIT_K, M, N] (int8: int32); the tile's last program adds them up
+    (cnt_ptr: an int32 counter per (n, m) program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
     NB: gl.constexpr = WPT // 4
     STEP: gl.constexpr = NB * 64

@@ -96,6 +96,15 @@ def _launch(a2, b, c, sa, sb, bias, scale_c, act, kind):
     return c
 
 
+def _splitk_buffers(c: torch.Tensor, split: int, tiles: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream's split-K workspace (int32 for integer kinds: exact partials) and tile counters for `split`
+    slices of c's [M, N]; without a split, c in their place (the kernels never read them then)."""
+    if split == 1:
+        return c, c
+    ws, cnt = splitk_scratch(c.device, split * c.numel(), tiles)
+    return (ws if kind == "fp8" else ws.view(torch.int32)), cnt
+
+
 def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     while "path" in cfg:     # a kernel path, or the fallback it carries for calls it does not take, down to tiles
         path = cfg["path"]
@@ -119,11 +128,7 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     tile_cfg, split = _tile_plan(cfg, M, N, K)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
-    ws = cnt = unused
-    if split > 1:
-        ws, cnt = splitk_scratch(c.device, split * M * N, tiles)
-        if kind != "fp8":
-            ws = ws.view(torch.int32)      # exact int32 partials
+    ws, cnt = _splitk_buffers(c, split, tiles, kind)
     launch(_kg()._scaled_mm_kernel, (tiles, split),
            a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
            bias if bias is not None else unused, scale_c, M, N, K,
@@ -256,12 +261,7 @@ def _gemv_plan(cfg: dict, M: int, N: int, K: int, kind: str):
 
 def _launch_gemv(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
-    if split > 1:
-        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[1])
-        if kind == "int8":
-            ws = ws.view(torch.int32)      # exact int32 partials
-    else:
-        ws = cnt = c
+    ws, cnt = _splitk_buffers(c, split, grid[0] * grid[1], kind)
     unused = c
     launch(_kg()._gemv8_kernel, grid,
            a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
@@ -337,12 +337,7 @@ def _launch_gvt(x2, w, c, sa, sb, bias, scale_c, kind, quant_a, M, N, K, cfg):
     tensor-core GEMV. x2: float [M, K] (quant_a) or its codes; w: [N, K] codes (fp8 as uint8 or e4m3); sb flat
     fp32 (1 or N)."""
     grid, split, constexprs = _gvt_plan(cfg, M, N, K, kind, quant_a)
-    if split > 1:
-        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[2])
-        if kind == "int8":
-            ws = ws.view(torch.int32)      # exact int32 partials
-    else:
-        ws = cnt = c
+    ws, cnt = _splitk_buffers(c, split, grid[0] * grid[2], kind)
     if kind == "fp8":
         w = w.view(torch.uint8)
         if not quant_a:
@@ -426,12 +421,7 @@ def _w8a8_dynamic(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, sc
 def _launch_gemv_quant(x2, b, w_scale, scale_c, bias, kind, M, N, K, cfg):
     c = alloc((M, N), x2.dtype, x2.device)
     grid, split, constexprs = _gemv_plan(cfg, M, N, K, kind)
-    if split > 1:
-        ws, cnt = splitk_scratch(c.device, split * M * N, grid[0] * grid[1])
-        if kind == "int8":
-            ws = ws.view(torch.int32)
-    else:
-        ws = cnt = c
+    ws, cnt = _splitk_buffers(c, split, grid[0] * grid[1], kind)
     if kind == "fp8":
         b = b.view(torch.uint8)
     kw = _gemv_keywords(constexprs, True, False, w_scale.numel() > 1, bias is not None, None, pdl_options(c.device))
