@@ -34,7 +34,7 @@ import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .weight_only.gluon_shared import _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup_at
+from .weight_only.gluon_shared import _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup_tiles
 from .weight_only.gvt import _axis, _layout
 
 
@@ -287,37 +287,16 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     out1 = out0
     if MT == 2:
         out1 = gl.sum(acc1, axis=3)
+    last = True
     if SPLIT_K > 1:
+        out0, out1, last = _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr,
+                                               gl.program_id(2) * gl.num_programs(0) + pid_n, tok, row, ok_row, M, N,
+                                               MT, SPLIT_K)
+    if last:
+        _store(out0, sa0, c_ptr, sb_ptr, bias_ptr, scale_c, stride_cm, tok, row, ok_row, M, N, SB_PER_COL, HAS_BIAS)
         if MT == 2:
-            acc = gl.join(out0, out1)
-            toks = gl.join(tok, tok + 8)
-            rows = gl.join(row, row)
-            oks = gl.join(ok_row, ok_row)
-        else:
-            acc = out0
-            toks = tok
-            rows = row
-            oks = ok_row
-        acc, last = _splitk_fixup_at(acc, ws_ptr, cnt_ptr, gl.program_id(2) * gl.num_programs(0) + pid_n,
-                                     toks.to(gl.int64) * N + rows, (toks < M) & oks, M * N, SPLIT_K)
-        if last:
-            if MT == 2:
-                out0, out1 = gl.split(acc)
-                out0 = gl.convert_layout(out0, row.type.layout, assert_trivial=True)
-                out1 = gl.convert_layout(out1, row.type.layout, assert_trivial=True)
-            else:
-                out0 = acc
-            _store(out0, sa0, c_ptr, sb_ptr, bias_ptr, scale_c, stride_cm, tok, row, ok_row,
-                   M, N, SB_PER_COL, HAS_BIAS)
-            if MT == 2:
-                _store(out1, sa1, c_ptr, sb_ptr, bias_ptr, scale_c, stride_cm, tok + 8, row,
-                       ok_row, M, N, SB_PER_COL, HAS_BIAS)
-    else:
-        _store(out0, sa0, c_ptr, sb_ptr, bias_ptr, scale_c, stride_cm, tok, row, ok_row, M, N,
-               SB_PER_COL, HAS_BIAS)
-        if MT == 2:
-            _store(out1, sa1, c_ptr, sb_ptr, bias_ptr, scale_c, stride_cm, tok + 8, row,
-                   ok_row, M, N, SB_PER_COL, HAS_BIAS)
+            _store(out1, sa1, c_ptr, sb_ptr, bias_ptr, scale_c, stride_cm, tok + 8, row, ok_row, M, N, SB_PER_COL,
+                   HAS_BIAS)
 
 
 @gluon.jit

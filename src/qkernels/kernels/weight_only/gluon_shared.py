@@ -1,6 +1,6 @@
-"""What the Gluon weight-only kernels (tc.py, wg.py, gv.py, gvt.py) share: free views of 32-bit words as bytes or
-16-bit halves (identity asm: no instructions), the split-K slices and fix-up (the Gluon twin of
-_common._splitk_fixup) and programmatic dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
+"""What the Gluon weight-only kernels (tc.py, wg.py, gv.py, gvt.py; and kernels/_gemv_mma.py) share: free views of
+32-bit words as bytes or 16-bit halves (identity asm: no instructions), the split-K slices and fix-up (the Gluon twin
+of _common._splitk_fixup) and programmatic dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -63,6 +63,33 @@ def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, SPLIT_K: gl.con
             acc += gl.load(ws_ptr + sk * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
         gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
     return acc, last
+
+
+@gluon.jit
+def _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr, tile, tok, row, ok_row, M, N, MT: gl.constexpr,
+                        SPLIT_K: gl.constexpr):
+    """_splitk_fixup_at for the tensor-core GEMVs' (gvt.py, kernels/_gemv_mma.py) partial sums of one or two x tiles
+    (out0: x rows tok, out1 with MT == 2: x rows tok + 8; weight rows row, ok_row: they exist), fixed up as one
+    tensor. Returns (out0, out1, whether this program is the tile's last: only then are the sums complete)."""
+    if MT == 2:
+        acc = gl.join(out0, out1)
+        toks = gl.join(tok, tok + 8)
+        rows = gl.join(row, row)
+        oks = gl.join(ok_row, ok_row)
+    else:
+        acc = out0
+        toks = tok
+        rows = row
+        oks = ok_row
+    acc, last = _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, toks.to(gl.int64) * N + rows, (toks < M) & oks, M * N,
+                                 SPLIT_K)
+    if MT == 2:
+        out0, out1 = gl.split(acc)
+        out0 = gl.convert_layout(out0, row.type.layout, assert_trivial=True)
+        out1 = gl.convert_layout(out1, row.type.layout, assert_trivial=True)
+    else:
+        out0 = acc
+    return out0, out1, last
 
 
 @gluon.jit

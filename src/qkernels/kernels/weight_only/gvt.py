@@ -47,7 +47,7 @@ import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup_at
+from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup_tiles
 
 
 
@@ -361,28 +361,12 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     out1 = out0                                                       # MT == 2: the second x tile's
     if MT == 2:
         out1 = gl.sum(acc1, axis=3)
+    last = True
     if SPLIT_K > 1:
-        if MT == 2:
-            acc = gl.join(out0, out1)
-            toks = gl.join(tok, tok + 8)
-            rows = gl.join(row, row)
-            oks = gl.join(ok_row, ok_row)
-        else:
-            acc = out0
-            toks = tok
-            rows = row
-            oks = ok_row
-        acc, last = _splitk_fixup_at(acc, ws_ptr, cnt_ptr, gl.program_id(2) * gl.num_programs(0) + pid_n,
-                                     toks.to(gl.int64) * N + rows, (toks < M) & oks, M * N, SPLIT_K)
-        if last:
-            if MT == 2:
-                out0, out1 = gl.split(acc)
-                out0 = gl.convert_layout(out0, row.type.layout, assert_trivial=True)
-                out1 = gl.convert_layout(out1, row.type.layout, assert_trivial=True)
-            else:
-                out0 = acc
-            _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
-    else:
+        out0, out1, last = _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr,
+                                               gl.program_id(2) * gl.num_programs(0) + pid_n, tok, row, ok_row, M, N,
+                                               MT, SPLIT_K)
+    if last:
         _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
 
 
