@@ -392,6 +392,17 @@ def _w8a8_case(dtype, x_dtype, M, N, K):
     return x, qk.QuantizedLinear.from_linear(lin, "w8a8" if dtype == "int8" else "w8a8-fp8")
 
 
+def _check_one_launch(got, two, want, dtype, x_dtype):
+    """A one-launch W8A8 linear against quantize + GEMM (two) and the reference (want): int8 bit for bit (the same
+    codes, scales and exact sums), fp8 within fp32 rounding of sums in another order."""
+    if dtype == "int8":
+        assert_bit_exact(got, two, "one launch vs quantize + GEMM")
+        assert_bit_exact(got, want, "one launch vs reference")
+    else:
+        assert rel_err(got, want) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+        assert rel_err(got, two) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+
+
 # the W8A8 GEMV that quantizes x itself, forced (a GPU table takes it only where it measured faster)
 _TILE = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
 FUSED = dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, SPLIT_K=2, MIN_PROGRAMS=1 << 30, fallback=_TILE)
@@ -415,12 +426,7 @@ def test_w8a8_gemv_quantizes_x_itself(M, N, K, x_dtype, dtype, monkeypatch):
         two = ql(x)
     assert launched == ["_quantize_segments_kernel", "_scaled_mm_kernel"]
     want = ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, dtype)
-    if dtype == "int8":
-        assert_bit_exact(got, two, "one launch vs quantize + GEMM")
-        assert_bit_exact(got, want, "one launch vs reference")
-    else:
-        assert rel_err(got, want) < (2e-3 if x_dtype == torch.float16 else 1e-2)
-        assert rel_err(got, two) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+    _check_one_launch(got, two, want, dtype, x_dtype)
 
 
 @pytest.mark.parametrize("row", ["zeros", "nan_inf", "tiny"])
@@ -519,12 +525,7 @@ def test_w8a8_gvt_quantizes_x_itself(cfg, M, N, K, x_dtype, dtype, monkeypatch):
     with G.use_config(_TILE):          # quantize kernel, then the tile GEMM
         two = ql(x)
     want = ref.w8a8_linear(x, ql.weight, ql.weight_scale, ql.bias, None, dtype)
-    if dtype == "int8":
-        assert_bit_exact(got, two, "one launch vs quantize + GEMM")
-        assert_bit_exact(got, want, "one launch vs reference")
-    else:
-        assert rel_err(got, want) < (2e-3 if x_dtype == torch.float16 else 1e-2)
-        assert rel_err(got, two) < (2e-3 if x_dtype == torch.float16 else 1e-2)
+    _check_one_launch(got, two, want, dtype, x_dtype)
     assert_bit_exact(again, got, "second call (split-K partials added in slice order)")
 
 
