@@ -30,8 +30,22 @@ class FakeKernel:
     def __getitem__(self, grid):
         def run(*args, **kw):
             self.slow_calls.append((grid, args, kw))
-            return FakeCompiled(len(self.slow_calls))
+            self.compiled = FakeCompiled(len(self.slow_calls))
+            return self.compiled
         return run
+
+
+class FakeLauncher:
+    """Triton's CudaLauncher: a Python wrapper (allocates scratch memory the kernel needs) around the C `launch`."""
+
+    def __init__(self, scratch):
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.wrapped, self.direct = [], []
+        self.launch = lambda *args: self.direct.append(args)
+
+    def __call__(self, *args):
+        self.wrapped.append(args)
 
 
 @pytest.fixture
@@ -48,11 +62,28 @@ def test_second_launch_goes_direct(fast):
     x = torch.arange(64, dtype=torch.float16)
     R.launch(k, (3,), x, 40, B=16)
     assert len(k.slow_calls) == 1
-    compiled = list(R._LAUNCHES.values())[0][0]
     R.launch(k, (5, 2), x, 56, B=16)
     assert len(k.slow_calls) == 1
     # grid padded to 3-D, the current stream, no launch metadata / hooks, args then constexpr placeholders
-    assert compiled.calls == [(5, 2, 1, 1234, "fn1", "meta1", None, None, None, x, 56, None)]
+    assert k.compiled.calls == [(5, 2, 1, 1234, "fn1", "meta1", None, None, None, x, 56, None)]
+
+
+@pytest.mark.parametrize("scratch", [0, 256])
+def test_direct_launch_calls_the_c_entry_point(fast, monkeypatch, scratch):
+    """A kernel that needs no scratch memory is launched through the launcher's C entry point (its cooperative-grid
+    and PDL flags, no scratch buffers); one that does, through the wrapper that allocates them."""
+    launcher = FakeLauncher(scratch)
+    monkeypatch.setattr(FakeCompiled, "run", launcher)
+    k = FakeKernel(["x", "n", "B"], {"B"})
+    x = torch.arange(64, dtype=torch.float16)
+    R.launch(k, (3,), x, 40, B=16)
+    R.launch(k, (5, 2), x, 56, B=16)
+    if scratch:
+        assert launcher.wrapped == [(5, 2, 1, 1234, "fn1", "meta1", None, None, None, x, 56, None)] \
+            and not launcher.direct
+    else:
+        assert launcher.direct == [(5, 2, 1, 1234, "fn1", False, True, None, None, "meta1", None, None, None, x, 56,
+                                    None)] and not launcher.wrapped
 
 
 @pytest.mark.parametrize("change", ["alignment", "dtype", "int_one", "int_div16", "int_i64", "constexpr", "float"])

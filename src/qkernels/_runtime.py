@@ -247,7 +247,7 @@ def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 # kernel launches with a lean host path
 
 
-# (kernel, device, constexprs, argument facts) -> (CompiledKernel, constexpr placeholders); (None, ()): not eligible
+# (kernel, device, constexprs, argument facts) -> (its launcher (_launcher), constexpr placeholders); (None, ()): not eligible
 _LAUNCHES: dict = {}
 _FAST_LAUNCH = [os.environ.get("QKERNELS_FAST_LAUNCH", "1") != "0"]
 
@@ -423,30 +423,41 @@ def launch(kernel, grid: tuple, *args, **constexprs) -> None:
     if entry is None or hooked:
         compiled = kernel[grid](*args, **constexprs)
         if entry is None:
-            entry = _LAUNCHES[key] = (compiled, (None,) * (len(kernel.params) - len(args))) \
+            entry = _LAUNCHES[key] = (_launcher(compiled), (None,) * (len(kernel.params) - len(args))) \
                 if _fast_eligible(kernel, args) else (None, ())
         rec = getattr(_THREAD, "recording", None)
         if rec is not None:                 # what the direct launch would run (nothing to replay under hooks)
             rec.append(None if hooked or entry[0] is None else (entry[0], _grid3(grid), args, entry[1], device))
         return
-    compiled, slots = entry
-    if compiled is None:
+    launcher, slots = entry
+    if launcher is None:
         kernel[grid](*args, **constexprs)
         rec = getattr(_THREAD, "recording", None)
         if rec is not None:
             rec.append(None)
         return
     grid = _grid3(grid)
-    compiled.run(*grid, get_stream(device), compiled.function, compiled.packed_metadata, None, None, None, *args,
-                 *slots)
+    launcher[0](*grid, get_stream(device), *launcher[1], *args, *slots)
     rec = getattr(_THREAD, "recording", None)
     if rec is not None:
-        rec.append((compiled, grid, args, slots, device))
+        rec.append((launcher, grid, args, slots, device))
+
+
+def _launcher(compiled) -> tuple:
+    """(callable, leading arguments) that launch a CompiledKernel when called as callable(gridX, gridY, gridZ,
+    stream, *leading, *kernel arguments): the C entry point of Triton's launcher where the kernel needs no scratch
+    memory (the launcher's Python wrapper only allocates that), else the wrapper."""
+    run = compiled.run
+    entry = getattr(run, "launch", None)
+    if entry is not None and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0:
+        return entry, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                       compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
 
 
 @contextlib.contextmanager
 def recording():
-    """What this thread's block does, in order, in the list the block gets: the direct launches (CompiledKernel,
+    """What this thread's block does, in order, in the list the block gets: the direct launches (launcher (_launcher),
     grid, args, constexpr placeholders, device), None for work that cannot be replayed (a launch through Triton's
     own path, cuBLAS: not_replayable), and the tensors alloc() made (ops/_eager.py replays them with new arguments
     in place of an op's own launch path)."""
@@ -493,9 +504,8 @@ def replay(rec: tuple, args: tuple) -> None:
     """Launch a recorded launch again (same kernel, grid, device, constexprs) with runtime arguments `args`,
     whose specialization facts (_arg_facts) must equal the recorded ones: the caller checks what can change
     (the current device included: current_device_index)."""
-    compiled, grid, _, slots, device = rec
-    compiled.run(*grid, _triton_runtime()[1](device), compiled.function, compiled.packed_metadata, None, None, None,
-                 *args, *slots)
+    launcher, grid, _, slots, device = rec
+    launcher[0](*grid, _triton_runtime()[1](device), *launcher[1], *args, *slots)
 
 
 def current_device_index() -> int:

@@ -125,14 +125,18 @@ def test_weight_only_plans(monkeypatch, bits, group_size, N, K, shape, swiglu):
 @pytest.mark.parametrize("scheme", ["w8a8", "w8a8-fp8"])
 @pytest.mark.parametrize("shape", [(1, 1, 512), (16, 512), (129, 512), (1024, 512)])
 def test_w8a8_linear_plans(monkeypatch, scheme, shape):
-    """QuantizedLinear w8a8: the row quantize and the GEMM replayed together (their codes and scales made afresh
-    on each call), or the one-launch GEMV where the table takes it; a replaced weight is recorded again. Paths with work a replay would leave out (FP8 through
-    cuBLAS, the int8 kernel's TMA descriptors; from M = 33 / 1024 on the H100) keep the full path: the same bits."""
+    """QuantizedLinear w8a8 (the plans kept on its weight tensor, recorded from the second call on it): the row
+    quantize and the GEMM replayed together (their codes and scales made afresh on each call), or the one-launch
+    GEMV where the table takes it; a replaced weight is recorded again. Paths with work a replay would leave out
+    (FP8 through cuBLAS, the int8 kernel's TMA descriptors; from M = 33 / 1024 on the H100) keep the full path: the
+    same bits."""
     lin = torch.nn.Linear(512, 384, bias=False, device=DEVICE, dtype=torch.float16)
     ql = qk.QuantizedLinear.from_linear(lin, scheme)
     replays = _counting(monkeypatch)
+    ql(torch.randn(shape, device=DEVICE, dtype=torch.float16))        # the first call on the weight: no recording
+    assert not ql.weight.__dict__["_eager_plans"]
     ql(torch.randn(shape, device=DEVICE, dtype=torch.float16))        # records
-    planned = any(ql.__dict__["_eager_plans"].values())
+    planned = any(ql.weight.__dict__["_eager_plans"].values())
     for _ in range(3):
         x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
         with qk.poison_outputs():
@@ -152,3 +156,62 @@ def test_w8a8_linear_plans(monkeypatch, scheme, shape):
     assert_bit_exact(ql(x), _full_path(ql2, x))
     assert_bit_exact(ql(x), _full_path(ql2, x))
     assert_bit_exact(graph_replay(lambda: ql(x)), _full_path(ql2, x))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_functional_w8a8_plans(monkeypatch, dtype):
+    """w8a8_linear replays too, the plans on the weight tensor: scales passed as a fresh view on every call (the same
+    memory) keep the plan, new scales make a new one, and a fresh view of the weight on every call never records."""
+    w = torch.randn(384, 512, device=DEVICE, dtype=torch.float16)
+    wq = qk.quantize(w, "int8" if dtype == "int8" else "fp8_e4m3", "row")
+    scale = wq.scale.reshape(-1).clone()
+    replays = _counting(monkeypatch)
+
+    def fn(x, s=None):
+        return qk.w8a8_linear(x, wq.data, (scale if s is None else s).view(-1), dtype=dtype)
+    for _ in range(2):                                            # the first call on the weight, then the recording
+        fn(torch.randn(1, 512, device=DEVICE, dtype=torch.float16))
+    plans = wq.data.__dict__["_eager_plans"]
+    planned = any(plans.values())
+    for _ in range(3):
+        x = torch.randn(1, 512, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = fn(x)
+        assert_bit_exact(got, _full_path(fn, x))
+    assert planned and len(replays) >= 3
+    n = len(replays)
+    scale2 = scale * 2                                            # other scales: recorded again, their bits
+    x = torch.randn(1, 512, device=DEVICE, dtype=torch.float16)
+    assert_bit_exact(fn(x, scale2), _full_path(lambda x: fn(x, scale2), x))
+    assert len(replays) == n
+    assert_bit_exact(fn(x, scale2), _full_path(lambda x: fn(x, scale2), x))
+    assert len(replays) > n
+    n = len(replays)
+    for _ in range(3):                                            # a fresh view of the weight per call
+        x = torch.randn(1, 512, device=DEVICE, dtype=torch.float16)
+        assert_bit_exact(qk.w8a8_linear(x, wq.data.view(384, 512), scale, dtype=dtype),
+                         _full_path(fn, x))
+    assert len(replays) == n
+
+
+def test_plans_are_not_copied():
+    """A deepcopy or pickle of a plan's owner (a layer, a weight tensor) starts with no plans: plans hold compiled
+    kernels (not copyable) and the owner's own tensors."""
+    import copy
+    import pickle
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise AssertionError("a plan was deep-copied")
+
+        def __reduce__(self):
+            raise AssertionError("a plan was pickled")
+    ql = qk.QuantizedLinear(64, 32, False, "w8a8", DEVICE)
+    for owner in (ql, ql.weight):
+        _eager.plans_of(owner)["key"] = Uncopyable()
+    ql2 = copy.deepcopy(ql)
+    assert not _eager.plans_of(ql2) and not _eager.plans_of(ql2.weight) and _eager.plans_of(ql)
+    ql3 = pickle.loads(pickle.dumps(ql))
+    assert not _eager.plans_of(ql3) and not _eager.plans_of(ql3.weight)
+    assert torch.equal(ql3.weight, ql.weight)

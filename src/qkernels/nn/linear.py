@@ -178,19 +178,12 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not runs_kernels(x):
             return self._reference_forward(x)
-        gemm, eager, weight_only = _ops()
+        gemm, weight_only = _ops()
         if self.scheme.weight_only:
             return weight_only._weight_only(x, self.packed_weight(), self.bias, self.bits,
                                             f"{self.scheme.name} QuantizedLinear")
-        w, ws, bias = self.weight, self.weight_scale, self.bias
-
-        def run():
-            return gemm.w8a8_linear(x, w, ws, bias, dtype=self.scheme.gemm_dtype)
-        if bias is not None or not x.is_cuda or torch.compiler.is_compiling():
-            return run()
-        # an eager call replays the launches (row quantize + GEMM) of the first call like it (ops/_eager.py)
-        return eager.planned(self.__dict__.setdefault("_eager_plans", {}), (x.shape, x.dtype, x.device), x, run,
-                             (w, ws), (gemm._FORCED_CONFIG[0], id(w), id(ws)))
+        # an eager call replays the launches of the first calls like it (ops/_eager.py; the plans kept on the weight)
+        return gemm.w8a8_linear(x, self.weight, self.weight_scale, self.bias, dtype=self.scheme.gemm_dtype)
 
     def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """Weight-only schemes, this layer an MLP's merged [gate; up] projection: silu(gate) * up [..., I], the
@@ -248,10 +241,10 @@ class QuantizedLinear(nn.Module):
 
 @functools.cache
 def _ops():
-    """ops.gemm, ops._eager and ops.weight_only, imported on the first forward (a cached call after that, not the
-    import machinery on every call)."""
-    from ..ops import _eager, gemm, weight_only
-    return gemm, _eager, weight_only
+    """ops.gemm and ops.weight_only, imported on the first forward (a cached call after that, not the import
+    machinery on every call)."""
+    from ..ops import gemm, weight_only
+    return gemm, weight_only
 
 
 def concat_problem(layers) -> str | None:

@@ -22,6 +22,28 @@ _X, _WS, _CNT = object(), object(), object()      # argument slots filled per ca
 MAX_PLANS = 64      # per store: many distinct shapes (prefill lengths) start it over rather than grow it
 
 
+class PlanStore(dict):
+    """An owner's plans, key -> EagerPlan (or _Unplanned), kept in the owner's __dict__ (a layer, a PackedWeight, a
+    weight tensor). Never copied: a deepcopy or pickle of the owner (copy.deepcopy(model), torch.save(model)) starts
+    with no plans, as the plans hold compiled kernels and the owner's own tensors."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo):
+        return PlanStore()
+
+    def __reduce__(self):
+        return PlanStore, ()
+
+
+def plans_of(owner) -> PlanStore:
+    """The plan store kept on `owner` (made on first use)."""
+    store = owner.__dict__.get("_eager_plans")
+    if store is None:
+        store = owner.__dict__["_eager_plans"] = PlanStore()
+    return store
+
+
 class _Unplanned:
     """A call whose recording cannot be replayed (it keeps the full path while its guard holds)."""
 
@@ -99,6 +121,7 @@ class EagerPlan:
         return plan
 
     def __call__(self, x: torch.Tensor):
+        """The call's result (shaped as the recorded call's), or None where the recording does not hold."""
         if (x.data_ptr() & 15 or not x.is_contiguous() or replay_state() != self.state
                 or current_device_index() != self.launches[0][0][4]):
             return None
@@ -110,9 +133,9 @@ class EagerPlan:
                 return None
         if poisoning():     # every tensor made as the full path makes it, poisoned
             made = [alloc(shape, dtype, x.device) for shape, dtype in self.allocs]
-        else:
-            shape, dtype = self.allocs[self.result]
-            made = {self.result: alloc(shape, dtype, x.device)}
+            made[self.result] = made[self.result].view(self.out_shape)
+        else:               # the result made in its final shape (same elements): no view per call
+            made = {self.result: alloc(self.out_shape, self.allocs[self.result][1], x.device)}
             if self.temp_bytes:
                 base = alloc((self.temp_bytes,), torch.uint8, x.device)     # alive until the launches are queued
                 at = base.data_ptr()
@@ -139,9 +162,7 @@ def planned(store: dict, key, x: torch.Tensor, run, owned: tuple, guard=None) ->
         plan = None
     if plan:
         out = plan(x)
-        if out is not None:
-            return out.view(plan.out_shape)
-        return run()
+        return out if out is not None else run()
     if plan is not None or not (x.is_cuda and x.is_contiguous() and not x.data_ptr() & 15 and x.numel()
                              and replay_state()[0]):
         return run()

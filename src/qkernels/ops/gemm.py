@@ -21,6 +21,7 @@ from .._runtime import (alloc, call_op, capability, cdiv, check_kernel_device, c
                         not_replayable, num_sms, pdl_options, register_twin, scoped_value, splitk_scratch, warn_once)
 from .. import reference as ref
 from ..reference import ACTIVATIONS
+from ._eager import planned, plans_of
 from .quant import _format_constexprs, _fp8_emulate, _quantize_dynamic, quantize
 
 _ACT_ID = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
@@ -584,6 +585,26 @@ _W8A8_CODES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 _X_FLOAT = (torch.float16, torch.bfloat16)
 
 
+def _w8a8_call(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, dtype: str) -> torch.Tensor:
+    """w8a8_linear's common call (validated by the caller: float x [..., K], no bias, flat fp32 per-channel scales),
+    out shaped like x. An eager call replays the launches of the first call like it (ops/_eager.py), the plans kept
+    on the weight tensor w_q; the first call on a weight tensor records nothing (a fresh view of the weight per call
+    never pays for a recording), the second records."""
+    def run():
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        y = call_op(_w8a8_dynamic_op, _w8a8_dynamic, x2, w_q, w_scale, 1.0, None, dtype)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], w_q.shape[0])
+    if torch.compiler.is_compiling() or not x.is_cuda:
+        return run()
+    store = w_q.__dict__.get("_eager_plans")
+    if store is None:
+        plans_of(w_q)
+        return run()
+    # the scales by address and size: the plan holds the tensor it recorded, so an equal address is the same memory
+    return planned(store, (x.shape, x.dtype, x.device, dtype), x, run, (w_q, w_scale),
+                   (_FORCED_CONFIG[0], w_scale.data_ptr(), w_scale.numel()))
+
+
 def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
                 act_scale=None, dtype: str = "int8", x_scale: torch.Tensor | None = None,
                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -604,9 +625,7 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
             and w_scale.is_contiguous() and (dtype == "fp8" or x.shape[-1] <= MAX_K_INT8)):
         # the common call (a float x on a GPU, per-channel fp32 weight scales, no bias) validated in a few checks;
         # anything else goes through the full checks below, which name what is wrong
-        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        y = call_op(_w8a8_dynamic_op, _w8a8_dynamic, x2, w_q, w_scale, 1.0, None, dtype)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], w_q.shape[0])
+        return _w8a8_call(x, w_q, w_scale, dtype)
     if dtype not in ("int8", "fp8"):
         raise ValueError(f"dtype must be 'int8' or 'fp8', got {dtype!r}")
     want = torch.int8 if dtype == "int8" else torch.float8_e4m3fn

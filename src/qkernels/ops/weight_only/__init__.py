@@ -25,7 +25,7 @@ from ...packed_weight import PackedWeight
 from .dispatch import (_FORCED_CONFIG, PATHS, SUPPORTED, TC_DEFAULT, TC_K, WG_DEFAULT, WG_K, config_for, force_path,
                        forced_path, gv_supported, gvt_supported, path_config, tc_supported, use_config,
                        wg_supported)
-from .._eager import planned
+from .._eager import planned, plans_of
 from .launch import run_config
 
 __all__ = ["w4a16_linear", "w8a16_linear", "PATHS", "force_path", "use_config", "config_for", "tc_supported",
@@ -137,7 +137,7 @@ def _call(x: torch.Tensor, w: PackedWeight, bits: int, swiglu: bool) -> torch.Te
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
     if torch.compiler.is_compiling() or not x.is_cuda:
         return run()
-    return planned(w.__dict__.setdefault("_eager_plans", {}), (x.shape, x.dtype, x.device, bits, swiglu), x, run,
+    return planned(plans_of(w), (x.shape, x.dtype, x.device, bits, swiglu), x, run,
                    (w.qweight, w.scale_zero), (forced_path(), _FORCED_CONFIG[0]))
 
 
