@@ -4,7 +4,7 @@ import torch
 
 from qkernels.bench import model as bm
 from qkernels.nn import QuantizedLinear
-from tests.conftest import DEVICE
+from tests.conftest import DEVICE, ON_GPU
 
 pytest.importorskip("transformers")
 
@@ -31,6 +31,7 @@ def test_decode_step_runs_and_skip_reasons():
     assert bm.skip_reason("w8a8", {"fp8": False}) is None
 
 
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is `qkernels bench model`'s job, not a test's")
 def test_vision_language_model_runs_when_named(tmp_path):
     """--models qwen3-vl-2b (here its tiny twin): the conditional-generation model is built with its buffers,
     quantized (text and vision linears), and timed on text prompts through its language model."""
@@ -45,3 +46,10 @@ def test_vision_language_model_runs_when_named(tmp_path):
     assert {r["model"] for r in doc["rows"]} == {"tiny-qwen3-vl"} and doc["rows"][0]["layers"] == 2
     q = bm.build(cfgs["tiny-qwen3-vl"], "w4a16", DEVICE)
     assert any(isinstance(m, QuantizedLinear) for n, m in q.named_modules() if ".visual." in f".{n}.")
+
+
+def test_unknown_model_names_are_refused(tmp_path):
+    """A model name the benchmark does not know is an error naming the ones it does (not an empty run)."""
+    with pytest.raises(ValueError, match="models must be among .*got \\['no-such-model'\\]"):
+        bm.run(tmp_path, models=["no-such-model"], schemes=("fp16",))
+    assert not list(tmp_path.rglob("model.json"))

@@ -222,7 +222,12 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
     print(f"capabilities: {caps}")
     cfgs = model_configs(tiny=not gpu)
     if models:       # vision-language models (their language model) run when named
-        cfgs = {k: v for k, v in {**cfgs, **vl_configs(tiny=not gpu)}.items() if k in models}
+        known = {**cfgs, **vl_configs(tiny=not gpu)}
+        unknown = [m for m in models if m not in known]
+        if unknown:
+            raise ValueError(f"models must be among {sorted(known)} (the {'GPU' if gpu else 'CPU'} sizes), "
+                             f"got {unknown}")
+        cfgs = {k: v for k, v in known.items() if k in models}
     prompt, ctx = (PROMPT, DECODE_CTX) if gpu else (16, 8)
     pre_b, dec_b = (PREFILL_BATCHES, DECODE_BATCHES) if gpu else ((1,), (1, 2))
     reps = 5 if gpu else 1
@@ -322,6 +327,8 @@ def plot_model(json_path):
     doc = json.loads(Path(json_path).read_text())
     rows = doc["rows"]
     models = sorted({r["model"] for r in rows})
+    if not models:
+        return None
     fig, axes = plt.subplots(len(models), 2, figsize=(12, 4 * len(models)), squeeze=False)
     for i, m in enumerate(models):
         schemes = [s for s in SCHEMES if any(r["provider"] == s and r["model"] == m and r["op"] == "memory"
