@@ -4,8 +4,10 @@ projections a decode step runs, where tile configs may split K: SPLIT_K / MIN_PR
 another candidate is clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" /
 "w8a8-fp8" are the W8A8 linear with dynamic per-token activations at M = 1: the GEMVs that quantize x themselves (the
 8-bit GEMV, the tensor-core one) against the quantize kernel + the GEMM its table picks ("path": "quantize", also every
-bucket above), whose two launches count as TWO_LAUNCHES times their time. Usage:
-PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8]"""
+bucket above), whose two launches count as TWO_LAUNCHES times their time. --chain times the decode buckets as a
+decode step runs them (weight copies in one CUDA graph) instead of one-call graphs: in those chains the W8A8 GEMV
+quantizing x fares worse than the one-call graphs show (design.md). Usage:
+PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8] [--buckets 16 1 ...] [--chain]"""
 import argparse
 import ast
 import json
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 
 from qkernels import configs
+from qkernels.bench.decode_gemv import SPAN, chain_us
 from qkernels._runtime import device_name, gpu_slug
 from qkernels.bench.harness import time_us
 from qkernels.ops import gemm as G
@@ -126,23 +129,46 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
                                     log.name)
 
 
+_WEIGHTS: dict = {}     # (code, N, K) -> the weights timed (--chain: copies spanning SPAN bytes), made once
+
+
+def weights(code: str, N: int, K: int) -> list:
+    key = (code, N, K)
+    if key not in _WEIGHTS:
+        _WEIGHTS.clear()        # one shape at a time: copies of the large shapes take 256 MB
+        n = max(2, math.ceil(SPAN / (N * K))) if args.chain else 1
+        ws = []
+        for _ in range(n):
+            w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device=dev)
+            if code == "fp8":
+                w = w.view(torch.float8_e4m3fn).float().clamp(-400, 400).to(torch.float8_e4m3fn)
+            ws.append(w)
+        _WEIGHTS[key] = ws
+    return _WEIGHTS[key]
+
+
+def timed(calls: list) -> float:
+    """Time per call: one-call CUDA graphs of the first call, or with --chain all calls (one per weight copy) back to
+    back in one graph (bench.decode_gemv's method)."""
+    if args.chain:
+        return chain_us(calls, True)
+    return time_us(calls[0], mode="graph", rep_ms=40, warmup_ms=10)
+
+
 def time_w8a8(cfg: dict, code: str, M: int, N: int, K: int) -> float:
-    """One-call graph time of the W8A8 linear (fp16 x) with `cfg` forced, or for "quantize" the quantize kernel and
-    the GEMM as the shipped tables pick it."""
+    """Time of the W8A8 linear (fp16 x) with `cfg` forced, or for "quantize" the quantize kernel and the GEMM as the
+    shipped tables pick it."""
     x = torch.randn(M, K, dtype=torch.float16, device=dev)
-    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device=dev)
-    if code == "fp8":
-        w = (w.float() * 3).to(torch.float8_e4m3fn)
     ws = torch.rand(N, device=dev) * 0.01
     if cfg is QUANTIZE:
         fmt = "int8" if code == "int8" else "fp8_e4m3"
 
-        def fn():
+        def fn(w):
             data, xs, _ = G._quantize_dynamic(x, fmt, "row", 0, True)
             return G._scaled_mm_impl(data, w.t(), xs, ws, 1.0, None, "", x.dtype, code)
-        return time_us(fn, mode="graph", rep_ms=40, warmup_ms=10)
+        return timed([lambda w=w: fn(w) for w in weights(code, N, K)])
     with G.use_config(cfg):
-        return time_us(lambda: G.w8a8_linear(x, w, ws, dtype=code), mode="graph", rep_ms=40, warmup_ms=10)
+        return timed([lambda w=w: G.w8a8_linear(x, w, ws, dtype=code) for w in weights(code, N, K)])
 
 
 ap = argparse.ArgumentParser()
@@ -152,7 +178,13 @@ ap.add_argument("--buckets", nargs="+", default=["16", "1", "128", "1024", "4096
 ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new buckets after this long")
 ap.add_argument("--from-log", type=Path, help="no timing: set shape overrides from an earlier sweep's log")
 ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
+ap.add_argument("--chain", action="store_true",
+                help="decode buckets (1, 16): time each candidate as a decode step runs it, on weight copies spanning "
+                     ">= 256 MB in one CUDA graph (bench.decode_gemv's method: no weight in L2, each call overlapping "
+                     "the previous one's tail under programmatic dependent launch)")
 args = ap.parse_args()
+if args.chain and (args.from_log or any(int(b) > 16 for b in args.buckets)):
+    ap.error("--chain times the decode buckets (--buckets 1 16) and cannot replay logs (--from-log)")
 t0 = time.time()
 dev = torch.device("cuda")
 if args.from_log:
@@ -189,15 +221,13 @@ for kind in args.kinds:
                         times.append(time_w8a8(cfg, W8A8_KINDS[kind], M, N, K))
                         continue
                     a = torch.randint(-128, 128, (M, K), dtype=torch.int8, device=dev)
-                    w = torch.randint(-128, 128, (N, K), dtype=torch.int8, device=dev)
                     if kind == "fp8":
                         a = a.view(torch.float8_e4m3fn).float().clamp(-400, 400).to(torch.float8_e4m3fn)
-                        w = w.view(torch.float8_e4m3fn).float().clamp(-400, 400).to(torch.float8_e4m3fn)
                     sa, sb = torch.rand(M, device=dev), torch.rand(N, device=dev)
-                    fn = (lambda: G.int8_matmul(a, w.t(), sa, sb, out_dtype=torch.float16)) if kind == "int8" else \
-                         (lambda: G.fp8_matmul(a, w.t(), sa, sb, out_dtype=torch.bfloat16))
+                    fn = (lambda w: G.int8_matmul(a, w.t(), sa, sb, out_dtype=torch.float16)) if kind == "int8" else \
+                         (lambda w: G.fp8_matmul(a, w.t(), sa, sb, out_dtype=torch.bfloat16))
                     with G.use_config(cfg):
-                        times.append(time_us(fn, mode="graph", rep_ms=40, warmup_ms=10))
+                        times.append(timed([lambda w=w: fn(w) for w in weights(kind, N, K)]))
             return times
 
         for cfg in cands:
