@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Decode-size work on one GPU: the GEMM and weight-only GPU tests of the decode paths, the M <= 16 GEMM sweep (tile
-# configs with K split against the 8-bit GEMV), the weight-only decode-chain sweep, then the decode-GEMV and host-cost
+# configs with K split against the 8-bit GEMV; decode chains, as the benchmark times them), the weight-only
+# decode-chain sweep, then the decode-GEMV and host-cost
 # benchmarks with the new tables. Times on an H100 with no compiled-kernel cache: tests 195 s (8 workers), GEMM sweep
 # 110 s, weight-only sweep 120 s, `bench decode-gemv --models llama3-8b` and `bench host` 60 s together without the
 # peers, the former over 330 s with gemlite (which compiles its kernels for every shape). So in 10 minutes: one job with
@@ -28,7 +29,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     -p no:cacheprovider $WORKERS 2>&1 | tee -a "$LOG" | tail -8
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then
-  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8} --buckets 16 1 2>&1 | tee -a "$LOG" \
+  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8} --buckets 16 1 --chain 2>&1 | tee -a "$LOG" \
     | grep -E "==>|failed" | head -40
   python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
     --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
