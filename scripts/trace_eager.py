@@ -74,7 +74,9 @@ def main():
     print(f"replay_state(): {host_us(R.replay_state):.2f} us")
     for s, m in layers.items():
         m(x3)
-        store = getattr(m.packed_weight(), "_eager_plans", None) if s == "w4a16" else m.__dict__.get("_eager_plans")
+        m(x3)           # w8a8 layers record from the second call on their weight tensor
+        owner = m.packed_weight() if m.scheme.weight_only else m.weight
+        store = owner.__dict__.get("_eager_plans")
         for key, plan in (store or {}).items():
             print(f"layer {s}: {type(plan).__name__} allocs={getattr(plan, 'allocs', None)} "
                   f"launches={len(getattr(plan, 'launches', ()))} temp_bytes={getattr(plan, 'temp_bytes', None)}")
