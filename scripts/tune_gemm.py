@@ -67,7 +67,7 @@ FUSED = [dict(path="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, SPLIT_K=sp, MIN_
                                    (8, 1024, 2, 2, 1024), (8, 1024, 4, 1, 0), (8, 2048, 4, 2, 1024)]]
 QUANTIZE = dict(path="quantize")
 # ... against which a second launch per call counts as this much slower: two launches double an eager call's host cost
-# (scripts/trace_eager.py), and the decode tables aim at one launch per call
+# (scripts/profile_host.py --trace), and the decode tables aim at one launch per call
 TWO_LAUNCHES = 1.06
 # the tensor-core GEMV (kernels/_gemv_mma.py: 16-row tiles, TILES per program, WPT / 4 blocks of 64 k per step), for
 # the W8A8 linear quantizing x itself and for the int8 / fp8 GEMMs on codes at M <= 16: the H100 sweep's best (K
