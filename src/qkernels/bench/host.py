@@ -3,7 +3,8 @@ a user calls it: the layer (`QuantizedLinear`, what `quantize_` puts in a model)
 `F.linear` and `nn.Linear` in fp16 on the same host, in the same run.
 
 Method: wall time per call of 100 back-to-back eager calls that are not waited for (harness.host_us: median over
-20 such batches), after a first call (which records the layer's eager plan: ops/_eager.py), under
+20 such batches), after a first call (a linear's eager plan is recorded by its first call, or its weight tensor's
+second for `w8a8_linear`: ops/_eager.py), under
 torch.inference_mode. Weight 4096 x 4096, x [1, 4096] fp16 (the layer gets [1, 1, 4096], as a decoder passes it).
 The GPU's own time per call is not in it.
 """
