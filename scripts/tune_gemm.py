@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from qkernels import configs
-from qkernels.bench.decode_gemv import SPAN, chain_us
 from qkernels._runtime import device_name, gpu_slug
+from qkernels.bench.decode_gemv import SPAN, chain_us
 from qkernels.bench.harness import time_us
 from qkernels.ops import gemm as G
 

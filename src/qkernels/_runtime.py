@@ -247,7 +247,8 @@ def alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 # kernel launches with a lean host path
 
 
-# (kernel, device, constexprs, argument facts) -> (its launcher (_launcher), constexpr placeholders); (None, ()): not eligible
+# (kernel, device, constexprs, argument facts) -> (its launcher (_launcher), constexpr placeholders); (None, ()): not
+# eligible
 _LAUNCHES: dict = {}
 _FAST_LAUNCH = [os.environ.get("QKERNELS_FAST_LAUNCH", "1") != "0"]
 
@@ -449,7 +450,8 @@ def _launcher(compiled) -> tuple:
     memory (the launcher's Python wrapper only allocates that), else the wrapper."""
     run = compiled.run
     entry = getattr(run, "launch", None)
-    if entry is not None and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0:
+    if (entry is not None and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0):
         return entry, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
                        compiled.packed_metadata, None, None, None)
     return run, (compiled.function, compiled.packed_metadata, None, None, None)
