@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Decode-size work on one GPU: the GEMM and weight-only GPU tests of the decode paths, the M <= 16 GEMM sweep (tile
 # configs with K split against the 8-bit GEMV; decode chains, as the benchmark times them), the weight-only
-# decode-chain sweep, then the decode-GEMV and host-cost
-# benchmarks with the new tables. Times on an H100 with no compiled-kernel cache: tests 195 s (8 workers), GEMM sweep
-# 110 s, weight-only sweep 120 s, `bench decode-gemv --models llama3-8b` and `bench host` 60 s together without the
-# peers, the former over 330 s with gemlite (which compiles its kernels for every shape). So in 10 minutes: one job with
+# decode-chain sweep, then the decode-GEMV and host-cost benchmarks with the new tables. Times on an H100 with no
+# compiled-kernel cache: tests 195 s (8 workers), GEMM sweep 150 s (four kinds, in chains), weight-only sweep 120 s,
+# `bench decode-gemv --models llama3-8b` and `bench host` 60 s together without the peers, the former over 300 s
+# with gemlite (which compiles its kernels for every shape). So in 10 minutes: one job with
 # SKIP_BENCH=1, then one with SKIP_TESTS=1 SKIP_TUNE=1 after putting its OUTDIR/<gpu>.json in src/qkernels/configs/.
 # Usage: scripts/gpu_decode.sh OUTDIR
-#   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; GEMM_KINDS ("int8 fp8"; "w8a8 w8a8-fp8" add the W8A8
-#   linear at M = 1: the GEMV quantizing x against quantize + GEMV);
+#   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; GEMM_KINDS ("int8 fp8 w8a8 w8a8-fp8": the GEMMs on
+#   codes, then the W8A8 linears at M <= 16, the GEMVs quantizing x against quantize + the GEMM just tuned);
 #   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100): the
 #   weight-only sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
 #   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too): the decode-GEMV rows measured, merged into the committed file.
@@ -29,7 +29,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     -p no:cacheprovider $WORKERS 2>&1 | tee -a "$LOG" | tail -8
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then
-  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8} --buckets 16 1 --chain 2>&1 | tee -a "$LOG" \
+  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets 16 1 --chain 2>&1 | tee -a "$LOG" \
     | grep -E "==>|failed" | head -40
   python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
     --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40

@@ -2,9 +2,10 @@
 Each candidate is timed on the Llama-3-8B shapes (geometric mean; at M <= 16 also the k / v, q|k|v and gate|up
 projections a decode step runs, where tile configs may split K: SPLIT_K / MIN_PROGRAMS); a shape for which
 another candidate is clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" /
-"w8a8-fp8" are the W8A8 linear with dynamic per-token activations at M = 1: the GEMVs that quantize x themselves (the
-8-bit GEMV, the tensor-core one) against the quantize kernel + the GEMM its table picks ("path": "quantize", also every
-bucket above), whose two launches count as TWO_LAUNCHES times their time. --chain times the decode buckets as a
+"w8a8-fp8" are the W8A8 linear with dynamic per-token activations at decode sizes: at M = 1 the GEMVs that quantize x
+themselves (the 8-bit GEMV, the tensor-core one), at M = 2..16 the tensor-core one (it reads each weight once for all
+rows), against the quantize kernel + the GEMM its table picks ("path": "quantize", also every bucket above), whose
+two launches count as TWO_LAUNCHES times their time. --chain times the decode buckets as a
 decode step runs them (weight copies in one CUDA graph) instead of one-call graphs: in those chains the W8A8 GEMV
 quantizing x fares worse than the one-call graphs show (design.md). Usage:
 PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8] [--buckets 16 1 ...] [--chain]"""
@@ -205,11 +206,11 @@ for kind in args.kinds:
         if time.time() - t0 > args.budget_s:
             print(f"budget spent: {kind} M<={bucket} and later keep their configs", flush=True)
             break
-        if kind in W8A8_KINDS and bucket != "1":
+        if kind in W8A8_KINDS and bucket not in ("1", "16"):
             continue
         cands = CANDIDATES[bucket]
-        if kind in W8A8_KINDS:
-            cands = FUSED + [dict(c, fallback=QUANTIZE) for c in GVT] + [QUANTIZE]
+        if kind in W8A8_KINDS:     # the 8-bit GEMV quantizing x reads the weights once per row: M = 1 only
+            cands = (FUSED if bucket == "1" else []) + [dict(c, fallback=QUANTIZE) for c in GVT] + [QUANTIZE]
         elif bucket == "1":      # a GEMV config carries a tile config for the calls the GEMV does not take
             cands = [dict(c, fallback=tile_of(table[kind].get("16") or configs.DEFAULT_GEMM["16"]))
                      if c.get("path") == "gemv" else c for c in cands]
