@@ -209,8 +209,11 @@ for kind in args.kinds:
         if kind in W8A8_KINDS and bucket not in ("1", "16"):
             continue
         cands = CANDIDATES[bucket]
-        if kind in W8A8_KINDS:     # the 8-bit GEMV quantizing x reads the weights once per row: M = 1 only
-            cands = (FUSED if bucket == "1" else []) + [dict(c, fallback=QUANTIZE) for c in GVT] + [QUANTIZE]
+        if kind in W8A8_KINDS:     # the 8-bit GEMV quantizing x reads the weights once per row: M = 1 only; at
+            # M = 2..16 the tensor-core GEMV's best config alone (H200 chains: every gvt config 1.4-10x slower than
+            # quantize + GEMM there, benchmarks/logs/tune_decode_h200.log: each program quantizes all its rows)
+            gvt = GVT if bucket == "1" else GVT[:1]
+            cands = (FUSED if bucket == "1" else []) + [dict(c, fallback=QUANTIZE) for c in gvt] + [QUANTIZE]
         elif bucket == "1":      # a GEMV config carries a tile config for the calls the GEMV does not take
             cands = [dict(c, fallback=tile_of(table[kind].get("16") or configs.DEFAULT_GEMM["16"]))
                      if c.get("path") == "gemv" else c for c in cands]
