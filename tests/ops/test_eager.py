@@ -41,6 +41,28 @@ def test_unreplayable_recordings_make_no_plan():
     assert torch.equal(y, x * 2) and x.is_cuda == bool(store) and not any(store.values())
 
 
+def test_a_plan_made_under_another_launch_state_is_recorded_again(monkeypatch):
+    """A plan that no longer holds because a process-wide switch changed after its recording (PDL, a simulated
+    capability) is dropped and the call recorded again under the new state, rather than the layer taking the full
+    path from then on; with the direct launch off (the full path, as tests compare against) it is kept."""
+    class Stale:
+        guard, state = None, (True, True, None)
+
+        def __call__(self, x):
+            return None                       # its recording does not hold
+
+    x = torch.randn(4, device=DEVICE)
+    store = {"k": Stale()}
+    for state in [(False, True, None), (True, True, None)]:    # direct launch off; the same state (this x only)
+        monkeypatch.setattr(_eager, "replay_state", lambda state=state: state)
+        assert torch.equal(_eager.planned(store, "k", x, lambda: x + 1, ()), x + 1)
+        assert isinstance(store["k"], Stale)
+    monkeypatch.setattr(_eager, "replay_state", lambda: (True, False, None))      # PDL switched
+    assert torch.equal(_eager.planned(store, "k", x, lambda: x + 1, ()), x + 1)
+    assert not isinstance(store.get("k"), Stale)     # dropped; on a GPU recorded again (no launch: no plan)
+    assert x.is_cuda == ("k" in store)
+
+
 def test_plan_keeps_no_call_tensors():
     """A plan keeps the weights it was given and numbers, never the recorded call's x, outputs or temporaries
     (an activation per plan would stay alive)."""
@@ -112,6 +134,13 @@ def test_weight_only_plans(monkeypatch, bits, group_size, N, K, shape, swiglu):
         n = len(replays)
         assert_bit_exact(fn(x), full_path(x.contiguous()))
         assert len(replays) == n + (planned and x.is_contiguous() and not x.data_ptr() % 16)   # one row: as is
+    if planned:       # PDL switched: recorded again under it, then replayed
+        with _runtime.pdl(not _runtime.replay_state()[1]):
+            x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+            n = len(replays)
+            assert_bit_exact(fn(x), full_path(x))
+            assert_bit_exact(fn(x), full_path(x))
+            assert len(replays) == n + 1
     with WO.force_path("gemv-splitk"):                        # a forced path runs, not the recorded launch
         n = len(replays)
         x = torch.randn(shape, device=DEVICE, dtype=torch.float16)

@@ -153,7 +153,8 @@ def planned(store: dict, key, x: torch.Tensor, run, owned: tuple, guard=None) ->
     """run() (an op's full path on x, returning one tensor), replayed from `store[key]` where an earlier call
     recorded it (EagerPlan). store: kept on the layer whose weights `owned` are; guard: a cheap value of what the
     call depends on besides x (forced paths / configs, the weight tensors' ids): a plan recorded under another
-    guard is dropped and the call recorded again."""
+    guard, or under another process-wide launch state in which replays run too (runtime.replay_state: the PDL
+    switch, a simulated capability), is dropped and the call recorded again."""
     if torch.compiler.is_compiling():
         return run()
     plan = store.get(key)
@@ -162,7 +163,13 @@ def planned(store: dict, key, x: torch.Tensor, run, owned: tuple, guard=None) ->
         plan = None
     if plan:
         out = plan(x)
-        return out if out is not None else run()
+        if out is not None:
+            return out
+        state = replay_state()
+        if plan.state == state or not state[0]:     # this x (unaligned, strided), device or scratch, or no direct
+            return run()                             # launch now: this call only
+        del store[key]                   # PDL switched since the recording (say): record under the new state
+        plan = None
     if plan is not None or not (x.is_cuda and x.is_contiguous() and not x.data_ptr() & 15 and x.numel()
                              and replay_state()[0]):
         return run()
