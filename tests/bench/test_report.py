@@ -58,6 +58,31 @@ def test_decode_gemv_table_and_targets(tmp_path):
     assert "not measured" not in text
 
 
+def test_rows_measured_with_another_config_table_are_pointed_out(tmp_path):
+    """A results file records the config table its run used (harness.environment, stamped on merged rows); the
+    report says how many rows came from another table than the shipped one, and nothing where all match or where
+    rows predate the digest."""
+    from qkernels import configs
+    from qkernels.bench import harness
+    now = configs.table_digest("h100")
+    assert now and len(now) == 12 and configs.table_digest("no-such-gpu") is None
+    root = tmp_path / "results"
+    row = dict(op="linear_host", provider="F.linear fp16", scheme="fp16", M=1, N=8, K=8, median_us=10.0,
+               **{"x_F.linear": 1.0})
+    _write(root, "h100", "host", [row], config_table=now)
+    assert "another config table" not in report.build(root)
+    _write(root, "h100", "host", [row])                        # before digests were recorded: not judged
+    assert "another config table" not in report.build(root)
+    old = dict(gpu="GPU X", date="2026-01-01T00:00", torch="2.x", triton="3.y", config_table="0123456789ab",
+               rows=[dict(row, provider="a"), dict(row, provider="b")])
+    new = dict(gpu="GPU X", date="2026-01-02T00:00", torch="2.x", triton="3.y", config_table=now, rows=[row])
+    merged = harness.merge_results(old, new, lambda r: r["provider"] == "b")
+    assert [r["config_table"] for r in merged["rows"]] == ["0123456789ab", now]
+    (root / "h100" / "host.json").write_text(json.dumps(merged))
+    assert (f"- 1 of 2 rows were measured with another config table than the shipped `configs/h100.json` ({now}): "
+            "rerun to refresh them.") in report.build(root)
+
+
 def test_missing_peers_count_as_targets_not_measured(tmp_path):
     """A run without a peer installed says so as a target line, and the summary lists it among those not met."""
     root = tmp_path / "results"

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from .. import configs
 from .._files import write_text_atomically
 from .._runtime import device_name, gpu_slug, is_interpreter
 
@@ -121,6 +122,8 @@ def environment() -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "interpreter": is_interpreter(),
+        # the shipped config table the kernels ran with (configs.table_digest); None on the CPU
+        "config_table": configs.table_digest(gpu_slug(device_name(dev))) if on_gpu() else None,
     }
 
 
@@ -149,7 +152,7 @@ def write_json(name: str, rows: list[Row] | dict, root: str | os.PathLike, meta:
     return path
 
 
-RUN_KEYS = ("date", "torch", "triton")      # stamped on every merged row: the run it comes from
+RUN_KEYS = ("date", "torch", "triton", "config_table")      # stamped on every merged row: the run it comes from
 
 
 def merge_results(old: dict | None, new: dict, replaced: Callable[[dict], bool]) -> dict:

@@ -10,6 +10,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from .. import configs
+
 DESCRIPTIONS = {
     "runtime": "The decoder runtime (`qkernels.models`): decode tokens/s of one CUDA-graph step at context 128, "
                "the share of the bandwidth floor (bytes one step must read over the copy bandwidth measured in the "
@@ -194,6 +196,16 @@ def _runs_note(d: dict, key: str) -> list[str]:
             sorted(kept.items())] + ([""] if kept else [])
 
 
+def _table_note(d: dict, slug: str) -> list[str]:
+    """A line where rows were measured with another config table than the one shipped now (the digest their run
+    recorded, harness.environment; rows from before digests were recorded are not judged)."""
+    now = configs.table_digest(slug)
+    tables = [r.get("config_table", d.get("config_table")) for r in d["rows"]]
+    stale = sum(1 for t in tables if t is not None and t != now)
+    return [f"- {stale} of {len(tables)} rows were measured with another config table than the shipped "
+            f"`configs/{slug}.json` ({now or 'none'}): rerun to refresh them.", ""] if stale else []
+
+
 def _decode_gemv(rows: list[dict]) -> list[str]:
     provs = list(dict.fromkeys(r["provider"] for r in rows if not r["provider"].startswith("fp16")))
     cells = {(r["model"], r["shape"], r["M"], r["provider"]): r for r in rows}
@@ -302,6 +314,7 @@ def build(results: Path) -> str:
         out += [f"## {name} — {d.get('gpu')} (`{f.relative_to(results.parent)}`)", "",
                 f"torch {d.get('torch')}, Triton {d.get('triton')}, {str(d.get('date', ''))[:10]}. "
                 + DESCRIPTIONS.get(name, ""), ""]
+        out += _table_note(d, f.parent.name)
         if d.get("peers_missing"):      # a peer absent from the machine: its targets are not judged by this run
             out += [f"- the targets against {', '.join(d['peers_missing'])}: not in this run — **not measured**", ""]
         if name == "runtime":

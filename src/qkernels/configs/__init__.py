@@ -9,6 +9,7 @@ configs from every shipped table and the built-in default below.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -54,6 +55,13 @@ INTERPRETER_W8A8 = {"1": dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, S
 def load(slug: str) -> dict:
     path = _DIR / f"{slug}.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def table_digest(slug: str) -> str | None:
+    """A short digest of configs/<slug>.json's content (key order and layout aside), None without that file: results
+    files record the table their run used, so a report can point out rows measured before the table changed."""
+    table = load(slug)
+    return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:12] if table else None
 
 
 def shipped() -> list[str]:
