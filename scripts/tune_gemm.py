@@ -273,6 +273,7 @@ for kind in args.kinds:
             table[kind]["65536"] = QUANTIZE
         print(f"==> {kind} M<={bucket}: {best[1]} ({best[0]:.2f} us, {time.time() - t0:.0f} s)", flush=True)
         configs.set_shape_overrides(table[kind], kind, bucket, shapes_of(bucket),
-                                    [(per_shape(t, bucket), c) for t, c in results], best[1])
+                                    [(per_shape(t, bucket), c) for t, c in results], best[1],
+                                    configs.CHAIN_OVERRIDE_GAIN if args.chain else configs.OVERRIDE_GAIN)
         path.write_text(json.dumps(table, indent=1) + "\n")     # after every bucket: a cut-off run keeps its work
 print(f"wrote {path}")

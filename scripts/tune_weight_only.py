@@ -254,7 +254,8 @@ def main():
             score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(shapes))  # noqa
             times, cfg = min(results, key=score)
             tab[str(m)] = cfg
-            configs.set_shape_overrides(tab, key, m, shapes, results, cfg)
+            configs.set_shape_overrides(tab, key, m, shapes, results, cfg,
+                                        configs.CHAIN_OVERRIDE_GAIN if args.chain else configs.OVERRIDE_GAIN)
             others = [r for r in results if r[1]["path"] not in WO.SUPPORTED]
             if others:
                 _attach_fallback(tab, m, min(others, key=score)[1])

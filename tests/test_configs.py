@@ -75,6 +75,9 @@ def test_set_shape_overrides_rule(capsys):
     results = [([10.0, 50.0], a), ([9.6, 48.0], b)]              # within the noise everywhere: no overrides
     configs.set_shape_overrides(tab, "int8", 128, shapes, results, a)
     assert tab == {"128": a}
+    configs.set_shape_overrides(tab, "int8", 128, shapes, results, a, configs.CHAIN_OVERRIDE_GAIN)   # 4% in chains
+    assert tab == {"128": a, "128:N4096:K4096": b, "128:N14336:K4096": b}
+    tab = {"128": a}
     runs = {("int8", "128"): [([10.0, 50.0], a), ([10.5, 40.0], b)], ("int8", "16"): [([1.0, 2.0], b)]}
     table = {"int8": {"128": a, "16": a}}                        # bucket 16's config was not in that log
     configs.overrides_from_runs(table, runs, shapes, "log")

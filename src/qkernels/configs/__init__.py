@@ -111,17 +111,20 @@ def lookup(table: dict, M: int, N: int, K: int) -> dict:
 
 OVERRIDE_GAIN = 0.95   # a shape gets its own config when another is this much faster there than the bucket's
 # (one-call graph timings vary 2-3% run to run, docs/design.md: 5% is past the noise)
+CHAIN_OVERRIDE_GAIN = 0.98     # the same for decode-chain timings (the tuners' --chain), which repeat within ~0.3%:
+# configs that launch the same kernel, timed as separate candidates (logs/tune_decode_h100.log, W8A16 M = 1)
 
 
-def set_shape_overrides(tab: dict, kind: str, bucket, shapes: list, results: list, chosen: dict) -> None:
+def set_shape_overrides(tab: dict, kind: str, bucket, shapes: list, results: list, chosen: dict,
+                        gain: float = OVERRIDE_GAIN) -> None:
     """results: [(time per shape, in `shapes` order), config)] of one bucket's sweep, `chosen` the bucket's
-    config among them. Writes "<bucket>:N<N>:K<K>" where another config is clearly faster on that shape, and
-    drops stale overrides."""
+    config among them. Writes "<bucket>:N<N>:K<K>" where another config is clearly faster on that shape (its time
+    under `gain` times the bucket config's), and drops stale overrides."""
     base = next(r[0] for r in results if r[1] == chosen)
     for i, (N, K) in enumerate(shapes):
         times, cfg = min(results, key=lambda r: r[0][i])
         key = f"{bucket}:N{N}:K{K}"
-        if times[i] < OVERRIDE_GAIN * base[i]:
+        if times[i] < gain * base[i]:
             tab[key] = cfg
             print(f"==> {kind} {key}: {cfg} ({times[i]:.2f} vs {base[i]:.2f} us)", flush=True)
         else:
