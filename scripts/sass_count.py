@@ -6,7 +6,7 @@ thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate 
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt | w8a8-gvt | w8a8-gvt-fp8
-       [--arch 90] [--top 12]
+       [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
 import os
@@ -90,8 +90,15 @@ def main():
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--tile", type=int, nargs=3, metavar=("BLOCK_N", "BLOCK_K", "WARPS"),
+                    help="gemv8 cases: another rows x k step and warps (a table's config)")
     args = ap.parse_args()
     kernel, types, cx, warps, source, bytes_per_iter, *loop_op = CASES[args.case]()
+    if args.tile:
+        if not args.case.startswith("gemv8"):
+            ap.error("--tile applies to the gemv8 cases")
+        cx.update(BLOCK_N=args.tile[0], BLOCK_K=args.tile[1])
+        warps, bytes_per_iter = args.tile[2], args.tile[0] * args.tile[1] // (32 * args.tile[2])
     sig = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t != "fp32"}
     compiled = triton.compile(source(kernel, sig, cx, attrs), target=GPUTarget("cuda", args.arch, 32),
