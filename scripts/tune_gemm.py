@@ -1,6 +1,6 @@
 """Pick per-M-bucket GEMM configs on this GPU and write src/qkernels/configs/<gpu>.json.
 Each candidate is timed on the Llama-3-8B shapes (geometric mean; at M <= 16 also the k / v, q|k|v and gate|up
-projections a decode step runs, where tile configs may split K: SPLIT_K / MIN_PROGRAMS); a shape for which
+projections and the lm_head a decode step runs, where tile configs may split K: SPLIT_K / MIN_PROGRAMS); a shape for which
 another candidate is clearly faster gets an override entry "<bucket>:N<N>:K<K>" (configs.lookup). Kinds "w8a8" /
 "w8a8-fp8" are the W8A8 linear with dynamic per-token activations at decode sizes: at M = 1 the GEMVs that quantize x
 themselves (the 8-bit GEMV, the tensor-core one), at M = 2..16 the tensor-core one (it reads each weight once for all
@@ -94,8 +94,10 @@ WG_BUCKETS = ("1024", "4096", "16384")
 M_OF = {"16": [2, 16], "1": [1],       # the M <= 16 bucket serves M = 2..16 (M = 1 has its own)
          "128": [128], "1024": [1024], "4096": [4096], "16384": [16384]}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
-# decode sizes: also the small and merged projections a decode step runs (k / v, q|k|v, gate|up)
-DECODE_SHAPES = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
+# decode sizes: also the small and merged projections a decode step runs (k / v, q|k|v, gate|up) and the lm_head
+# (the runtime quantizes it on request; bench decode-gemv times it)
+DECODE_SHAPES = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336),
+                 (128256, 4096)]
 
 
 def tile_of(cfg: dict) -> dict:
@@ -111,8 +113,9 @@ def shapes_of(bucket: str) -> list:
 
 
 def per_shape(times: list, bucket: str) -> list:
-    """Sweep times (M-major over the bucket's shapes) -> one time per shape, summed over the bucket's M values."""
-    n = len(shapes_of(bucket))
+    """Sweep times (M-major over the bucket's shapes, or their first ones in logs from before the lm_head joined
+    them) -> one time per shape, summed over the bucket's M values."""
+    n = len(times) // len(M_OF[bucket])
     return [sum(times[mi * n + si] for mi in range(len(M_OF[bucket]))) for si in range(n)]
 
 
@@ -129,8 +132,9 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
                 times = [t * TWO_LAUNCHES for t in times]
             runs.setdefault((m.group(1), m.group(2)), []).append((times, cfg))
     for bucket in sorted({b for _, b in runs}, key=int):
-        configs.overrides_from_runs(table, {kb: r for kb, r in runs.items() if kb[1] == bucket}, shapes_of(bucket),
-                                    log.name)
+        of_bucket = {kb: r for kb, r in runs.items() if kb[1] == bucket}
+        n = min(len(t) for r in of_bucket.values() for t, _ in r)
+        configs.overrides_from_runs(table, of_bucket, shapes_of(bucket)[:n], log.name)
 
 
 _WEIGHTS: dict = {}     # (code, N, K) -> the weights timed (--chain: copies spanning SPAN bytes), made once
