@@ -2,7 +2,7 @@
 # Decode-size work on one GPU: the GEMM and weight-only GPU tests of the decode paths, the M <= 16 GEMM sweep (tile
 # configs with K split against the 8-bit GEMV; decode chains, as the benchmark times them), the weight-only
 # decode-chain sweep, then the decode-GEMV and host-cost benchmarks with the new tables. Times on an H100 with no
-# compiled-kernel cache: tests 195 s (8 workers), GEMM sweep 150 s (four kinds, in chains), weight-only sweep 120 s,
+# compiled-kernel cache: tests 195 s (8 workers), GEMM sweep about 180 s (four kinds, in chains), weight-only sweep 120 s,
 # `bench decode-gemv --models llama3-8b` and `bench host` 60 s together without the peers, the former over 300 s
 # with gemlite (which compiles its kernels for every shape). So in 10 minutes: one job with
 # SKIP_BENCH=1, then one with SKIP_TESTS=1 SKIP_TUNE=1 after putting its OUTDIR/<gpu>.json in src/qkernels/configs/.
