@@ -34,7 +34,7 @@ import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .weight_only.gluon_shared import _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup_tiles
+from .weight_only.gluon_shared import _k_slice, _pdl_launch, _pdl_wait, _tile_sums
 from .weight_only.gvt import _axis, _layout
 
 
@@ -283,15 +283,7 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     row = gl.where(e4 < 2, gl.sum(row_a, axis=3), gl.sum(row_b, axis=3)) + 0 * t4      # [TILES, 8, 4, 4]
     tok = tok + 0 * row
     ok_row = row < N
-    out0 = gl.sum(acc0, axis=3)
-    out1 = out0
-    if MT == 2:
-        out1 = gl.sum(acc1, axis=3)
-    last = True
-    if SPLIT_K > 1:
-        out0, out1, last = _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr,
-                                               gl.program_id(2) * gl.num_programs(0) + pid_n, tok, row, ok_row, M, N,
-                                               MT, SPLIT_K)
+    out0, out1, last = _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT, SPLIT_K)
     if last:
         _store(out0, sa0, c_ptr, sb_ptr, bias_ptr, scale_c, stride_cm, tok, row, ok_row, M, N, SB_PER_COL, HAS_BIAS)
         if MT == 2:

@@ -93,6 +93,23 @@ def _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr, tile, tok, row, ok_row, M, 
 
 
 @gluon.jit
+def _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT: gl.constexpr, SPLIT_K: gl.constexpr):
+    """The tensor-core GEMVs' accumulators [TILES, 8, 4, 4, e] summed over their in-thread axis, then with SPLIT_K > 1
+    fixed up across the K slices (_splitk_fixup_tiles; tile program_id(2) * num_programs(0) + pid_n). Returns
+    (out0, out1, whether the sums are complete in this program); out1 is the second x tile's where MT == 2."""
+    out0 = gl.sum(acc0, axis=3)
+    out1 = out0
+    if MT == 2:
+        out1 = gl.sum(acc1, axis=3)
+    last = True
+    if SPLIT_K > 1:
+        out0, out1, last = _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr,
+                                               gl.program_id(2) * gl.num_programs(0) + pid_n, tok, row, ok_row, M, N,
+                                               MT, SPLIT_K)
+    return out0, out1, last
+
+
+@gluon.jit
 def _k_slice(K, STEP: gl.constexpr, SPLIT_K: gl.constexpr):
     """[k_lo, k_hi) of this program's K slice: all of K, or with SPLIT_K > 1 slice program_id(1) of equal runs of
     whole STEP-k steps (the last one cut at K)."""

@@ -47,7 +47,7 @@ import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup_tiles
+from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _tile_sums
 
 
 
@@ -357,15 +357,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         ok_row = gl.sum(row_a, axis=3) + 0 * row < N // 2
     else:
         ok_row = row < N
-    out0 = gl.sum(acc0, axis=3)
-    out1 = out0                                                       # MT == 2: the second x tile's
-    if MT == 2:
-        out1 = gl.sum(acc1, axis=3)
-    last = True
-    if SPLIT_K > 1:
-        out0, out1, last = _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr,
-                                               gl.program_id(2) * gl.num_programs(0) + pid_n, tok, row, ok_row, M, N,
-                                               MT, SPLIT_K)
+    out0, out1, last = _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT, SPLIT_K)
     if last:
         _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
 
