@@ -38,3 +38,15 @@ def test_host_target_lines_judge_the_worst_call_per_scheme():
     assert lines == [
         "- w4a16, eager host cost at M = 1 ≤ 1.3x F.linear: 1.40x at worst (w4a16_linear) — **not met**",
         "- w8a8, eager host cost at M = 1 ≤ 1.3x F.linear: 1.10x at worst (QuantizedLinear w8a8) — met"]
+
+
+def test_host_us_interleaved_times_every_call_in_rotating_turns():
+    from qkernels.bench.harness import host_us_interleaved
+    seen = []
+    fns = {name: (lambda name=name: seen.append(name)) for name in "abc"}
+    us = host_us_interleaved(fns, batch=2, batches=3)
+    assert set(us) == set("abc") and all(v > 0 for v in us.values())
+    assert seen[:3] == list("abc")                  # one first call each
+    firsts = [seen[3 + 6 * r] for r in range(3)]    # each round: 3 calls x 2 per batch
+    assert firsts == list("abc")                    # the order rotates round by round
+    assert all(seen.count(n) == 1 + 2 * 3 for n in "abc")

@@ -101,6 +101,29 @@ def host_us(fn: Callable[[], object], batch: int = 100, batches: int = 20) -> fl
     return statistics.median(per_call) * 1e6
 
 
+def host_us_interleaved(fns: dict[str, Callable[[], object]], batch: int = 100, batches: int = 20) -> dict[str, float]:
+    """`host_us` of several calls measured in turns: each round times one batch of every call, in an order that
+    rotates from round to round, so a drift of the host's speed during the run (clocks, another process, the
+    first seconds after start) falls on all of them alike; per call the median over its batches."""
+    names = list(fns)
+    for name in names:
+        fns[name]()
+    per_call: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(batches):
+        for i in range(len(names)):
+            name = names[(i + r) % len(names)]
+            fn = fns[name]
+            if on_gpu():
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                fn()
+            per_call[name].append((time.perf_counter() - t0) / batch)
+    if on_gpu():
+        torch.cuda.synchronize()
+    return {name: statistics.median(v) * 1e6 for name, v in per_call.items()}
+
+
 def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written, measured now (the ceiling for
     memory-bound kernels)."""

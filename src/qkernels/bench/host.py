@@ -2,11 +2,12 @@
 a user calls it: the layer (`QuantizedLinear`, what `quantize_` puts in a model) and the functional op, beside
 `F.linear` and `nn.Linear` in fp16 on the same host, in the same run.
 
-Method: wall time per call of 100 back-to-back eager calls that are not waited for (harness.host_us: median over
-20 such batches), after a first call (a linear's eager plan is recorded by its first call, or its weight tensor's
-second for `w8a8_linear`: ops/_eager.py), under
-torch.inference_mode. Weight 4096 x 4096, x [1, 4096] fp16 (the layer gets [1, 1, 4096], as a decoder passes it).
-The GPU's own time per call is not in it.
+Method: wall time per call of 100 back-to-back eager calls that are not waited for, median over 20 such batches
+per provider, the providers timed in turns (harness.host_us_interleaved: one batch of each per round, the order
+rotating, so a drift of the host's speed during the run falls on all of them alike). Each provider is called once
+before (a linear's eager plan is recorded by its first call, or its weight tensor's second for `w8a8_linear`:
+ops/_eager.py). Under torch.inference_mode; weight 4096 x 4096, x [1, 4096] fp16 (the layer gets [1, 1, 4096], as
+a decoder passes it). The GPU's own time per call is not in it.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 import qkernels as qk
 
-from .harness import Row, format_table, host_us, method_text, on_gpu, write_json
+from .harness import Row, format_table, host_us_interleaved, method_text, on_gpu, write_json
 
 SCHEMES = ("w4a16", "w8a16", "w8a8", "w8a8-fp8")
 TARGET = 1.3        # an eager call of any quantized linear: at most this many times F.linear's host cost
@@ -57,9 +58,10 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
     timing = {} if gpu else {"batch": 1, "batches": 3}     # the interpreter: a few calls show the path works
     rows = []
     with torch.inference_mode():       # as inference runs: no autograd bookkeeping in any provider's call
-        for prov, (scheme, fn) in cases(dev, N, K).items():
-            rows.append(Row("linear_host", prov, host_us(fn, **timing), "eager", {"M": 1, "N": N, "K": K},
-                            {"scheme": scheme}))
+        calls = cases(dev, N, K)
+        us = host_us_interleaved({prov: fn for prov, (_, fn) in calls.items()}, **timing)
+        for prov, (scheme, _) in calls.items():
+            rows.append(Row("linear_host", prov, us[prov], "eager", {"M": 1, "N": N, "K": K}, {"scheme": scheme}))
     base = next(r.median_us for r in rows if r.provider == BASELINE)
     for r in rows:
         r.extra["x_F.linear"] = r.median_us / base
