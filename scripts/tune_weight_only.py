@@ -135,7 +135,7 @@ def candidates(m: int) -> list[dict]:
                (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (256, 128, 64, 8, 4),
                (128, 256, 64, 8, 4), (256, 256, 64, 8, 3)]]
         c += [dq(32, 128, 4), dq(16, 256, 4)]
-    # the Gluon wgmma kernel (Hopper, 4-bit; others fall back): BLOCK_M x rows (8-256, the wgmma's n), BLOCK_N
+    # the Gluon wgmma kernel (Hopper; others fall back): BLOCK_M x rows (8-256, the wgmma's n), BLOCK_N
     # weight rows (16 x warps x a power of two); split-K where the grid is small
     if m <= 32:
         bm = max(8, m)
@@ -224,8 +224,8 @@ def main():
                 print(f"budget spent: {key} M={m} and later keep their configs", flush=True)
                 break
             results = []
-            # tc, wg, gv: 4-bit only
-            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in WO.SUPPORTED or c["path"] == "gvt"]
+            # tc, gv: 4-bit only
+            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in ("tc", "gv")]
             if args.paths:
                 cands = [c for c in cands if c["path"] in args.paths]
                 # the table's bucket config, its fallback and its shape overrides compete too

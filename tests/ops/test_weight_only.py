@@ -436,24 +436,26 @@ def test_gvt_tails_scales_and_fallback(cfg):
                                  dict(BLOCK_M=8, BLOCK_N=64, num_warps=4, STAGES=8, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
                                  dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=6, SPLIT_K=4, MIN_PROGRAMS=1 << 30)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_wg_tiles_tails_and_fallback(cfg, dtype):
-    """The Hopper wgmma kernel over its tile shapes and split-K: M and N tails (rows past M / N are read but not
-    stored, split-K slices of unequal length),
-    a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, per channel; group 32 and K % 64
-    take the fallback. Against the reference."""
+@pytest.mark.parametrize("bits", [4, 8])
+def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
+    """The Hopper wgmma kernel over its tile shapes and split-K, 4- and 8-bit codes: M and N tails (rows past M / N
+    are read but not stored, split-K slices of unequal length),
+    a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, integer zero points taken as such or not,
+    per channel; group 32 and K % 64 take the fallback. Against the reference."""
     cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
-    cfg["fallback"] = WO.dispatch.path_config(None, "mm", 4, 200, 320, DEVICE)
+    cfg["fallback"] = WO.dispatch.path_config(None, "mm", bits, 200, 320, DEVICE)
     for M, N, k, group_size, sym in ((1, 200, 320, 64, True), (130, 200, 640, 128, False), (300, 72, 512, -1, True),
                                      (77, 300, 384, 128, True), (64, 96, 256, 32, False), (5, 64, 352, -1, False)):
-        pw = _weight(N, k, 4, group_size, sym, dtype)
+        pw = _weight(N, k, bits, group_size, sym, dtype)
         buf = torch.randn(M * k + 1, device=DEVICE, dtype=dtype)
         x = buf[1:].view(M, k)                                   # data pointer 2 bytes past alignment
         bias = torch.randn(N, device=DEVICE, dtype=dtype)
-        with qk.poison_outputs():
-            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.symmetric, cfg)
-        _check(got, _ref(x, pw, bias), dtype)
-    assert WO.wg_supported(4, 384, 128, pw.qweight) == (torch.cuda.get_device_capability() == (9, 0))
-    assert not WO.wg_supported(4, 384, 32, pw.qweight) and not WO.wg_supported(4, 352, 352, pw.qweight)
+        for int_zeros in sorted({pw.int_zeros, False}):
+            with qk.poison_outputs():
+                got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, bits, pw.group_size, int_zeros, cfg)
+            _check(got, _ref(x, pw, bias), dtype)
+    assert WO.wg_supported(bits, 384, 128, pw.qweight) == (torch.cuda.get_device_capability() == (9, 0))
+    assert not WO.wg_supported(bits, 384, 32, pw.qweight) and not WO.wg_supported(bits, 352, 352, pw.qweight)
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("-splitk")])

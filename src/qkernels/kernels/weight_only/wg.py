@@ -1,5 +1,6 @@
-"""Gluon kernel for weight-only linears on Hopper (sm_90): wgmma fed by in-register dequantization, for large
-M (x tiles up to 256 rows) and, with split-K, small M (x tiles of 8-32 rows: the wgmma's n).
+"""Gluon kernel for weight-only linears on Hopper (sm_90), 4- or 8-bit codes: wgmma fed by in-register
+dequantization, for large M (x tiles up to 256 rows) and, with split-K, small M (x tiles of 8-32 rows: the
+wgmma's n).
 Launcher: ops/weight_only/launch.py (path "wg"). Layout: packed_weight.py. Reference: reference.weight_only_linear.
 The Triton-language kernels (gemv.py, mm.py) compute the same thing and are its CPU twin (Gluon has no
 interpreter); the tests run this one on Hopper GPUs against the reference.
@@ -14,7 +15,8 @@ explicit, per 64-k step:
     x.T its B operand from the ring; the code bytes are read from shared memory as 16-bit pairs in the
     A-operand layout (a pair is the two adjacent k a thread holds), so the dequantized values need no layout
     change, and low / high nibbles (k and k + 32 of the packed chunk) are two wgmmas on the two halves of the
-    x tile;
+    x tile. 8-bit codes: the step's 64 bytes of a row come as two 32-byte TMA boxes (k and k + 32), read and
+    multiplied the same way, a byte per value instead of a nibble;
   - a step issues its wgmmas, waits for the previous step's (is_async, one step in flight), refills the stage
     that step read and dequantizes the next tile while its own wgmmas run. The loop takes two steps per
     iteration so the tile in flight and the one being written are different registers (with one loop-carried
@@ -31,16 +33,24 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from .gluon_shared import PER_CHANNEL, _halves_of, _splitk_fixup
 
 
-BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row)
+BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row at 4 bits, 64 at 8)
 
 
 @gluon.jit
-def _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, stage, off_m, off_n, k0, pred):
-    """TMA copies of the x tile and code bytes into ring stage `stage`, arriving on its barrier."""
+def _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, stage, off_m, off_n, k0, pred, BITS: gl.constexpr):
+    """TMA copies of the x tile and code bytes into ring stage `stage`, arriving on its barrier: one 32-byte-wide
+    box of codes per row at 4 bits (ring entry `stage`), two at 8 (entries 2 stage and 2 stage + 1: k and
+    k + 32)."""
     bar = bars.index(stage)
-    mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+    CPS: gl.constexpr = BITS // 4
+    mbarrier.expect(bar, x_desc.block_type.nbytes + CPS * w_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(x_desc, [off_m, k0], bar, x_ring.index(stage), pred=pred)
-    tma.async_copy_global_to_shared(w_desc, [off_n, k0 // 2], bar, c_ring.index(stage), pred=pred)
+    if BITS == 4:
+        tma.async_copy_global_to_shared(w_desc, [off_n, k0 // 2], bar, c_ring.index(stage), pred=pred)
+    else:
+        for c in gl.static_range(CPS):
+            tma.async_copy_global_to_shared(w_desc, [off_n, k0 + c * (BK // 2)], bar, c_ring.index(stage * CPS + c),
+                                            pred=pred)
 
 
 def _pairs_asm(magic: str) -> str:
@@ -61,6 +71,16 @@ def _pairs_asm(magic: str) -> str:
 
 _PAIRS_F16: gl.constexpr = gl.constexpr(_pairs_asm("0x64006400"))     # magic 1024.0
 _PAIRS_BF16: gl.constexpr = gl.constexpr(_pairs_asm("0x43004300"))    # magic 128.0
+# PTX: two 16-bit pairs of 8-bit codes (bytes b0, b1 in $2 and $3) -> 1024 + b0, 1024 + b1 as fp16 pairs in $0 and
+# $1 (prmt puts each byte under the exponent byte 0x64 of 1024.0; fp16 holds 1024 + u exactly for u < 1024)
+_BYTES_F16: gl.constexpr = gl.constexpr("""{
+        .reg .b32 u, v, mg;
+        mov.b32 mg, 0x64646464;
+        cvt.u32.u16 u, $2;
+        cvt.u32.u16 v, $3;
+        prmt.b32 $0, u, mg, 0x4140;
+        prmt.b32 $1, v, mg, 0x4140;
+        }""")
 
 
 @gluon.constexpr_function
@@ -76,9 +96,20 @@ def _pairs_layout(ll):
 
 
 @gluon.jit
-def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr):
-    """Code pairs [BN, 16] (uint16: bytes 2c, 2c + 1 of each row's 32) -> (lo, hi): the dequantized k = j and
-    k = 32 + j halves of the step's 64-k chunk, [BN, 32] each, in the wgmma A-operand layout `al`."""
+def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
+                BITS: gl.constexpr):
+    """Code pairs (_wg_codes) -> (lo, hi): the dequantized k = j and k = 32 + j halves of the step's 64-k chunk,
+    [BN, 32] each, in the wgmma A-operand layout `al`."""
+    if BITS == 8:
+        lo, hi = _wg_dequant8(codes[0], codes[1], sz, INT_Z, dt, st, al)
+    else:
+        lo, hi = _wg_dequant4(codes[0], sz, INT_Z, dt, st, al)
+    return lo, hi
+
+
+@gluon.jit
+def _wg_dequant4(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr):
+    """4-bit code pairs [BN, 16] (uint16: bytes 2c, 2c + 1 of each row's 32) -> (lo, hi) as _wg_dequant."""
     if dt == gl.bfloat16:
         lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_BF16, constraints="=r,=r,h", args=[codes],
                                            dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
@@ -105,13 +136,45 @@ def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constex
 
 
 @gluon.jit
-def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for step `step`'s stage and read its code bytes as 16-bit pairs in the A-operand layout."""
+def _wg_dequant8(clo, chi, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr):
+    """8-bit code pairs [BN, 16] of k = j and k = 32 + j (uint16: bytes 2c, 2c + 1 of each 32-byte half) -> (lo,
+    hi) as _wg_dequant. fp16: 1024 + u from the prmt, (1024 + u) - (1024 + z) exact for integer z; bf16 (7
+    mantissa bits: no magic number holds 8-bit codes) takes u exactly from the fp16 form (u <= 255 is exact in
+    bf16 too), then subtracts z."""
+    lw, hw = gl.inline_asm_elementwise(asm=_BYTES_F16, constraints="=r,=r,h,h", args=[clo, chi],
+                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    lo = _halves_of(lw, gl.float16, al)
+    hi = _halves_of(hw, gl.float16, al)
+    szl: gl.constexpr = gl.SliceLayout(1, al)
+    sz = gl.convert_layout(sz, szl, assert_trivial=True)
+    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True)
+    if dt == gl.float16 and INT_Z:
+        zz = (z.to(gl.float32) + 1024.0).to(gl.float16)[:, None]
+        lo = lo - zz
+        hi = hi - zz
+    else:
+        zz = z.to(dt)[:, None]
+        lo = (lo - 1024.0).to(dt) - zz
+        hi = (hi - 1024.0).to(dt) - zz
+    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(dt)[:, None]
+    return lo * s, hi * s
+
+
+@gluon.jit
+def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr):
+    """Wait for step `step`'s stage and read its code bytes as 16-bit pairs in the A-operand layout: 8-bit, the
+    pairs of k and of k + 32; 4-bit, the pairs of both (twice, the same value)."""
     stage = step % STAGES
     mbarrier.wait(bars.index(stage), (step // STAGES) & 1)
     BN: gl.constexpr = c_ring.shape[1]
     pl: gl.constexpr = _pairs_layout(gl.to_linear_layout(al, [BN, BK // 2]))
-    return c_ring.index(stage)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+    CPS: gl.constexpr = BITS // 4
+    clo = c_ring.index(CPS * stage)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+    if BITS == 8:
+        chi = c_ring.index(CPS * stage + 1)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+    else:
+        chi = clo
+    return clo, chi
 
 
 @gluon.jit
@@ -133,7 +196,7 @@ def _wg_mma(acc, lo, hi, xs):
 @gluon.jit
 def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n,
              GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
-             STAGES: gl.constexpr):
+             STAGES: gl.constexpr, BITS: gl.constexpr):
     """Step `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the step
     after next; wait for the previous step's wgmmas (its tile's registers and its stage are then free); refill
     that stage with step - 1 + STAGES once every warp is past it; read and dequantize the next step's codes
@@ -148,9 +211,9 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
     gl.thread_barrier()
     nxt = step - 1 + STAGES
     _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, nxt % STAGES, off_m, off_n, (s0 + nxt) * BK,
-              (step >= 1) & (nxt < steps))
-    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES)
-    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al)
+              (step >= 1) & (nxt < steps), BITS)
+    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS)
+    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
     return acc, nlo, nhi, sz_after
 
 
@@ -158,12 +221,12 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
 def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                   SPLIT_K: gl.constexpr = 1):
-    """W4A16 on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per output
-    tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share each
-    weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
-    [N, K / 2], blocks [BLOCK_N, 32] (rows past M / N read as zeros). BLOCK_N: a multiple of 16 x num_warps
-    (warpgroups split the weight rows); BLOCK_M <= 256 (the wgmma's n), a multiple of 8. SPLIT_K > 1: program
+                   SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4):
+    """W4A16 / W8A16 (BITS) on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per
+    output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
+    each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
+    ([N, K / 2] at 4 bits, [N, K] at 8), blocks [BLOCK_N, 32] (rows past M / N read as zeros). BLOCK_N: a multiple
+    of 16 x num_warps (warpgroups split the weight rows); BLOCK_M <= 256 (the wgmma's n), a multiple of 8. SPLIT_K > 1: program
     column z covers slice z of the 64-k steps (the launcher makes every slice non-empty); partials are added up
     in this kernel (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile)."""
     W: gl.constexpr = gl.num_warps()
@@ -186,7 +249,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + sn.to(gl.int64) * stride_sn
 
     x_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BK], x_desc.layout)
-    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES * (BITS // 4), BLOCK_N, BK // 2], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
@@ -199,9 +262,9 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         s0 = gl.program_id(1) * per
         steps = gl.minimum(K // BK - s0, per)
     for p in gl.static_range(STAGES):
-        _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, (s0 + p) * BK, p < steps)
+        _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, (s0 + p) * BK, p < steps, BITS)
     sz = _wg_sz(s_p, 0, steps, s0, GROUP)
-    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES), sz, INT_Z, dt, st, al)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS), sz, INT_Z, dt, st, al, BITS)
     if GROUP != PER_CHANNEL:
         sz = _wg_sz(s_p, 1, steps, s0, GROUP)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -210,9 +273,9 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     # reading the carried registers was done.
     for j in range(steps // 2):
         acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                     off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES)
+                                     off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS)
         acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                   off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES)
+                                   off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % STAGES))])
     acc = warpgroup_mma_wait(0, deps=[acc])

@@ -10,7 +10,7 @@ M-bucketed, shape overrides; defaults in configs/__init__.py):
   "tc"       Gluon tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of TC_K or per channel
   "mm"       Triton-language tensor-core GEMM with in-register dequantization
   "wg"       Gluon Hopper kernel (wgmma on in-register dequantized weights, overlapped with the next tile's
-             dequantization): 4-bit weights, groups of a multiple of WG_K or per channel
+             dequantization): 4- or 8-bit weights, groups of a multiple of WG_K or per channel
   "dequant"  dequantize to x's dtype, then cuBLAS
 A "gv", "gvt", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run (SUPPORTED). A GPU
 without a table autotunes once per shape (qkernels.autotune). Tests and tuners pin a path with force_path() or a
@@ -27,7 +27,7 @@ from ..._runtime import capability, device_name, gpu_slug, is_interpreter, next_
 from ...schemes import PER_CHANNEL
 
 # "tc" (kernels/weight_only/tc.py, Gluon): 4-bit weights, K a multiple of TC_K, groups of a multiple of TC_K
-# or per channel, CUDA GPUs of sm_80+. "wg" (kernels/weight_only/wg.py, Gluon, wgmma): 4-bit weights, K a
+# or per channel, CUDA GPUs of sm_80+. "wg" (kernels/weight_only/wg.py, Gluon, wgmma): 4- or 8-bit weights, K a
 # multiple of WG_K, groups of a multiple of WG_K or per channel, sm_90 (Hopper) only.
 TC_K = 128
 WG_K = 64
@@ -58,10 +58,10 @@ def tc_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtyp
 
 def wg_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None,
                  int_zeros: bool = True) -> bool:
-    """Whether the Gluon wgmma kernel runs this case: sm_90 (wgmma is Hopper's; no interpreter twin), code
-    rows 16-byte aligned (TMA descriptors need 16-byte aligned bases and row strides)."""
-    return (bits == 4 and K % WG_K == 0 and (group_size == PER_CHANNEL or group_size % WG_K == 0) and not is_interpreter()
-            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) == (9, 0)
+    """Whether the Gluon wgmma kernel runs this case: 4- or 8-bit codes, sm_90 (wgmma is Hopper's; no interpreter
+    twin), code rows 16-byte aligned (TMA descriptors need 16-byte aligned bases and row strides)."""
+    return (bits in (4, 8) and K % WG_K == 0 and (group_size == PER_CHANNEL or group_size % WG_K == 0)
+            and not is_interpreter() and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) == (9, 0)
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 

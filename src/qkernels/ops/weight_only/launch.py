@@ -71,7 +71,7 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         if cfg["path"] == "tc":
             grid = (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"]))
             return _keep_plan(key, cfg, (_kernels("tc")._wo_tc_kernel, grid, split, constexprs))
-        return _keep_plan(key, cfg, (_kernels("wg")._wo_wg_kernel, (tiles, split), split, constexprs))
+        return _keep_plan(key, cfg, (_kernels("wg")._wo_wg_kernel, (tiles, split), split, dict(constexprs, BITS=bits)))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
         split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
@@ -147,8 +147,8 @@ def _wg_layouts():
 
 
 def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
-    """TMA descriptors of x [M, K] (blocks [block_m, 64]) and of the code bytes [N, K / 2] (blocks
-    [block_n, 32])."""
+    """TMA descriptors of x [M, K] (blocks [block_m, 64]) and of the code bytes ([N, K / 2] at 4 bits, [N, K] at 8;
+    blocks [block_n, 32])."""
     desc, x_layout, w_layout = _wg_layouts()
     ensure_context(x2.device)
     return (desc.from_tensor(x2, [block_m, WG_K], x_layout),
