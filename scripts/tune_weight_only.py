@@ -153,15 +153,18 @@ def candidates(m: int) -> list[dict]:
 
 
 def from_log(log: Path, table: dict, bits_list: list) -> None:
-    """Shape overrides from an earlier sweep's log (per-shape times), against the table's bucket configs."""
+    """Shape overrides from an earlier sweep's log (per-shape times), against the table's bucket configs. A line
+    with a time per CHAIN_SHAPES is a --chain sweep's: its overrides take that sweep's gain."""
     pat = re.compile(r"^(w\da16) M=\s*(\d+) (\{.*\}) (\[.*\])$")
-    runs = {}
+    runs = {False: {}, True: {}}       # by whether the line is a --chain sweep's
     for line in log.read_text().splitlines():
         mt = pat.match(line.strip())
         if mt and int(mt.group(1)[1]) in bits_list:
             times = [float(t) for t in ast.literal_eval(mt.group(4))]
-            runs.setdefault((mt.group(1), int(mt.group(2))), []).append((times, ast.literal_eval(mt.group(3))))
-    configs.overrides_from_runs(table, runs, SHAPES, log.name)
+            chain = len(times) == len(CHAIN_SHAPES)
+            runs[chain].setdefault((mt.group(1), int(mt.group(2))), []).append((times, ast.literal_eval(mt.group(3))))
+    configs.overrides_from_runs(table, runs[False], SHAPES, log.name)
+    configs.overrides_from_runs(table, runs[True], CHAIN_SHAPES, log.name, configs.CHAIN_OVERRIDE_GAIN)
     for kind in [k for k in ("w4a16", "w8a16") if k in table]:
         tab = table[kind]      # the overrides take their bucket's fallback (or the bucket's config itself)
         for bucket in [k for k in tab if ":" not in k]:

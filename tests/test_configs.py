@@ -45,7 +45,7 @@ def test_shipped_tables_are_well_formed(slug):
                 assert cfg["BLOCK_M"] % (16 * cfg["num_warps"]) == 0 and cfg["BLOCK_N"] in (16, 32, 64, 128), cfg
                 assert "path" not in cfg["fallback"], cfg
             elif cfg.get("path") == "wg":    # the Gluon wgmma kernel: warpgroups split BLOCK_N, BLOCK_M its n
-                assert kind == "w4a16" and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2, cfg
+                assert kind in ("w4a16", "w8a16") and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2, cfg
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
                 assert cfg["BLOCK_M"] in (8, 16, 32, 64, 128, 256), cfg
                 assert cfg.get("SPLIT_K", 1) == 1 or cfg["MIN_PROGRAMS"] > 0, cfg
@@ -86,4 +86,10 @@ def test_set_shape_overrides_rule(capsys):
     table = {"w4a16": {"128": dict(g, fallback=a)}}
     configs.overrides_from_runs(table, {("w4a16", "128"): [([10.0, 50.0], g), ([10.5, 40.0], b)]}, shapes, "log")
     assert table["w4a16"] == {"128": dict(g, fallback=a), "128:N14336:K4096": b}
+    table = {"int8": {"1": a}}                                   # a --chain sweep's log: its gain
+    runs = {("int8", "1"): [([10.0, 50.0], a), ([9.6, 48.0], b)]}
+    configs.overrides_from_runs(table, runs, shapes, "log")
+    assert table["int8"] == {"1": a}
+    configs.overrides_from_runs(table, runs, shapes, "log", configs.CHAIN_OVERRIDE_GAIN)
+    assert table["int8"] == {"1": a, "1:N4096:K4096": b, "1:N14336:K4096": b}
     assert "not in log" in capsys.readouterr().out

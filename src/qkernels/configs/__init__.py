@@ -131,9 +131,10 @@ def set_shape_overrides(tab: dict, kind: str, bucket, shapes: list, results: lis
             tab.pop(key, None)
 
 
-def overrides_from_runs(table: dict, runs: dict, shapes: list, source: str) -> None:
+def overrides_from_runs(table: dict, runs: dict, shapes: list, source: str, gain: float = OVERRIDE_GAIN) -> None:
     """runs: {(kind, bucket): [(time per shape, config)]} parsed from an earlier sweep's log: shape overrides
-    against the table's current bucket configs (skipped where the log did not time that config)."""
+    against the table's current bucket configs (skipped where the log did not time that config); gain as in
+    set_shape_overrides (CHAIN_OVERRIDE_GAIN for a --chain sweep's log)."""
     for (kind, bucket), results in sorted(runs.items(), key=lambda kv: (kv[0][0], int(kv[0][1]))):
         chosen = (table.get(kind) or {}).get(str(bucket))
         if chosen is not None:     # logs print configs without the fallback the table attaches to Gluon ones
@@ -141,4 +142,4 @@ def overrides_from_runs(table: dict, runs: dict, shapes: list, source: str) -> N
         if chosen is None or not any(r[1] == chosen for r in results):
             print(f"{kind} M<={bucket}: the table's config is not in {source}; no overrides", flush=True)
             continue
-        set_shape_overrides(table[kind], kind, bucket, shapes, results, chosen)
+        set_shape_overrides(table[kind], kind, bucket, shapes, results, chosen, gain)
