@@ -59,28 +59,44 @@ def test_decode_gemv_table_and_targets(tmp_path):
 
 
 def test_rows_measured_with_another_config_table_are_pointed_out(tmp_path):
-    """A results file records the config table its run used (harness.environment, stamped on merged rows); the
-    report says how many rows came from another table than the shipped one, and nothing where all match or where
-    rows predate the digest."""
+    """A results file records the config table its run used (harness.environment, stamped on merged rows) and that
+    table's digest per kind; the report says how many rows of ours ran configs that differ from the shipped table's
+    for the kinds they run (the whole table where a file has no kind digests), and nothing where all match, for
+    peers and baselines, or where rows predate the digest."""
     from qkernels import configs
     from qkernels.bench import harness
-    now = configs.table_digest("h100")
+    now, kinds = configs.table_digest("h100"), configs.kind_digests("h100")
     assert now and len(now) == 12 and configs.table_digest("no-such-gpu") is None
+    assert {"w4a16", "int8", "w8a8"} <= set(kinds) and configs.kind_digests("no-such-gpu") == {}
     root = tmp_path / "results"
-    row = dict(op="linear_host", provider="F.linear fp16", scheme="fp16", M=1, N=8, K=8, median_us=10.0,
+    row = dict(op="linear_host", provider="QuantizedLinear w4a16", scheme="w4a16", M=1, N=8, K=8, median_us=10.0,
                **{"x_F.linear": 1.0})
     _write(root, "h100", "host", [row], config_table=now)
-    assert "another config table" not in report.build(root)
+    assert "rows of ours" not in report.build(root)
     _write(root, "h100", "host", [row])                        # before digests were recorded: not judged
-    assert "another config table" not in report.build(root)
+    assert "rows of ours" not in report.build(root)
+    peer = dict(row, provider="F.linear fp16", scheme="fp16")
+    w8a8 = dict(row, provider="w8a8_linear int8", scheme="w8a8")
     old = dict(gpu="GPU X", date="2026-01-01T00:00", torch="2.x", triton="3.y", config_table="0123456789ab",
-               rows=[dict(row, provider="a"), dict(row, provider="b")])
-    new = dict(gpu="GPU X", date="2026-01-02T00:00", torch="2.x", triton="3.y", config_table=now, rows=[row])
-    merged = harness.merge_results(old, new, lambda r: r["provider"] == "b")
-    assert [r["config_table"] for r in merged["rows"]] == ["0123456789ab", now]
+               rows=[row, peer, dict(row, provider="QuantizedLinear w8a16", scheme="w8a16")])
+    new = dict(gpu="GPU X", date="2026-01-02T00:00", torch="2.x", triton="3.y", config_table=now,
+               config_tables={now: kinds}, rows=[dict(row, provider="QuantizedLinear w8a16", scheme="w8a16")])
+    merged = harness.merge_results(old, new, lambda r: r["scheme"] == "w8a16")
+    assert [r["config_table"] for r in merged["rows"]] == ["0123456789ab", "0123456789ab", now]
+    assert merged["config_tables"] == {now: kinds}
     (root / "h100" / "host.json").write_text(json.dumps(merged))
-    assert (f"- 1 of 2 rows were measured with another config table than the shipped `configs/h100.json` ({now}): "
-            "rerun to refresh them.") in report.build(root)
+    line = (f"- 1 of the 2 rows of ours ran configs that differ from the shipped `configs/h100.json` ({now}) for "
+            "their kinds: rerun to refresh them.")
+    assert line in report.build(root)       # no kind digests of the old table: the w4a16 row judged by the whole table
+    # with them: the w4a16 row ran today's w4a16 configs (not stale), the w8a8 row other int8 configs (stale)
+    merged["config_tables"]["0123456789ab"] = dict(kinds, int8="fedcba987654")
+    merged["rows"].append(dict(w8a8, config_table="0123456789ab"))
+    (root / "h100" / "host.json").write_text(json.dumps(merged))
+    assert line.replace("of the 2", "of the 3") in report.build(root)
+    again = harness.merge_results(merged, new, lambda r: r["provider"] == "w8a8_linear int8")
+    assert set(again["config_tables"]) == {now, "0123456789ab"}      # kept: rows of that table remain
+    gone = harness.merge_results(merged, new, lambda r: r["config_table"] == "0123456789ab")
+    assert set(gone["config_tables"]) == {now}
 
 
 def test_missing_peers_count_as_targets_not_measured(tmp_path):

@@ -145,8 +145,11 @@ def environment() -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "interpreter": is_interpreter(),
-        # the shipped config table the kernels ran with (configs.table_digest); None on the CPU
+        # the shipped config table the kernels ran with (configs.table_digest; None on the CPU), and per table
+        # digest the digests of its kinds (configs.kind_digests: a report judges a row by the kinds it runs)
         "config_table": configs.table_digest(gpu_slug(device_name(dev))) if on_gpu() else None,
+        "config_tables": ({configs.table_digest(gpu_slug(device_name(dev))):
+                           configs.kind_digests(gpu_slug(device_name(dev)))} if on_gpu() else {}),
     }
 
 
@@ -181,12 +184,16 @@ RUN_KEYS = ("date", "torch", "triton", "config_table")      # stamped on every m
 def merge_results(old: dict | None, new: dict, replaced: Callable[[dict], bool]) -> dict:
     """The results document `new` (this run's rows) merged into `old` (the GPU's earlier document, or None): old
     rows kept unless `replaced(row)` (this run measured them again), every row stamped with its run's date and
-    versions (RUN_KEYS) unless it already carries them. An old document from another GPU is not merged."""
+    versions (RUN_KEYS) unless it already carries them, and the kind digests of each config table a kept row ran
+    with kept (config_tables). An old document from another GPU is not merged."""
     stamp = lambda rows, doc: [{**{k: doc.get(k) for k in RUN_KEYS}, **r} for r in rows]  # noqa: E731
     out = dict(new, rows=stamp(new["rows"], new))
     if not old or old.get("gpu") != new.get("gpu"):
         return out
     out["rows"] = [r for r in stamp(old.get("rows", []), old) if not replaced(r)] + out["rows"]
+    used = {r.get("config_table") for r in out["rows"]}
+    tables = {**(old.get("config_tables") or {}), **(new.get("config_tables") or {})}
+    out["config_tables"] = {t: kinds for t, kinds in tables.items() if t in used}
     return out
 
 

@@ -196,14 +196,40 @@ def _runs_note(d: dict, key: str) -> list[str]:
             sorted(kept.items())] + ([""] if kept else [])
 
 
+# the config-table kinds a row of ours runs, by the scheme its provider names (longest names first)
+_SCHEME_KINDS = (("w8a8-fp8", ("fp8", "w8a8-fp8")), ("w8a8 fp8", ("fp8", "w8a8-fp8")), ("w8a8", ("int8", "w8a8")),
+                 ("w4a16", ("w4a16",)), ("w8a16", ("w8a16",)), ("int8", ("int8",)), ("fp8", ("fp8",)))
+_OURS = ("qkernels", "QuantizedLinear", "w4a16_linear", "w8a16_linear", "w8a8_linear")
+
+
+def _row_kinds(row: dict) -> tuple | None:
+    """The table kinds the row's provider runs: () for a peer or a baseline (no table of ours), None for one of ours
+    whose kinds are not known (judged by the whole table)."""
+    prov = row.get("provider", "")
+    if not prov.startswith(_OURS):
+        return ()
+    name = f"{prov} {row.get('scheme', '')}"
+    return next((kinds for scheme, kinds in _SCHEME_KINDS if scheme in name), None)
+
+
 def _table_note(d: dict, slug: str) -> list[str]:
-    """A line where rows were measured with another config table than the one shipped now (the digest their run
-    recorded, harness.environment; rows from before digests were recorded are not judged)."""
-    now = configs.table_digest(slug)
-    tables = [r.get("config_table", d.get("config_table")) for r in d["rows"]]
-    stale = sum(1 for t in tables if t is not None and t != now)
-    return [f"- {stale} of {len(tables)} rows were measured with another config table than the shipped "
-            f"`configs/{slug}.json` ({now or 'none'}): rerun to refresh them.", ""] if stale else []
+    """A line where rows of ours were measured with another config table than the one shipped now (the digest
+    their run recorded, harness.environment; rows from before digests were recorded are not judged). Where the
+    file has that table's kind digests (config_tables), a row is judged by the kinds its provider runs only."""
+    now, now_kinds = configs.table_digest(slug), configs.kind_digests(slug)
+    ours = stale = 0
+    for r in d["rows"]:
+        kinds, table = _row_kinds(r), r.get("config_table", d.get("config_table"))
+        if kinds == () or table is None:
+            continue
+        ours += 1
+        then = (d.get("config_tables") or {}).get(table)
+        if kinds is None or then is None:
+            stale += table != now
+        else:
+            stale += any(then.get(k) != now_kinds.get(k) for k in kinds)
+    return [f"- {stale} of the {ours} rows of ours ran configs that differ from the shipped `configs/{slug}.json` "
+            f"({now or 'none'}) for their kinds: rerun to refresh them.", ""] if stale else []
 
 
 def _decode_gemv(rows: list[dict]) -> list[str]:

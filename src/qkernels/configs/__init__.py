@@ -61,7 +61,17 @@ def table_digest(slug: str) -> str | None:
     """A short digest of configs/<slug>.json's content (key order and layout aside), None without that file: results
     files record the table their run used, so a report can point out rows measured before the table changed."""
     table = load(slug)
-    return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:12] if table else None
+    return _digest(table) if table else None
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def kind_digests(slug: str) -> dict[str, str]:
+    """A digest per kind of configs/<slug>.json ("w4a16", "int8", ...; {} without that file): a results row
+    judged against the kinds its provider runs (bench.report) is not called stale when another kind changed."""
+    return {kind: _digest(tab) for kind, tab in (load(slug) or {}).items()}
 
 
 def shipped() -> list[str]:
