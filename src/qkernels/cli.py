@@ -105,6 +105,8 @@ def cmd_bench(args) -> int:
         print(f"== qkernels bench {name}")
         import importlib
         kw = {}
+        if name == "weight-only" and args.ms:
+            kw = {"ms": args.ms.split(",")}
         if name in ("model", "runtime", "quantizers", "decode-gemv"):
             kw = {"models": args.models.split(",") if args.models else None, "layers": args.layers,
                   "schemes": tuple(args.schemes.split(",")) if args.schemes else None,
@@ -278,6 +280,8 @@ def main(argv=None) -> int:
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.add_argument("--shapes", default="", help="decode-gemv: only these layer shapes (comma-separated NxK); with "
                                                 "--models or --shapes its rows merge into the GPU's decode_gemv.json")
+    b.add_argument("--ms", default="", help="weight-only: only these M of its grid (comma-separated); their rows "
+                                            "merge into the GPU's weight_only.json")
     b.add_argument("--tp", type=int, default=1, help="bench runtime (or model): tensor parallel over N GPUs, beside "
                                                      "one (launch: torchrun --nproc-per-node N -m qkernels.cli ...)")
     b.set_defaults(fn=cmd_bench)

@@ -182,17 +182,19 @@ def _runtime_targets(dec, fp16, rows) -> list[str]:
     return lines
 
 
-def _runs_note(d: dict, key: str) -> list[str]:
+def _runs_note(d: dict, key: str, label: str = "") -> list[str]:
     """Lines naming the earlier runs that rows kept in a merged document (harness.merge_results) come from, by
-    their `key` (model, shape): nothing when every row is from the document's own run."""
+    their `key` (model, shape, M: its values after `label`): nothing when every row is from the document's own
+    run."""
     this = (d.get("date"), d.get("torch"), d.get("triton"))
     kept: dict = {}
     for r in d["rows"]:
         run = (r.get("date"), r.get("torch"), r.get("triton"))
         if r.get("date") and run != this:
             kept.setdefault(run, []).append(r[key])
-    return [f"Rows of {', '.join(map(str, dict.fromkeys(v)))}: from the run of {str(date)[:16].replace('T', ' ')} "
-            f"UTC (torch {tv}, Triton {trv}); the others from this file's run." for (date, tv, trv), v in
+    return [f"Rows of {label}{', '.join(map(str, dict.fromkeys(v)))}: from the run of "
+            f"{str(date)[:16].replace('T', ' ')} UTC (torch {tv}, Triton {trv}); the others from this file's run."
+            for (date, tv, trv), v in
             sorted(kept.items())] + ([""] if kept else [])
 
 
@@ -367,7 +369,7 @@ def build(results: Path) -> str:
                             r["layers"], f"{r['calib_seqs']} x {r['calib_len']}", r["seconds"], r["peak_gpu_mb"],
                             r["layer_mb"], r["activations_mb"], r.get("peak_over_budget")] for r in d["rows"]]) + [""]
         else:
-            out += _pivot(d["rows"], "median_us") + [""]
+            out += (_runs_note(d, "M", "M = ") if name == "weight_only" else []) + _pivot(d["rows"], "median_us") + [""]
             if name == "gemm":
                 out += _gemm_targets(d["rows"])
             elif name == "weight_only":

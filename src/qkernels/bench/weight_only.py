@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 import qkernels as qk
 
-from .harness import Row, format_table, host_us, on_gpu, plot, time_us, write_json
+from .harness import (Row, format_table, host_us, merge_results, on_gpu, plot, read_results, results_doc, time_us,
+                      write_json)
 from .peers import peers, try_tinygemm
 
 SHAPES_GPU = [(4096, 4096), (14336, 4096), (4096, 14336)]   # (N, K)
@@ -58,10 +59,17 @@ def _as_sm80(op, *args):
         return op(*args)
 
 
-def run(out_root: str = "benchmarks/results") -> list[Row]:
+def run(out_root: str = "benchmarks/results", ms=None) -> list[Row]:
+    """ms: only these M of the grid (default all); their rows then replace those of the GPU's earlier
+    weight_only.json and its other rows stay (harness.merge_results), so a long run can be split into parts."""
     gpu = on_gpu()
     dev = torch.device("cuda" if gpu else "cpu")
-    shapes = [(M, N, K) for (N, K) in (SHAPES_GPU if gpu else SHAPES_CPU) for M in (MS_GPU if gpu else MS_CPU)]
+    grid = MS_GPU if gpu else MS_CPU
+    if ms:
+        ms = [int(m) for m in ms]
+        if not set(ms) <= set(grid):
+            raise ValueError(f"ms must be among the grid's M {list(grid)}, got {ms}")
+    shapes = [(M, N, K) for (N, K) in (SHAPES_GPU if gpu else SHAPES_CPU) for M in grid if not ms or M in ms]
     rows: list[Row] = []
     packed = {}
     missing: list = []
@@ -138,7 +146,10 @@ def run(out_root: str = "benchmarks/results") -> list[Row]:
             r.extra["speedup_vs_fp16"] = base[key] / r.median_us
         if key in tiny:
             r.extra["speedup_vs_tinygemm"] = tiny[key] / r.median_us
-    path = write_json("weight_only", rows, out_root, {"peers_missing": missing if gpu else []})
+    doc = results_doc(rows, {"peers_missing": missing if gpu else []})
+    if ms:
+        doc = merge_results(read_results("weight_only", out_root), doc, lambda r: r.get("M") in ms)
+    path = write_json("weight_only", doc, out_root)
     print(format_table(rows, ["provider", "mode", "M", "N", "K", "median_us", "weight_gbps", "speedup_vs_fp16",
                               "speedup_vs_tinygemm", "host_us"]))
     print(f"wrote {path}")
