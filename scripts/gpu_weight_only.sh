@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Weight-only work on a GPU in one call: its tests, the config sweep, then the benchmark.
-# Usage: scripts/gpu_weight_only.sh OUTDIR [tune args...]   (SKIP_TUNE=1 / SKIP_TESTS=1 to skip steps)
+# Usage: scripts/gpu_weight_only.sh OUTDIR [tune args...]   (SKIP_TUNE=1 / SKIP_TESTS=1 / SKIP_BENCH=1 to skip steps;
+#   MS=128,1024: the benchmark at those M only, merged into the committed file: with the peers installed the whole
+#   grid took more than 7 minutes on a fresh H200, gemlite compiling its kernels)
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_weight_only.sh OUTDIR}
 shift
@@ -16,5 +18,10 @@ if [ -z "${SKIP_TUNE:-}" ]; then
   cp src/qkernels/configs/*.json "$OUT/"
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
-  python3 -m qkernels.cli bench weight-only --out "$OUT" 2>&1 | tee "$OUT/bench_weight_only.log" | tail -5
+  # into the working tree's results (MS="128,1024": only those M, their rows replacing the file's), then to OUT
+  SLUG=$(python3 -c 'import torch; from qkernels._runtime import gpu_slug, device_name
+print(gpu_slug(device_name(torch.device("cuda"))))')
+  python3 -m qkernels.cli bench weight-only --out benchmarks/results ${MS:+--ms "$MS"} 2>&1 \
+    | tee "$OUT/bench_weight_only.log" | tail -5
+  mkdir -p "$OUT/$SLUG" && cp "benchmarks/results/$SLUG/weight_only.json" "$OUT/$SLUG/"
 fi
