@@ -177,3 +177,19 @@ def test_targets_at_a_glance_count_and_list_the_missed():
     assert "- gemm — H100: b: 0.9x — not met" in text
     assert "- ppl — cpu: c ≤ +2%: +3% (c) — not met" in text
     assert "a: 1.2x" not in text and report._summary(["## x — cpu", "- no targets here"]) == []
+
+
+def test_environment_records_the_table_and_its_kind_digests(monkeypatch):
+    """On a GPU with a shipped table a results file records its digest and, under it, the digest of each kind; on
+    one without, neither (no null keys)."""
+    from qkernels import configs
+    from qkernels.bench import harness
+    monkeypatch.setattr(harness, "on_gpu", lambda: True)
+    monkeypatch.setattr(harness, "device_name", lambda dev: "NVIDIA H100 80GB HBM3")
+    env = harness.environment()
+    assert env["config_table"] == configs.table_digest("h100")
+    assert env["config_tables"] == {env["config_table"]: configs.kind_digests("h100")}
+    monkeypatch.setattr(harness, "device_name", lambda dev: "Some Other GPU")
+    env = harness.environment()
+    assert env["config_table"] is None and env["config_tables"] == {}
+    json.dumps(env)

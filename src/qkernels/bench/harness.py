@@ -137,6 +137,7 @@ def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
 def environment() -> dict:
     import triton
     dev = torch.device("cuda") if on_gpu() else torch.device("cpu")
+    table = configs.table_digest(gpu_slug(device_name(dev))) if on_gpu() else None
     return {
         "gpu": device_name(dev) if on_gpu() else ("cpu (Triton interpreter)" if is_interpreter() else "cpu"),
         "torch": torch.__version__,
@@ -147,9 +148,8 @@ def environment() -> dict:
         "interpreter": is_interpreter(),
         # the shipped config table the kernels ran with (configs.table_digest; None on the CPU), and per table
         # digest the digests of its kinds (configs.kind_digests: a report judges a row by the kinds it runs)
-        "config_table": configs.table_digest(gpu_slug(device_name(dev))) if on_gpu() else None,
-        "config_tables": ({configs.table_digest(gpu_slug(device_name(dev))):
-                           configs.kind_digests(gpu_slug(device_name(dev)))} if on_gpu() else {}),
+        "config_table": table,
+        "config_tables": {table: configs.kind_digests(gpu_slug(device_name(dev)))} if table else {},
     }
 
 
