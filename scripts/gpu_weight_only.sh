@@ -2,7 +2,7 @@
 # Weight-only work on a GPU in one call: its tests, the config sweep, then the benchmark.
 # Usage: scripts/gpu_weight_only.sh OUTDIR [tune args...]   (SKIP_TUNE=1 / SKIP_TESTS=1 / SKIP_BENCH=1 to skip steps;
 #   MS=128,1024: the benchmark at those M only, merged into the committed file: with the peers installed the whole
-#   grid took more than 7 minutes on a fresh H200, gemlite compiling its kernels)
+#   grid took more than 7 minutes on an H200 with an empty kernel cache, gemlite compiling its kernels)
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_weight_only.sh OUTDIR}
 shift
