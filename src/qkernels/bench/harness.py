@@ -87,24 +87,14 @@ def time_us(fn: Callable[[], object], *, mode: str = "eager", rep_ms: int = 200,
 def host_us(fn: Callable[[], object], batch: int = 100, batches: int = 20) -> float:
     """Host cost of one call: median over batches of the wall time per call of `batch` back-to-back
     calls that are not waited for (few enough that the launch queue never fills)."""
-    fn()
-    per_call = []
-    for _ in range(batches):
-        if on_gpu():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            fn()
-        per_call.append((time.perf_counter() - t0) / batch)
-    if on_gpu():
-        torch.cuda.synchronize()
-    return statistics.median(per_call) * 1e6
+    return host_us_interleaved({"call": fn}, batch, batches)["call"]
 
 
 def host_us_interleaved(fns: dict[str, Callable[[], object]], batch: int = 100, batches: int = 20) -> dict[str, float]:
-    """`host_us` of several calls measured in turns: each round times one batch of every call, in an order that
-    rotates from round to round, so a drift of the host's speed during the run (clocks, another process, the
-    first seconds after start) falls on all of them alike; per call the median over its batches."""
+    """Host cost of each of several calls (as host_us: the wall time per call of `batch` back-to-back calls that
+    are not waited for, median over `batches`), measured in turns: each round times one batch of every call, in an
+    order that rotates from round to round, so a drift of the host's speed during the run (clocks, another process,
+    the first seconds after start) falls on all of them alike. Each is called once first."""
     names = list(fns)
     for name in names:
         fns[name]()
