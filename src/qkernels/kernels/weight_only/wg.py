@@ -99,63 +99,38 @@ def _pairs_layout(ll):
 def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
                 BITS: gl.constexpr):
     """Code pairs (_wg_codes) -> (lo, hi): the dequantized k = j and k = 32 + j halves of the step's 64-k chunk,
-    [BN, 32] each, in the wgmma A-operand layout `al`."""
+    [BN, 32] each, in the wgmma A-operand layout `al`. The codes become magic + u in 16-bit floats: 4-bit, one
+    uint16 of two code bytes per pair of each half (low / high nibbles); 8-bit, one uint16 per pair and half, in
+    fp16 whatever dt (bf16's 7 mantissa bits hold no magic + u for u up to 255: u is taken exactly from the fp16
+    form, exact in bf16 too). For integer zero points and the magic's own dtype, (magic + u) - (magic + z) is exact."""
     if BITS == 8:
-        lo, hi = _wg_dequant8(codes[0], codes[1], sz, INT_Z, dt, st, al)
-    else:
-        lo, hi = _wg_dequant4(codes[0], sz, INT_Z, dt, st, al)
-    return lo, hi
-
-
-@gluon.jit
-def _wg_dequant4(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr):
-    """4-bit code pairs [BN, 16] (uint16: bytes 2c, 2c + 1 of each row's 32) -> (lo, hi) as _wg_dequant."""
-    if dt == gl.bfloat16:
-        lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_BF16, constraints="=r,=r,h", args=[codes],
+        lw, hw = gl.inline_asm_elementwise(asm=_BYTES_F16, constraints="=r,=r,h,h", args=[codes[0], codes[1]],
                                            dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        HT: gl.constexpr = gl.float16
+        MAGIC: gl.constexpr = 1024.0
+    elif dt == gl.bfloat16:
+        lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_BF16, constraints="=r,=r,h", args=[codes[0]],
+                                           dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        HT: gl.constexpr = gl.bfloat16
         MAGIC: gl.constexpr = 128.0
     else:
-        lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_F16, constraints="=r,=r,h", args=[codes],
+        lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_F16, constraints="=r,=r,h", args=[codes[0]],
                                            dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        HT: gl.constexpr = gl.float16
         MAGIC: gl.constexpr = 1024.0
-    lo = _halves_of(lw, dt, al)
-    hi = _halves_of(hw, dt, al)
+    lo = _halves_of(lw, HT, al)
+    hi = _halves_of(hw, HT, al)
     szl: gl.constexpr = gl.SliceLayout(1, al)
     sz = gl.convert_layout(sz, szl, assert_trivial=True)
     z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True)
-    if INT_Z:
+    if INT_Z and HT == dt:
         zz = (z.to(gl.float32) + MAGIC).to(dt)[:, None]
         lo = lo - zz
         hi = hi - zz
     else:
         zz = z.to(dt)[:, None]
-        lo = (lo - MAGIC) - zz
-        hi = (hi - MAGIC) - zz
-    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(dt)[:, None]
-    return lo * s, hi * s
-
-
-@gluon.jit
-def _wg_dequant8(clo, chi, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr):
-    """8-bit code pairs [BN, 16] of k = j and k = 32 + j (uint16: bytes 2c, 2c + 1 of each 32-byte half) -> (lo,
-    hi) as _wg_dequant. fp16: 1024 + u from the prmt, (1024 + u) - (1024 + z) exact for integer z; bf16 (7
-    mantissa bits: no magic number holds 8-bit codes) takes u exactly from the fp16 form (u <= 255 is exact in
-    bf16 too), then subtracts z."""
-    lw, hw = gl.inline_asm_elementwise(asm=_BYTES_F16, constraints="=r,=r,h,h", args=[clo, chi],
-                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    lo = _halves_of(lw, gl.float16, al)
-    hi = _halves_of(hw, gl.float16, al)
-    szl: gl.constexpr = gl.SliceLayout(1, al)
-    sz = gl.convert_layout(sz, szl, assert_trivial=True)
-    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True)
-    if dt == gl.float16 and INT_Z:
-        zz = (z.to(gl.float32) + 1024.0).to(gl.float16)[:, None]
-        lo = lo - zz
-        hi = hi - zz
-    else:
-        zz = z.to(dt)[:, None]
-        lo = (lo - 1024.0).to(dt) - zz
-        hi = (hi - 1024.0).to(dt) - zz
+        lo = (lo - MAGIC).to(dt) - zz
+        hi = (hi - MAGIC).to(dt) - zz
     s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(dt)[:, None]
     return lo * s, hi * s
 
