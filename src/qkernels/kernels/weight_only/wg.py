@@ -201,9 +201,9 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
     each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
     ([N, K / 2] at 4 bits, [N, K] at 8), blocks [BLOCK_N, 32] (rows past M / N read as zeros). BLOCK_N: a multiple
-    of 16 x num_warps (warpgroups split the weight rows); BLOCK_M <= 256 (the wgmma's n), a multiple of 8. SPLIT_K > 1: program
-    column z covers slice z of the 64-k steps (the launcher makes every slice non-empty); partials are added up
-    in this kernel (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile)."""
+    of 16 x num_warps (warpgroups split the weight rows); BLOCK_M <= 256 (the wgmma's n), a multiple of 8.
+    SPLIT_K > 1: program column z covers slice z of the 64-k steps (the launcher makes every slice non-empty);
+    partials are added up in this kernel (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile)."""
     W: gl.constexpr = gl.num_warps()
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
