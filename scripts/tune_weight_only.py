@@ -66,10 +66,11 @@ def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def wg(bm, bn, w, stages, g=8, split=1, min_programs=264):
+def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1):
     """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
-    on the H100 / H200's 132 SMs)."""
+    on the H100 / H200's 132 SMs); kc: 64-k chunks per ring stage (one barrier and one refill per stage)."""
     c = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w)
+    c = c if kc == 1 else dict(c, KC=kc)
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -142,6 +143,14 @@ def candidates(m: int) -> list[dict]:
         c += [wg(bm, bn, w, st, split=sp, min_programs=mp) for bn, w, st, sp, mp in
               [(64, 4, 8, 8, 264), (64, 4, 6, 8, 264), (128, 4, 8, 8, 264), (64, 4, 8, 16, 528), (128, 8, 8, 4, 264),
                (64, 4, 8, 1, 0)]]
+    if 8 < m <= 64:
+        # batched decode: more weight rows per x tile (x is read once per program from L2: at BLOCK_N = 64 and M = 32
+        # that is twice the code bytes) and stages of several chunks (fewer, larger copies; fewer barriers)
+        bm = m
+        c += [wg(bm, bn, w, st, split=sp, min_programs=mp, kc=kc) for bn, w, st, kc, sp, mp in
+              [(64, 4, 3, 4, 8, 264), (64, 4, 4, 4, 4, 264), (128, 4, 4, 2, 4, 264), (128, 4, 3, 4, 4, 264),
+               (128, 8, 4, 2, 4, 264), (128, 8, 3, 4, 8, 528), (256, 8, 3, 2, 4, 264), (256, 8, 2, 4, 4, 264),
+               (256, 8, 4, 2, 8, 528), (256, 8, 6, 1, 4, 264), (128, 8, 6, 1, 4, 264)]]
     if 64 <= m <= 256:
         c += [wg(bm, bn, w, st, split=4) for bm, bn, w, st in
               [(64, 64, 4, 6), (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4)]]

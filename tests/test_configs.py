@@ -49,6 +49,7 @@ def test_shipped_tables_are_well_formed(slug):
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg
                 assert cfg["BLOCK_M"] in (8, 16, 32, 64, 128, 256), cfg
                 assert cfg.get("SPLIT_K", 1) == 1 or cfg["MIN_PROGRAMS"] > 0, cfg
+                assert cfg.get("KC", 1) in (1, 2, 4, 8), cfg      # 64-k chunks per ring stage
             if cfg.get("path") == "gv":      # the Gluon GEMV: a step spans 4 WPT chunks of 64 per warp
                 assert kind == "w4a16" and cfg["WPT"] in (1, 2, 4, 8), cfg
                 assert cfg["BLOCK_K"] % (256 * cfg["WPT"] * cfg["num_warps"]) == 0, cfg

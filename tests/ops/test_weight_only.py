@@ -434,12 +434,17 @@ def test_gvt_tails_scales_and_fallback(cfg):
                                  dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, STAGES=3),
                                  dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=5),
                                  dict(BLOCK_M=8, BLOCK_N=64, num_warps=4, STAGES=8, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
-                                 dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=6, SPLIT_K=4, MIN_PROGRAMS=1 << 30)])
+                                 dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=6, SPLIT_K=4, MIN_PROGRAMS=1 << 30),
+                                 dict(BLOCK_M=16, BLOCK_N=256, num_warps=8, STAGES=2, KC=4, SPLIT_K=2,
+                                      MIN_PROGRAMS=1 << 30),
+                                 dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, STAGES=3, KC=2, SPLIT_K=3,
+                                      MIN_PROGRAMS=1 << 30)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
     """The Hopper wgmma kernel over its tile shapes and split-K, 4- and 8-bit codes: M and N tails (rows past M / N
-    are read but not stored, split-K slices of unequal length),
+    are read but not stored, split-K slices of unequal length), ring stages of several 64-k chunks (KC; K / 64 not a
+    multiple of KC: one chunk per stage),
     a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, integer zero points taken as such or not,
     per channel; group 32 and K % 64 take the fallback. Against the reference."""
     cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)

@@ -30,27 +30,36 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_shared import PER_CHANNEL, _halves_of, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _halves_of, _pdl_launch, _pdl_wait, _splitk_fixup
 
 
 BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row at 4 bits, 64 at 8)
 
 
 @gluon.jit
-def _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, stage, off_m, off_n, k0, pred, BITS: gl.constexpr):
-    """TMA copies of the x tile and code bytes into ring stage `stage`, arriving on its barrier: one 32-byte-wide
-    box of codes per row at 4 bits (ring entry `stage`), two at 8 (entries 2 stage and 2 stage + 1: k and
-    k + 32)."""
+def _wg_issue_codes(x_desc, w_desc, c_ring, bars, stage, off_n, k0, pred, BITS: gl.constexpr, KC: gl.constexpr):
+    """Start ring stage `stage` (KC 64-k chunks from k0): its barrier expects the x tiles and code bytes of all KC
+    chunks; here the TMA copies of the code bytes, one 32-byte-wide box per row and chunk at 4 bits (ring entry
+    KC stage + c), two at 8 (entries 2 (KC stage + c) and + 1: k and k + 32). _wg_issue_x adds the x tiles."""
     bar = bars.index(stage)
     CPS: gl.constexpr = BITS // 4
-    mbarrier.expect(bar, x_desc.block_type.nbytes + CPS * w_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(x_desc, [off_m, k0], bar, x_ring.index(stage), pred=pred)
-    if BITS == 4:
-        tma.async_copy_global_to_shared(w_desc, [off_n, k0 // 2], bar, c_ring.index(stage), pred=pred)
-    else:
-        for c in gl.static_range(CPS):
-            tma.async_copy_global_to_shared(w_desc, [off_n, k0 + c * (BK // 2)], bar, c_ring.index(stage * CPS + c),
-                                            pred=pred)
+    mbarrier.expect(bar, KC * (x_desc.block_type.nbytes + CPS * w_desc.block_type.nbytes), pred=pred)
+    for c in gl.static_range(KC):
+        e = stage * KC + c
+        if BITS == 4:
+            tma.async_copy_global_to_shared(w_desc, [off_n, (k0 + c * BK) // 2], bar, c_ring.index(e), pred=pred)
+        else:
+            for h in gl.static_range(CPS):
+                tma.async_copy_global_to_shared(w_desc, [off_n, k0 + c * BK + h * (BK // 2)], bar,
+                                                c_ring.index(e * CPS + h), pred=pred)
+
+
+@gluon.jit
+def _wg_issue_x(x_desc, x_ring, bars, stage, off_m, k0, pred, KC: gl.constexpr):
+    """The TMA copies of ring stage `stage`'s KC x tiles (entries KC stage + c)."""
+    for c in gl.static_range(KC):
+        tma.async_copy_global_to_shared(x_desc, [off_m, k0 + c * BK], bars.index(stage), x_ring.index(stage * KC + c),
+                                        pred=pred)
 
 
 def _pairs_asm(magic: str) -> str:
@@ -136,17 +145,19 @@ def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constex
 
 
 @gluon.jit
-def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr):
-    """Wait for step `step`'s stage and read its code bytes as 16-bit pairs in the A-operand layout: 8-bit, the
-    pairs of k and of k + 32; 4-bit, the pairs of both (twice, the same value)."""
-    stage = step % STAGES
-    mbarrier.wait(bars.index(stage), (step // STAGES) & 1)
+def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr):
+    """Wait for the stage holding chunk `step` (stage step // KC mod STAGES; a wait on a stage already complete
+    returns at once) and read the chunk's code bytes as 16-bit pairs in the A-operand layout: 8-bit, the pairs of k
+    and of k + 32; 4-bit, the pairs of both (twice, the same value)."""
+    g = step // KC
+    mbarrier.wait(bars.index(g % STAGES), (g // STAGES) & 1)
     BN: gl.constexpr = c_ring.shape[1]
     pl: gl.constexpr = _pairs_layout(gl.to_linear_layout(al, [BN, BK // 2]))
     CPS: gl.constexpr = BITS // 4
-    clo = c_ring.index(CPS * stage)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+    e = step % (STAGES * KC)
+    clo = c_ring.index(CPS * e)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
     if BITS == 8:
-        chi = c_ring.index(CPS * stage + 1)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+        chi = c_ring.index(CPS * e + 1)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
     else:
         chi = clo
     return clo, chi
@@ -169,25 +180,38 @@ def _wg_mma(acc, lo, hi, xs):
 
 
 @gluon.jit
+def _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, pred, BITS: gl.constexpr,
+               KC: gl.constexpr, STAGES: gl.constexpr):
+    """Load stage group g (chunks g KC ...) into ring stage g mod STAGES, if it is in the slice (and pred)."""
+    pred = pred & (g * KC < steps)
+    k0 = (s0 + g * KC) * BK
+    _wg_issue_codes(x_desc, w_desc, c_ring, bars, g % STAGES, off_n, k0, pred, BITS, KC)
+    _wg_issue_x(x_desc, x_ring, bars, g % STAGES, off_m, k0, pred, KC)
+
+
+@gluon.jit
 def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n,
              GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
-             STAGES: gl.constexpr, BITS: gl.constexpr):
-    """Step `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the step
-    after next; wait for the previous step's wgmmas (its tile's registers and its stage are then free); refill
-    that stage with step - 1 + STAGES once every warp is past it; read and dequantize the next step's codes
-    (after the last step: the last one again, unused; sz: its words, loaded a step ago) while this step's
-    wgmmas run. Returns (acc in flight, next lo, next hi, the words for the step after next)."""
-    acc = _wg_mma(acc, lo, hi, x_ring.index(step % STAGES))
-    if GROUP == PER_CHANNEL:      # per channel: the same words every step
+             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr):
+    """Chunk `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the chunk
+    after next; wait for the previous chunk's wgmmas (its tile's registers are then free); if that chunk was its
+    stage's last, refill the stage with the chunks STAGES stages on, once every warp is past it; read and dequantize
+    the next chunk's codes (after the last chunk: the last one again, unused; sz: its words, loaded a chunk ago)
+    while this chunk's wgmmas run. Returns (acc in flight, next lo, next hi, the words for the chunk after next)."""
+    acc = _wg_mma(acc, lo, hi, x_ring.index(step % (STAGES * KC)))
+    if GROUP == PER_CHANNEL:      # per channel: the same words every chunk
         sz_after = sz
     else:
         sz_after = _wg_sz(s_p, step + 2, steps, s0, GROUP)
     acc = warpgroup_mma_wait(2, deps=[acc])
-    gl.thread_barrier()
-    nxt = step - 1 + STAGES
-    _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, nxt % STAGES, off_m, off_n, (s0 + nxt) * BK,
-              (step >= 1) & (nxt < steps), BITS)
-    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS)
+    g = (step - 1) // KC + STAGES       # the stage the previous chunk was in, refilled with stage g
+    if KC == 1:     # every chunk ends its stage (the barrier unconditional, as branch-free code)
+        gl.thread_barrier()
+        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, step >= 1, BITS, KC, STAGES)
+    elif (step >= 1) & ((step - 1) % KC == KC - 1):
+        gl.thread_barrier()
+        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, True, BITS, KC, STAGES)
+    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC)
     nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
     return acc, nlo, nhi, sz_after
 
@@ -196,14 +220,17 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
 def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                   SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4):
+                   SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4, KC: gl.constexpr = 1, PDL: gl.constexpr = False):
     """W4A16 / W8A16 (BITS) on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per
     output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
     each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
     ([N, K / 2] at 4 bits, [N, K] at 8), blocks [BLOCK_N, 32] (rows past M / N read as zeros). BLOCK_N: a multiple
     of 16 x num_warps (warpgroups split the weight rows); BLOCK_M <= 256 (the wgmma's n), a multiple of 8.
-    SPLIT_K > 1: program column z covers slice z of the 64-k steps (the launcher makes every slice non-empty);
-    partials are added up in this kernel (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile)."""
+    The ring has STAGES stages of KC 64-k chunks each (one barrier, one refill per stage: KC > 1 asks for fewer,
+    larger copies; the launcher makes K / 64 a multiple of KC). SPLIT_K > 1: program column z covers slice z of
+    the stages (the launcher makes every slice non-empty); partials are added up in this kernel (_splitk_fixup:
+    ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile). PDL: the first stages' code bytes and (scale,
+    zero) words are fetched before the wait for the previous kernel, x after."""
     W: gl.constexpr = gl.num_warps()
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
@@ -223,8 +250,8 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     sn = (off_n + gl.arange(0, BLOCK_N, layout=szl)) % N
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + sn.to(gl.int64) * stride_sn
 
-    x_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BK], x_desc.layout)
-    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES * (BITS // 4), BLOCK_N, BK // 2], w_desc.layout)
+    x_ring = gl.allocate_shared_memory(dt, [STAGES * KC, BLOCK_M, BK], x_desc.layout)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES * KC * (BITS // 4), BLOCK_N, BK // 2], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
@@ -233,13 +260,17 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         s0 = 0
         steps = K // BK
     else:
-        per = gl.cdiv(K // BK, SPLIT_K)
+        per = gl.cdiv(K // BK // KC, SPLIT_K) * KC
         s0 = gl.program_id(1) * per
         steps = gl.minimum(K // BK - s0, per)
-    for p in gl.static_range(STAGES):
-        _wg_issue(x_desc, w_desc, x_ring, c_ring, bars, p, off_m, off_n, (s0 + p) * BK, p < steps, BITS)
+    for p in gl.static_range(STAGES):      # weights only before the wait (PDL)
+        _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, (s0 + p * KC) * BK, p * KC < steps, BITS, KC)
     sz = _wg_sz(s_p, 0, steps, s0, GROUP)
-    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS), sz, INT_Z, dt, st, al, BITS)
+    _pdl_launch(PDL)
+    _pdl_wait(PDL)
+    for p in gl.static_range(STAGES):
+        _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS, KC), sz, INT_Z, dt, st, al, BITS)
     if GROUP != PER_CHANNEL:
         sz = _wg_sz(s_p, 1, steps, s0, GROUP)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -248,11 +279,11 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     # reading the carried registers was done.
     for j in range(steps // 2):
         acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                     off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS)
+                                     off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
         acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                   off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS)
+                                   off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
-        acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % STAGES))])
+        acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
     acc = warpgroup_mma_wait(0, deps=[acc])
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))

@@ -66,7 +66,10 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
         tiles = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
-        split = k_splits(split, K // (TC_K if cfg["path"] == "tc" else WG_K), tiles, int(p.pop("MIN_PROGRAMS", 0)))
+        if cfg["path"] == "wg" and (K // WG_K) % p.get("KC", 1):
+            p["KC"] = 1         # ring stages of KC chunks need K / 64 a multiple of KC: one chunk per stage then
+        step = TC_K if cfg["path"] == "tc" else WG_K * p.get("KC", 1)
+        split = k_splits(split, K // step, tiles, int(p.pop("MIN_PROGRAMS", 0)))
         constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, INT_Z=int_zeros, SPLIT_K=split, **p)
         if cfg["path"] == "tc":
             grid = (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"]))
@@ -129,7 +132,7 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
         # descriptor only by its class: its dtype follows out's, its blocks the constexprs
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
-               ws, cnt, **constexprs)
+               ws, cnt, **constexprs, **pdl_options(x2.device))
     else:      # gemv / mm: the GEMV starts early under PDL (it prefetches its first weight step), as tc does
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
                qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs,
