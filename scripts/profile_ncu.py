@@ -4,10 +4,10 @@ cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one lau
   ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section LaunchStats python3 scripts/profile_ncu.py [case ...]
 
-Cases: wo1 (W4A16 g128 M=1), wo2, wo16 (M=2, 16), tc1 / tc1-nosplit (the tc kernel at M=1), gv1 / gv1-ring (the
+Cases: wo1 (W4A16 g128 M=1), wo2, wo16, wo32, wo64 (M=2, 16, 32, 64), w8-32 (W8A16 M=32), tc1 / tc1-nosplit (the tc kernel at M=1), gv1 / gv1-ring (the
 paired-fp16 GEMV at M=1: its default config; one warp per program with a 3-stage async-copy ring), gvt1 / gvt16
 (the tensor-core GEMV at M=1, 16), gvt8 (its 8-bit codes at M=1), wo128, w8 (W8A16 M=1),
-wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 (cuBLAS), int8 (core
+wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 / fp16-32 / fp16-64 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
 unless --nk says otherwise.
 """
@@ -38,7 +38,7 @@ def cases(n: int, k: int, dev: str = "cuda"):
     w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
     pw4 = qkernels.PackedWeight.from_float(w, bits=4, group_size=128, symmetric=False)
     pw8 = qkernels.PackedWeight.from_float(w, bits=8, group_size=-1, symmetric=True)
-    xs = {m: torch.randn(m, k, device=dev, dtype=torch.float16) for m in (1, 2, 16, 128, 1024, 4096)}
+    xs = {m: torch.randn(m, k, device=dev, dtype=torch.float16) for m in (1, 2, 16, 32, 64, 128, 1024, 4096)}
     a8 = torch.randint(-128, 128, (4096, k), device=dev, dtype=torch.int8)
     w8 = torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8)
     ws = torch.rand(n, device=dev) / 100
@@ -46,6 +46,12 @@ def cases(n: int, k: int, dev: str = "cuda"):
         "wo1": lambda: qkernels.w4a16_linear(xs[1], pw4),
         "wo2": lambda: qkernels.w4a16_linear(xs[2], pw4),
         "wo16": lambda: qkernels.w4a16_linear(xs[16], pw4),
+        # batched decode, the table's configs (W4A16 and W8A16), and cuBLAS at the same M
+        "wo32": lambda: qkernels.w4a16_linear(xs[32], pw4),
+        "wo64": lambda: qkernels.w4a16_linear(xs[64], pw4),
+        "w8-32": lambda: qkernels.w8a16_linear(xs[32], pw8),
+        "fp16-32": lambda: torch.nn.functional.linear(xs[32], w),
+        "fp16-64": lambda: torch.nn.functional.linear(xs[64], w),
         # the Gluon tc kernel at M = 1: its default config (split-K) and one program column per row block
         "tc1": lambda: _forced("tc", xs[1], pw4),
         "tc1-nosplit": lambda: _with_config(dict(path="tc", BLOCK_N=32, BLOCK_M=8, num_warps=2),
