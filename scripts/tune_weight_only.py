@@ -151,6 +151,11 @@ def candidates(m: int) -> list[dict]:
               [(64, 4, 3, 4, 8, 264), (64, 4, 4, 4, 4, 264), (128, 4, 4, 2, 4, 264), (128, 4, 3, 4, 4, 264),
                (128, 8, 4, 2, 4, 264), (128, 8, 3, 4, 8, 528), (256, 8, 3, 2, 4, 264), (256, 8, 2, 4, 4, 264),
                (256, 8, 4, 2, 8, 528), (256, 8, 6, 1, 4, 264), (128, 8, 6, 1, 4, 264)]]
+        # occupancy: few chunks in flight per program (shared memory for 6-9 programs per SM) and K split until the
+        # grid has 6-8 programs per SM (one warpgroup each is latency-bound; ncu, H200, M = 32: 3.2 warps per
+        # scheduler, issuing on half the cycles)
+        c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc) for st, kc, sp, mp in
+              [(4, 1, 4, 792), (3, 1, 4, 792), (4, 1, 8, 1056), (2, 2, 4, 792), (3, 1, 8, 1056)]]
     if 64 <= m <= 256:
         c += [wg(bm, bn, w, st, split=4) for bm, bn, w, st in
               [(64, 64, 4, 6), (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4)]]
