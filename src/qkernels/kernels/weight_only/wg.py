@@ -266,7 +266,6 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     for p in gl.static_range(STAGES):      # weights only before the wait (PDL)
         _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, (s0 + p * KC) * BK, p * KC < steps, BITS, KC)
     sz = _wg_sz(s_p, 0, steps, s0, GROUP)
-    _pdl_launch(PDL)
     _pdl_wait(PDL)
     for p in gl.static_range(STAGES):
         _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
@@ -282,6 +281,10 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
                                      off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
         acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
                                    off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
+    # the next kernel may start its programs (and their weight prefetch) once every program here is past its loop;
+    # at the start instead, each kernel of a chain of them let the next start at once, filling the GPU with waiting
+    # programs prefetching weights (H200 decode chain, M = 16, 1024x4096: 7.5 -> 11.9 us)
+    _pdl_launch(PDL)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
     acc = warpgroup_mma_wait(0, deps=[acc])
