@@ -145,12 +145,12 @@ def candidates(m: int) -> list[dict]:
                (64, 4, 8, 1, 0)]]
     if 8 < m <= 64:
         # batched decode: more weight rows per x tile (x is read once per program from L2: at BLOCK_N = 64 and M = 32
-        # that is twice the code bytes) and stages of several chunks (fewer, larger copies; fewer barriers)
+        # that is twice the code bytes) and stages of several chunks (fewer, larger copies; fewer barriers). BLOCK_N
+        # 256 (two warpgroups of 128 rows) won no shape in three H200 sweeps (logs/tune_weight_only_chain_wg*_h200.log)
         bm = m
         c += [wg(bm, bn, w, st, split=sp, min_programs=mp, kc=kc) for bn, w, st, kc, sp, mp in
               [(64, 4, 3, 4, 8, 264), (64, 4, 4, 4, 4, 264), (128, 4, 4, 2, 4, 264), (128, 4, 3, 4, 4, 264),
-               (128, 8, 4, 2, 4, 264), (128, 8, 3, 4, 8, 528), (256, 8, 3, 2, 4, 264), (256, 8, 2, 4, 4, 264),
-               (256, 8, 4, 2, 8, 528), (256, 8, 6, 1, 4, 264), (128, 8, 6, 1, 4, 264)]]
+               (128, 8, 4, 2, 4, 264), (128, 8, 3, 4, 8, 528), (128, 8, 6, 1, 4, 264)]]
         # occupancy: few chunks in flight per program (shared memory for 6-9 programs per SM) and K split until the
         # grid has 6-8 programs per SM (one warpgroup each is latency-bound; ncu, H200, M = 32: 3.2 warps per
         # scheduler, issuing on half the cycles)
