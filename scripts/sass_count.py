@@ -5,7 +5,8 @@ by opcode (the largest, where there are several), and its instruction count divi
 thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
-Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt | w8a8-gvt | w8a8-gvt-fp8
+Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt | w4a16-wg | w8a8-gvt |
+       w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -81,8 +82,26 @@ def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
     return k, types, cx, 1, GluonASTSource, 16 * tiles * 16 * wpt // 32, "IMMA" if not fp8 else "HMMA"
 
 
+def w4a16_wg():
+    """The Gluon wgmma kernel at batched decode: 4-bit, g128, 32 x rows, 64 weight rows, 8 stages of one 64-k chunk,
+    split 2 (an H200 table's M = 32 entry on 14336x4096). Its main loop is the smallest one with the HGMMAs (the
+    larger ones are the mbarrier waits' retry paths jumping back into it); two chunks per iteration."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qkernels.kernels.weight_only.wg import _wo_wg_kernel as k
+    bm, bn = 32, 64
+    cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=8, SPLIT_K=2, BITS=4,
+              KC=1, PDL=False)
+    xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
+    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
+    types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16",
+                 bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
+                 ws_ptr="*fp32", cnt_ptr="*i32")
+    return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
+
+
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt,
-         "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True)}
+         "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg}
 
 
 def main():
@@ -100,7 +119,8 @@ def main():
         cx.update(BLOCK_N=args.tile[0], BLOCK_K=args.tile[1])
         warps, bytes_per_iter = args.tile[2], args.tile[0] * args.tile[1] // (32 * args.tile[2])
     sig = {n: types.get(n, "constexpr") for n in kernel.arg_names}
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t != "fp32"}
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items()
+             if t != "fp32" and not t.startswith("tensordesc")}
     compiled = triton.compile(source(kernel, sig, cx, attrs), target=GPUTarget("cuda", args.arch, 32),
                               options=dict(num_warps=warps, num_stages=1))
     with tempfile.TemporaryDirectory() as d:
@@ -121,7 +141,8 @@ def main():
     ops = [[re.sub(r"^.*?\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0] for l in lines[a:b + 1]
             if re.search(r"/\*[0-9a-f]{4}\*/", l)] for a, b in loops]
     # the main loop: the largest (others: e.g. the row's absmax before it), or the largest with the case's opcode
-    body = max([o for o in ops if not loop_op or any(op.startswith(loop_op[0]) for op in o)], key=len)
+    pick = min if loop_op[1:] == ["smallest"] else max
+    body = pick([o for o in ops if not loop_op or any(op.startswith(loop_op[0]) for op in o)], key=len)
     regs = re.search(r"REG:(\d+)", usage)
     print(f"{args.case}: loop {len(body)} instructions per thread per iteration, {bytes_per_iter} weight bytes "
           f"-> {len(body) / bytes_per_iter:.1f} per byte; {regs.group(1) if regs else '?'} registers per thread"
