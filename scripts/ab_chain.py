@@ -1,0 +1,74 @@
+"""Weight-only configs side by side in the decode chain, with programmatic dependent launch on and off: each config
+timed as bench.decode_gemv / tune_weight_only.py --chain time it (one CUDA graph calling it on weight copies spanning
+>= 256 MB, so no weight is in L2 when its call runs), on the shapes given. For questions the tuner does not ask: how
+much a kernel gains or loses from PDL, or from a change to where it lets the next kernel start (docs/design.md, "wg at
+batched decode").
+
+Usage: PYTHONPATH=src python3 scripts/ab_chain.py --bits 4 --ms 16 32 --shapes 1024x4096 14336x4096 \\
+           --config '{"path": "wg", "BLOCK_M": 16, "BLOCK_N": 64, "GROUP_M": 8, "STAGES": 6, "num_warps": 4}' \\
+           [--config ...] [--table]      (--table: also the GPU's table config for each M and shape)
+BLOCK_M of a "wg" / "tc" config is set to M where it is smaller than M. Without a GPU it runs eagerly under the
+interpreter (TRITON_INTERPRET=1, small shapes): a check of the script, not a timing.
+"""
+import argparse
+import json
+import math
+
+import torch
+
+import qkernels as qk
+from qkernels._runtime import pdl
+from qkernels.bench.decode_gemv import SPAN, chain_us
+from qkernels.ops import weight_only as WO
+
+
+def weights(bits: int, n: int, k: int, dev) -> list:
+    """Copies of one random weight (4-bit g128 asymmetric or 8-bit per channel) spanning >= SPAN bytes (two on a
+    CPU)."""
+    w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
+    make = (lambda: qk.PackedWeight.from_float(w, 4, 128, symmetric=False)) if bits == 4 else \
+        (lambda: qk.PackedWeight.from_float(w, 8, -1, symmetric=True))
+    first = make()
+    copies = max(2, math.ceil(SPAN / (first.qweight.nbytes + first.scale_zero.nbytes))) if dev.type == "cuda" else 2
+    return [first] + [make() for _ in range(copies - 1)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bits", type=int, choices=(4, 8), default=4)
+    ap.add_argument("--ms", type=int, nargs="+", default=[16])
+    ap.add_argument("--shapes", nargs="+", default=["1024x4096", "4096x4096", "14336x4096"], help="N x K")
+    ap.add_argument("--config", action="append", default=[], help="a weight-only config as JSON (repeatable)")
+    ap.add_argument("--table", action="store_true", help="also the table's config for each M and shape")
+    a = ap.parse_args()
+    if not a.config and not a.table:
+        ap.error("name at least one --config, or --table")
+    gpu = torch.cuda.is_available()
+    dev = torch.device("cuda" if gpu else "cpu")
+    linear = qk.w4a16_linear if a.bits == 4 else qk.w8a16_linear
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes]
+    ws = {s: weights(a.bits, *s, dev) for s in shapes}
+    cfgs = [json.loads(c) for c in a.config] + ([None] if a.table else [])
+    print(f"w{a.bits}a16, µs per call, shapes {' '.join(a.shapes)}", flush=True)
+    for m in a.ms:
+        for cfg in cfgs:
+            if cfg is not None and cfg.get("path") in ("wg", "tc") and cfg.get("BLOCK_M", m) < m:
+                cfg = dict(cfg, BLOCK_M=m)
+            for on in (True, False):
+                times = []
+                for (n, k), pws in ws.items():
+                    x = torch.randn(m, k, device=dev, dtype=torch.float16)
+                    calls = [lambda pw=pw: linear(x, pw) for pw in pws]
+                    with pdl(on):
+                        if cfg is None:
+                            times.append(chain_us(calls, gpu))
+                        else:
+                            with WO.use_config(cfg):
+                                times.append(chain_us(calls, gpu))
+                name = "table" if cfg is None else json.dumps(cfg)
+                print(f"M={m:3d} {'PDL   ' if on else 'no PDL'} {' '.join(f'{t:8.2f}' for t in times)}  {name}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

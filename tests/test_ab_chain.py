@@ -1,0 +1,24 @@
+"""scripts/ab_chain.py (weight-only configs in the decode chain, PDL on and off) runs: on a CPU eagerly under the
+interpreter at a small shape, one line per M, config and PDL setting with a time per shape."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ab_chain_prints_each_config_with_and_without_pdl():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    cfg = '{"path": "mm", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_N": 8, "num_warps": 4, "num_stages": 1}'
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_chain.py"), "--bits", "8", "--ms", "2",
+                          "--shapes", "64x256", "32x128", "--config", cfg, "--table"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [l for l in run.stdout.splitlines() if l.startswith("M=")]
+    assert len(lines) == 4, run.stdout               # (config, table) x (PDL, no PDL)
+    for line in lines:
+        words = line.split()
+        times = words[words.index("PDL") + 1:][:2]        # one per shape, after "PDL" / "no PDL"
+        assert all(float(t) > 0 for t in times), line
+    assert sum("table" in l for l in lines) == 2 and sum('"mm"' in l for l in lines) == 2, run.stdout
