@@ -233,6 +233,7 @@ def main():
             copies = max(2, math.ceil(SPAN / (pw.qweight.nbytes + pw.scale_zero.nbytes))) if args.chain else 1
             weights[bits, N, K] = [pw] + [make() for _ in range(copies - 1)]
     t0 = time.time()
+    wrote = False
     for bits in args.bits:
         key = f"w{bits}a16"
         tab = dict(table.get(key) or {})
@@ -278,9 +279,11 @@ def main():
                 _attach_fallback(tab, m, min(others, key=score)[1])
             print(f"==> {key} M<={m}: {cfg} {['%.2f' % t for t in times]} (score {score((times, cfg)):.3f}, "
                   f"{time.time() - t0:.0f} s)", flush=True)
-        table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))
-        path.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote {path}")
+            # after every bucket: a job cut off by its time limit keeps the buckets it finished
+            table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))
+            path.write_text(json.dumps(table, indent=1) + "\n")
+            wrote = True
+    print(f"wrote {path}" if wrote else f"{path} unchanged: no bucket was timed")
 
 
 if __name__ == "__main__":
