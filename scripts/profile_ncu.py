@@ -4,8 +4,9 @@ cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one lau
   ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section LaunchStats python3 scripts/profile_ncu.py [case ...]
 
-Cases: wo1 (W4A16 g128 M=1), wo2, wo16, wo32, wo64 (M=2, 16, 32, 64), w8-32 (W8A16 M=32), tc1 / tc1-nosplit (the tc kernel at M=1), gv1 / gv1-ring (the
-paired-fp16 GEMV at M=1: its default config; one warp per program with a 3-stage async-copy ring), gvt1 / gvt16
+Cases: wo1 (W4A16 g128 M=1), wo2, wo16, wo32, wo64 (M=2, 16, 32, 64), w8-32 (W8A16 M=32), tc1 / tc1-nosplit (the
+tc kernel at M=1), gv1 / gv1-ring (the paired-fp16 GEMV at M=1: its default config; one warp per program with a
+3-stage async-copy ring), gvt1 / gvt16
 (the tensor-core GEMV at M=1, 16), gvt8 (its 8-bit codes at M=1), wo128, w8 (W8A16 M=1),
 wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 / fp16-32 / fp16-64 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
