@@ -29,6 +29,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     -p no:cacheprovider $WORKERS 2>&1 | tee -a "$LOG" | tail -8
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then
+  echo "sweeping the decode configs first (minutes; SKIP_TUNE=1 benches the tables as they are)" | tee -a "$LOG"
   python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets 16 1 --chain 2>&1 | tee -a "$LOG" \
     | grep -E "==>|failed" | head -40
   python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
