@@ -12,24 +12,23 @@ interpreter (TRITON_INTERPRET=1, small shapes): a check of the script, not a tim
 """
 import argparse
 import json
-import math
 
 import torch
 
 import qkernels as qk
 from qkernels._runtime import pdl
-from qkernels.bench.decode_gemv import SPAN, chain_us
+from qkernels.bench.decode_gemv import chain_copies, chain_us
 from qkernels.ops import weight_only as WO
 
 
 def weights(bits: int, n: int, k: int, dev) -> list:
-    """Copies of one random weight (4-bit g128 asymmetric or 8-bit per channel) spanning >= SPAN bytes (two on a
+    """Copies of one random weight (4-bit g128 asymmetric or 8-bit per channel) spanning >= 256 MB (two on a
     CPU)."""
     w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
     make = (lambda: qk.PackedWeight.from_float(w, 4, 128, symmetric=False)) if bits == 4 else \
         (lambda: qk.PackedWeight.from_float(w, 8, -1, symmetric=True))
     first = make()
-    copies = max(2, math.ceil(SPAN / (first.qweight.nbytes + first.scale_zero.nbytes))) if dev.type == "cuda" else 2
+    copies = chain_copies(first.qweight.nbytes + first.scale_zero.nbytes) if dev.type == "cuda" else 2
     return [first] + [make() for _ in range(copies - 1)]
 
 

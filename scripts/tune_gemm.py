@@ -22,7 +22,7 @@ import torch
 
 from qkernels import configs
 from qkernels._runtime import device_name, gpu_slug
-from qkernels.bench.decode_gemv import SPAN, chain_us
+from qkernels.bench.decode_gemv import chain_copies, chain_us
 from qkernels.bench.harness import time_us
 from qkernels.ops import gemm as G
 
@@ -144,14 +144,14 @@ def from_log(log: Path, table: dict, kinds: list) -> None:
         configs.overrides_from_runs(table, of_bucket, shapes_of(bucket)[:n], log.name)
 
 
-_WEIGHTS: dict = {}     # (code, N, K) -> the weights timed (--chain: copies spanning SPAN bytes), made once
+_WEIGHTS: dict = {}     # (code, N, K) -> the weights timed (--chain: copies over 256 MB, chain_copies), made once
 
 
 def weights(code: str, N: int, K: int) -> list:
     key = (code, N, K)
     if key not in _WEIGHTS:
         _WEIGHTS.clear()        # one shape at a time: copies of the large shapes take 256 MB
-        n = max(2, math.ceil(SPAN / (N * K))) if args.chain else 1
+        n = chain_copies(N * K) if args.chain else 1
         ws = []
         for _ in range(n):
             w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device=dev)

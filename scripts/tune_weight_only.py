@@ -22,7 +22,7 @@ import torch
 import qkernels as qk
 from qkernels import configs
 from qkernels._runtime import device_name, gpu_slug
-from qkernels.bench.decode_gemv import SPAN, chain_us
+from qkernels.bench.decode_gemv import chain_copies, chain_us
 from qkernels.bench.harness import time_us
 from qkernels.ops import weight_only as WO
 
@@ -230,7 +230,7 @@ def main():
             make = (lambda: qk.PackedWeight.from_float(w, 4, 128, symmetric=False)) if bits == 4 else \
                 (lambda: qk.PackedWeight.from_float(w, 8, -1, symmetric=True))
             pw = make()
-            copies = max(2, math.ceil(SPAN / (pw.qweight.nbytes + pw.scale_zero.nbytes))) if args.chain else 1
+            copies = chain_copies(pw.qweight.nbytes + pw.scale_zero.nbytes) if args.chain else 1
             weights[bits, N, K] = [pw] + [make() for _ in range(copies - 1)]
     t0 = time.time()
     wrote = False

@@ -45,6 +45,12 @@ def _nbytes(m) -> int:
                                                         list(m.parameters()) + list(m.buffers())}.values())
 
 
+def chain_copies(nbytes: int) -> int:
+    """How many copies of a weight of `nbytes` a chain calls so that they span SPAN bytes (at least two): no weight
+    is in L2 when its call runs."""
+    return max(2, math.ceil(SPAN / nbytes))
+
+
 def chain_us(calls: list, gpu: bool) -> float:
     """Time per call of `calls` run back to back, captured in one CUDA graph (GPU) or eager (CPU)."""
     import time
@@ -135,7 +141,7 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
             xs = {M: torch.randn(M, K, device=dev, dtype=torch.float16) for M in MS}
             fp16 = {}         # M -> fp16's (µs, GB/s): fp16 runs first, the others are compared with it
             for prov, (make, nbytes) in providers.items():
-                n_copies = max(2, math.ceil(SPAN / nbytes)) if gpu else 2
+                n_copies = chain_copies(nbytes) if gpu else 2
                 ws = None
                 for M, x in xs.items():          # one set of copies serves every M, as a model's layers do
                     xb = x.bfloat16()
