@@ -221,11 +221,15 @@ def test_pdl_chain_same_bits():
         assert_bit_exact(graph_replay(chain), want, "graph")
 
 
-def test_splitk_scratch_is_kept_per_stream_and_grows():
+def test_splitk_scratch_is_kept_per_stream_and_grows(monkeypatch):
     """Split-K calls reuse the stream's workspace and counters (nothing allocated per call); a larger request
     grows them (the old buffers are kept: captured graphs may point at them); above WORKSPACE_KEPT_MAX the
-    workspace is a fresh allocation."""
+    workspace is a fresh allocation. From empty buffers: a test before may have left the stream's workspace at
+    WORKSPACE_KEPT_MAX, which no request can grow."""
     from qkernels import _runtime as R
+    monkeypatch.setattr(R, "_WORKSPACES", {})
+    monkeypatch.setattr(R, "_COUNTERS", {})
+    monkeypatch.setattr(R, "_RETIRED", [])
     dev = torch.empty(1, device=DEVICE).device      # with its index, as a tensor passes it
     ws, cnt = R.splitk_scratch(dev, 1000, 10)
     ws2, cnt2 = R.splitk_scratch(dev, 500, 5)

@@ -5,7 +5,7 @@ Launchers and numerics: ops/attention.py; pure-torch twins: reference.qkv_rope_c
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast, _pdl_enter
+from ._common import INTERPRET, _cast, _pdl_wait
 
 
 @triton.jit
@@ -28,7 +28,7 @@ def _qkv_rope_cache_kernel(
 ):
     """One program per (BLOCK_T tokens, head of q | k | v) of the R = B * T tokens. q heads: rotate, write q_out
     [R, H, D]; k heads: rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos]."""
-    _pdl_enter(PDL)
+    _pdl_wait(PDL)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)     # token indices b * T + t
     head = tl.program_id(1)
     r_live = rows < R
@@ -82,7 +82,7 @@ def _decode_attention_split_kernel(
     share kv_head (GQA: each key / value tile is read once for all of them) over keys
     [split * chunk, min((split + 1) * chunk, length)), and writes their softmax-normalized partial output
     o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range)."""
-    _pdl_enter(PDL)
+    _pdl_wait(PDL)
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = bh // N_KV
@@ -141,7 +141,7 @@ def _decode_attention_combine_kernel(
     PDL: tl.constexpr = False,
 ):
     """Second pass: out[b, h] = sum_i w_i o_part[b, h, i] with w_i = 2^(lse_i - max) / sum 2^(lse_j - max)."""
-    _pdl_enter(PDL)
+    _pdl_wait(PDL)
     bh = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_SPLITS)
     d = tl.arange(0, BLOCK_D)

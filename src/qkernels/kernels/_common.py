@@ -43,28 +43,17 @@ def _silu_mul_narrow(g, u, DT: tl.constexpr):
 
 
 @triton.jit
-def _pdl_launch(PDL: tl.constexpr):
-    """Programmatic dependent launch (Hopper+; launch option launch_pdl, _runtime.pdl_options): let the next
-    kernel in the stream start its programs now. They run up to their own _pdl_wait, which returns only once
-    this kernel has completed and its writes are visible, so only reads of data no earlier kernel writes
-    (weights) may come before it."""
-    if PDL:
-        gdc_launch_dependents()
-
-
-@triton.jit
 def _pdl_wait(PDL: tl.constexpr):
-    """Wait for the previous kernel in the stream (launched with launch_pdl, this kernel may have started before it
-    finished): every load of an activation and every store comes after this."""
+    """Programmatic dependent launch (Hopper+; launch option launch_pdl, _runtime.pdl_options). A kernel so
+    launched may start while the one before it in the stream still runs: this waits until that one has completed
+    and its writes are visible (every load of an activation and every store comes after it; only weights, which no
+    kernel writes, may be fetched before), then lets the next kernel start its programs. Here, not earlier: a
+    kernel that let the next start before its own wait let the whole chain start at once, filling the GPU with
+    programs waiting on their predecessors; nor at the end of the main loop, which hides less of the next kernel's
+    start (design.md, "Where a kernel lets the next start")."""
     if PDL:
         gdc_wait()
-
-
-@triton.jit
-def _pdl_enter(PDL: tl.constexpr):
-    """_pdl_launch then _pdl_wait: the prologue of a kernel with nothing to fetch before its inputs are ready."""
-    _pdl_launch(PDL)
-    _pdl_wait(PDL)
+        gdc_launch_dependents()
 
 
 @triton.jit

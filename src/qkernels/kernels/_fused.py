@@ -14,7 +14,7 @@ row per program, reading the row again for each pass (statistics, then output) f
 import triton
 import triton.language as tl
 
-from ._common import _cast, _finite_or_zero, _pdl_enter, _silu_mul_narrow
+from ._common import _cast, _finite_or_zero, _pdl_wait, _silu_mul_narrow
 from ._quant import _quantize_values, _scale_and_zero_point
 
 
@@ -111,7 +111,7 @@ def _norm_kernel(
 ):
     """RMSNorm (RMS) or LayerNorm of h = x (+ residual) per row; writes y (or its codes and per-row
     scales) and, with HAS_RES, the updated residual h."""
-    _pdl_enter(PDL)
+    _pdl_wait(PDL)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
@@ -197,7 +197,7 @@ def _silu_and_mul_kernel(
 ):
     """y[m, j] = silu(x[m, j]) * x[m, I + j]. Without QUANT the grid is 2-D (row blocks x column
     blocks); with QUANT a program owns whole rows (one block, or a two-pass loop)."""
-    _pdl_enter(PDL)
+    _pdl_wait(PDL)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M

@@ -18,8 +18,8 @@ With QUANT_A it also quantizes a float A row itself (W8A8 with dynamic per-token
 import triton
 import triton.language as tl
 
-from ._common import (INTERPRET, _cast, _finite_or_zero, _fp8_bits_to_f32, _grouped_pid, _k_slice, _pdl_launch,
-                      _pdl_wait, _splitk_fixup)
+from ._common import (INTERPRET, _cast, _finite_or_zero, _fp8_bits_to_f32, _grouped_pid, _k_slice, _pdl_wait,
+                      _splitk_fixup)
 from ._quant import _quantize_values, _scale_and_zero_point
 
 
@@ -54,7 +54,6 @@ def _scaled_mm_kernel(
     # GROUP_M row-blocks share their B tiles in L2
     pid_m, pid_n = _grouped_pid(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     k_lo, k_hi = _k_slice(K, tl.program_id(1), BLOCK_K, SPLIT_K)
-    _pdl_launch(PDL)
     _pdl_wait(PDL)      # every load below may read what the kernel before wrote (A: an activation just quantized)
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M     # wrapped rows: loads need no M/N mask
@@ -270,7 +269,6 @@ def _gemv8_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_ptr
     unit = 1 if FP8 else 4
     rows_b = offs_n.to(tl.int64) * (stride_bn // unit)
     k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
-    _pdl_launch(PDL)
     w = _gemv8_load(b_ptr, rows_b[:, None], k_lo, K, FP8, EVEN_K, BLOCK_K)
     _pdl_wait(PDL)
     if QUANT_A:

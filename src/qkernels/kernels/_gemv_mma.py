@@ -34,7 +34,7 @@ import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .weight_only.gluon_shared import _k_slice, _pdl_launch, _pdl_wait, _tile_sums
+from .weight_only.gluon_shared import _k_slice, _pdl_wait, _tile_sums
 from .weight_only.gvt import _axis, _layout
 
 
@@ -226,7 +226,6 @@ def _w8a8_gvt_kernel(x_ptr, w_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, scale_c, ws_
     k_lo, k_hi = _k_slice(K, STEP, SPLIT_K)      # slices of whole steps
     wa = _codes(wa_p, k_lo, K, okc, EVEN_K)
     wb = _codes(wb_p, k_lo, K, okc, EVEN_K)
-    _pdl_launch(PDL)
     _pdl_wait(PDL)
 
     # the scale of each x row of the program: inv0 / inv1 per lane (its x rows g and 8 + g), sa per accumulator

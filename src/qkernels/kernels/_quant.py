@@ -8,7 +8,7 @@ Numerics are documented in qkernels/reference.py and match it bit for bit.
 import triton
 import triton.language as tl
 
-from ._common import (_cast, _f32_to_fp8_bits, _finite_or_zero, _fp8_bits_to_f32, _pack_nibbles, _pdl_enter, _rint,
+from ._common import (_cast, _f32_to_fp8_bits, _finite_or_zero, _fp8_bits_to_f32, _pack_nibbles, _pdl_wait, _rint,
                       _unpack_nibbles)
 
 
@@ -87,7 +87,7 @@ def _quantize_segments_kernel(
     """Row-wise and group-wise quantization. Segment s = m * G + g covers x[m, g*SEG:(g+1)*SEG].
     With ONE_CHUNK (a segment fits one block) dynamic scales take a single pass over the data;
     longer segments are read twice (statistics, then codes)."""
-    _pdl_enter(PDL)
+    _pdl_wait(PDL)
     pid = tl.program_id(0)
     segs = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     seg_mask = segs < num_segs

@@ -9,7 +9,7 @@ ops/weight_only/launch.py (path "gemv"). Dequantization: dequant.py.
 import triton
 import triton.language as tl
 
-from .._common import INTERPRET, _cast, _k_slice, _pdl_launch, _pdl_wait, _silu_mul_narrow, _splitk_fixup
+from .._common import INTERPRET, _cast, _k_slice, _pdl_wait, _silu_mul_narrow, _splitk_fixup
 from .dequant import CHUNK, HALF, MAGIC_BF16, MAGIC_F16, _bytes_f16, _bytes_f16_raw, _nibbles, _sz_step, _unpack_sz
 
 
@@ -161,7 +161,6 @@ def _wo_gemv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     s_row = offs_n.to(tl.int64) * stride_sn
     x_row = x_ptr + m * stride_xm
     k_lo, k_hi = _k_slice(K, tl.program_id(2), BLOCK_K, SPLIT_K)
-    _pdl_launch(PDL)
     sz_lo, sz_hi = _sz_step(sz_ptr, s_row, k_lo, K, GROUP, NC, True)
     b_lo, b_hi = _codes_bytes_t(w_ptr, row, k_lo, K, BITS, not EVEN_K, NC)
     _pdl_wait(PDL)

@@ -1,6 +1,6 @@
 """What the Gluon weight-only kernels (tc.py, wg.py, gv.py, gvt.py; and kernels/_gemv_mma.py) share: free views of
 32-bit words as bytes or 16-bit halves (identity asm: no instructions), the split-K slices and fix-up (the Gluon twin
-of _common._splitk_fixup) and programmatic dependent launch (the twins of _common._pdl_launch / _pdl_wait)."""
+of _common._splitk_fixup) and programmatic dependent launch (the twin of _common._pdl_wait)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -121,16 +121,10 @@ def _k_slice(K, STEP: gl.constexpr, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _pdl_launch(PDL: gl.constexpr):
-    """Let the next kernel in the stream start its programs now (launch option launch_pdl; see
-    _common._pdl_launch): only reads of data no earlier kernel writes (weights) may come before _pdl_wait."""
-    if PDL:
-        gdc_launch_dependents()
-
-
-@gluon.jit
 def _pdl_wait(PDL: gl.constexpr):
-    """Wait until the kernel before in the stream has completed and its writes are visible: every load of an
-    activation, every store and every touch of the split-K scratch comes after this."""
+    """Wait until the kernel before in the stream has completed and its writes are visible (every load of an
+    activation, every store and every touch of the split-K scratch comes after this), then let the next kernel
+    start its programs (see _common._pdl_wait)."""
     if PDL:
         gdc_wait()
+        gdc_launch_dependents()

@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_wait, _splitk_fixup
 
 CHUNK_K: gl.constexpr = gl.constexpr(64)      # k per chunk: 32 code bytes, 8 words
 
@@ -207,7 +207,6 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         sz = gl.load(s_p + gl.expand_dims(c * 0, 0))  # the one word per row, for every step
     else:
         sz = _load_sz(s_p, k_lo, K, c, 0, GROUP, EVEN_K)
-    _pdl_launch(PDL)
     if STAGES == 1:
         nw = _load_w(w_p, k_lo, K, c, EVEN_K)
     else:

@@ -47,7 +47,7 @@ import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_launch, _pdl_wait, _tile_sums
+from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_wait, _tile_sums
 
 
 
@@ -316,7 +316,6 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     else:
         sa, sb = (_load_sz(sa_p, k_lo, K, blk, BLOCK, GROUP, EVEN_K),
                   _load_sz(sb_p, k_lo, K, blk, BLOCK, GROUP, EVEN_K))
-    _pdl_launch(PDL)
     _pdl_wait(PDL)
     x0, x1, x2, x3 = _load_x(x0_p, k_lo, K, xm0, okc, BITS, EVEN_K)
     y0, y1, y2, y3 = x0, x1, x2, x3

@@ -39,7 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .dequant import _NIBBLES_RAW_BF16
-from .gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _k_slice, _pdl_launch, _pdl_wait, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _k_slice, _pdl_wait, _splitk_fixup
 
 TILE_K: gl.constexpr = gl.constexpr(128)     # k per step: two 64-k chunks = 64 code bytes per row
 BYTES: gl.constexpr = gl.constexpr(64)
@@ -223,7 +223,6 @@ def _wo_tc_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             async_copy.async_copy_global_to_shared(ring.index(i), w_p + gl.where(ki < k_hi, ki, k_lo) // 8,
                                                    cache_modifier=".cg")
             async_copy.commit_group()
-    _pdl_launch(PDL)
     _pdl_wait(PDL)
     nxl, nxh = _tc_load_x(x_p, k_lo)
     for k0 in range(k_lo, k_hi, TILE_K):

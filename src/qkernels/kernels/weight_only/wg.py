@@ -30,7 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_shared import PER_CHANNEL, _halves_of, _pdl_launch, _pdl_wait, _splitk_fixup
+from .gluon_shared import PER_CHANNEL, _halves_of, _pdl_wait, _splitk_fixup
 
 
 BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code bytes per row at 4 bits, 64 at 8)
@@ -282,10 +282,6 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
                                      off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
         acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
                                    off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
-    # the next kernel may start its programs (and their weight prefetch) once every program here is past its loop;
-    # at the start instead, each kernel of a chain of them let the next start at once, filling the GPU with waiting
-    # programs (H200 decode chain, M = 16, 1024x4096: 11.9 us so, 6.1 us from here, 7.5 us without PDL)
-    _pdl_launch(PDL)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
     acc = warpgroup_mma_wait(0, deps=[acc])
