@@ -7,7 +7,9 @@ Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--bucket
 instead, on Llama-3-8B's decode shapes, separate (a Hugging Face model's) and merged (the runtime's): one CUDA graph
 calling it on weight copies spanning >= 256 MB (bench.decode_gemv's method: no weight is in L2 when its call runs,
 and a call overlaps the previous one's tail under programmatic dependent launch). One-call graphs time a
-cold start after an L2 flush and pick other configs there."""
+cold start after an L2 flush and pick other configs there. A chain of one shape's calls still misses how a kernel
+meets the different ones around it in a decode step: check the new table against the old in the runtime's step
+(scripts/table_ab.py) before keeping it."""
 import argparse
 import ast
 import itertools

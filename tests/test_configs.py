@@ -94,3 +94,20 @@ def test_set_shape_overrides_rule(capsys):
     configs.overrides_from_runs(table, runs, shapes, "log", configs.CHAIN_OVERRIDE_GAIN)
     assert table["int8"] == {"1": a, "1:N4096:K4096": b, "1:N14336:K4096": b}
     assert "not in log" in capsys.readouterr().out
+
+
+def test_config_dir_takes_the_place_of_the_shipped_table(tmp_path, monkeypatch):
+    """$QKERNELS_CONFIG_DIR/<slug>.json is the table used where it exists; the shipped one (or none) elsewhere."""
+    mine = {"w4a16": {"1": {"path": "gemv", "BLOCK_N": 4, "BLOCK_K": 256, "num_warps": 4}}}
+    (tmp_path / "h100.json").write_text(__import__("json").dumps(mine))
+    monkeypatch.setenv("QKERNELS_CONFIG_DIR", str(tmp_path))
+    configs.load.cache_clear()
+    try:
+        assert configs.table_path("h100") == tmp_path / "h100.json" and configs.load("h100") == mine
+        assert configs.table_path("h200") == configs._DIR / "h200.json"      # no file of its own: the shipped one
+        assert configs.load("h200") and configs.load("h200") != mine
+        assert configs.load("nosuchgpu") == {}
+    finally:
+        monkeypatch.delenv("QKERNELS_CONFIG_DIR")
+        configs.load.cache_clear()
+    assert configs.load("h100") != mine

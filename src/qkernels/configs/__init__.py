@@ -3,7 +3,9 @@
 Layout: {"<kernel>": {"<M bucket>": {"BLOCK_M": .., "BLOCK_N": .., "BLOCK_K": .., "GROUP_M": ..,
 "num_warps": .., "num_stages": ..}}}, M bucket = next power of two of M (clamped to the largest key);
 optional shape overrides "<M bucket>:N<N>:K<K>" (see lookup).
-A GPU without a file is autotuned on first use (qkernels.autotune) among `candidates`: the bucket's
+$QKERNELS_CONFIG_DIR/<gpu slug>.json, where that file exists, takes the place of the shipped one (a table tuned
+on the user's machine, or one under test: scripts/table_ab.py).
+A GPU without a table is autotuned on first use (qkernels.autotune) among `candidates`: the bucket's
 configs from every shipped table and the built-in default below.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from .._runtime import next_pow2
@@ -51,9 +54,18 @@ INTERPRETER_W8A8 = {"1": dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, S
                     "65536": dict(path="quantize")}
 
 
+def table_path(slug: str) -> Path:
+    """The table this process uses for GPU `slug`: $QKERNELS_CONFIG_DIR/<slug>.json if that file exists, else the
+    shipped configs/<slug>.json (which may not exist)."""
+    user = os.environ.get("QKERNELS_CONFIG_DIR")
+    if user and (Path(user) / f"{slug}.json").is_file():
+        return Path(user) / f"{slug}.json"
+    return _DIR / f"{slug}.json"
+
+
 @functools.cache
 def load(slug: str) -> dict:
-    path = _DIR / f"{slug}.json"
+    path = table_path(slug)
     return json.loads(path.read_text()) if path.exists() else {}
 
 
