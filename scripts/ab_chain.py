@@ -7,8 +7,10 @@ batched decode").
 Usage: PYTHONPATH=src python3 scripts/ab_chain.py --bits 4 --ms 16 32 --shapes 1024x4096 14336x4096 \\
            --config '{"path": "wg", "BLOCK_M": 16, "BLOCK_N": 64, "GROUP_M": 8, "STAGES": 6, "num_warps": 4}' \\
            [--config ...] [--table]      (--table: also the GPU's table config for each M and shape)
-BLOCK_M of a "wg" / "tc" config is set to M where it is smaller than M. Without a GPU it runs eagerly under the
-interpreter (TRITON_INTERPRET=1, small shapes): a check of the script, not a timing.
+BLOCK_M of a "wg" / "tc" config is set to M where it is smaller than M. --scheme w4a16 | w8a16 | w8a8 | w8a8-fp8
+times `QuantizedLinear` layers of that scheme as `quantize_` makes them, through the table (with --table only: the
+W8A8 linears take no weight-only config). Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
+small shapes): a check of the script, not a timing.
 """
 import argparse
 import json
@@ -32,6 +34,16 @@ def weights(bits: int, n: int, k: int, dev) -> list:
     return [first] + [make() for _ in range(copies - 1)]
 
 
+def layers(scheme: str, n: int, k: int, dev) -> list:
+    """QuantizedLinear layers of `scheme` from one random fp16 linear, copies spanning >= 256 MB (two on a CPU)."""
+    from qkernels.nn.linear import QuantizedLinear
+    lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.float16)
+    first = QuantizedLinear.from_linear(lin, scheme)
+    nbytes = sum(t.numel() * t.element_size() for t in list(first.parameters()) + list(first.buffers()))
+    copies = chain_copies(nbytes) if dev.type == "cuda" else 2
+    return [first] + [QuantizedLinear.from_linear(lin, scheme) for _ in range(copies - 1)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bits", type=int, choices=(4, 8), default=4)
@@ -39,25 +51,32 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["1024x4096", "4096x4096", "14336x4096"], help="N x K")
     ap.add_argument("--config", action="append", default=[], help="a weight-only config as JSON (repeatable)")
     ap.add_argument("--table", action="store_true", help="also the table's config for each M and shape")
+    ap.add_argument("--scheme", choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"),
+                    help="QuantizedLinear layers of this scheme through the table (with --table, no --config)")
     a = ap.parse_args()
     if not a.config and not a.table:
         ap.error("name at least one --config, or --table")
+    if a.scheme and a.config:
+        ap.error(f"--scheme {a.scheme} times the table's configs only: drop --config")
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
-    linear = qk.w4a16_linear if a.bits == 4 else qk.w8a16_linear
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes]
-    ws = {s: weights(a.bits, *s, dev) for s in shapes}
+    if a.scheme:
+        ws = {s: layers(a.scheme, *s, dev) for s in shapes}
+    else:
+        linear = qk.w4a16_linear if a.bits == 4 else qk.w8a16_linear
+        ws = {s: [lambda x, pw=pw: linear(x, pw) for pw in weights(a.bits, *s, dev)] for s in shapes}
     cfgs = [json.loads(c) for c in a.config] + ([None] if a.table else [])
-    print(f"w{a.bits}a16, µs per call, shapes {' '.join(a.shapes)}", flush=True)
+    print(f"{a.scheme or f'w{a.bits}a16'}, µs per call, shapes {' '.join(a.shapes)}", flush=True)
     for m in a.ms:
         for cfg in cfgs:
             if cfg is not None and cfg.get("path") in ("wg", "tc") and cfg.get("BLOCK_M", m) < m:
                 cfg = dict(cfg, BLOCK_M=m)
             for on in (True, False):
                 times = []
-                for (n, k), pws in ws.items():
+                for (n, k), fns in ws.items():
                     x = torch.randn(m, k, device=dev, dtype=torch.float16)
-                    calls = [lambda pw=pw: linear(x, pw) for pw in pws]
+                    calls = [lambda f=f: f(x) for f in fns]
                     with pdl(on):
                         if cfg is None:
                             times.append(chain_us(calls, gpu))

@@ -22,3 +22,16 @@ def test_ab_chain_prints_each_config_with_and_without_pdl():
         times = words[words.index("PDL") + 1:][:2]        # one per shape, after "PDL" / "no PDL"
         assert all(float(t) > 0 for t in times), line
     assert sum("table" in l for l in lines) == 2 and sum('"mm"' in l for l in lines) == 2, run.stdout
+
+
+def test_ab_chain_times_a_scheme_through_the_table():
+    """--scheme: QuantizedLinear layers (here W8A8, which takes no weight-only config) with PDL on and off."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_chain.py"), "--scheme", "w8a8", "--ms", "1",
+                          "--shapes", "64x256", "--table"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [l for l in run.stdout.splitlines() if l.startswith("M=")]
+    assert len(lines) == 2 and all(float(l.split()[-2]) > 0 for l in lines), run.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_chain.py"), "--scheme", "w8a8", "--config",
+                          "{}"], capture_output=True, text=True, env=env, timeout=600)
+    assert bad.returncode != 0 and "drop --config" in bad.stderr
