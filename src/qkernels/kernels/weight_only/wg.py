@@ -231,7 +231,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     the stages (the launcher makes every slice non-empty); partials are added up in this kernel (_splitk_fixup:
     ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile). PDL: the first stages' code bytes and (scale,
     zero) words are fetched before the wait for the previous kernel, x after; the next kernel may start once every
-    program is past its main loop."""
+    program is past that wait (_pdl_wait)."""
     W: gl.constexpr = gl.num_warps()
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
