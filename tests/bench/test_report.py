@@ -193,3 +193,13 @@ def test_environment_records_the_table_and_its_kind_digests(monkeypatch):
     env = harness.environment()
     assert env["config_table"] is None and env["config_tables"] == {}
     json.dumps(env)
+
+
+def test_target_figures_never_contradict_their_verdict():
+    """A figure just short of (or just past) its target gets the decimals that show it: 0.996x against 1.0x is
+    not printed as 1.00x beside "not met", nor 1.301x against a 1.3x ceiling as 1.30x."""
+    from qkernels.bench.report import _num
+    assert _num(0.996, 1.0) == "0.996" and _num(0.9999, 1.0) == "0.9999"
+    assert _num(1.301, 1.3) == "1.301" and _num(1.004, 1.0) == "1.004"
+    assert _num(1.27, 1.3) == "1.27" and _num(2.41, 2.3) == "2.41" and _num(1.3, 1.3) == "1.30"
+    assert _num(49.6, 50, 0) == "49.6" and _num(49.2, 50, 0) == "49" and _num(80.4, 75, 0) == "80"
