@@ -1,12 +1,12 @@
 """Instructions per byte of weight in the main loop of a decode kernel, from an offline compile (no GPU needed:
 Triton's ptxas and nvdisasm): the kernel compiled for sm_90 with the divisibility-16 specializations a real launch
 gets, its SASS disassembled, the loop (the block between a backward branch's label and the branch) counted
-by opcode (the largest, where there are several), and its instruction count divided by the weight bytes a thread loads per iteration. Registers per
-thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
+by opcode (the largest, where there are several), and its instruction count divided by the weight bytes a thread
+loads per iteration. Registers per thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
-Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gvt | w4a16-wg | w8a8-gvt |
-       w8a8-gvt-fp8
+Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvt | w4a16-wg |
+       w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -68,6 +68,20 @@ def w4a16_gvt():
     return k, types, cx, 1, GluonASTSource, 16 * 256 // 2 // 32
 
 
+def w4a16_gv():
+    """The Gluon paired-fp16 GEMV, 4-bit, g128: 8 rows x 1024 k per step, WPT 4, one warp, a ring of 3 stages (the
+    H200 table's M = 1 entry on 28672x4096 and the lm_head)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qkernels.kernels.weight_only.gv import _wo_gv_kernel as k
+    cx = dict(GROUP=128, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=1024, WPT=4, SPLIT_K=1, EVEN_K=True, STAGES=3,
+              SWIGLU=False, PDL=False)
+    types = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32",
+                 K="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32", stride_om="i32", ws_ptr="*fp32",
+                 cnt_ptr="*i32")
+    return k, types, cx, 1, GluonASTSource, 8 * 1024 // 2 // 32
+
+
 def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
     """The Gluon tensor-core W8A8 GEMV quantizing x itself (fp16 x), int8 or fp8 codes: TILES 16-row tiles per warp,
     WPT 8 (128 k per step), one warp, one x row. Its main loop is the one with the MMAs (the absmax loop is larger)."""
@@ -100,8 +114,8 @@ def w4a16_wg():
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
 
 
-CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gvt": w4a16_gvt,
-         "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg}
+CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
+         "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg}
 
 
 def main():
