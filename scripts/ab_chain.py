@@ -19,7 +19,7 @@ import torch
 
 import qkernels as qk
 from qkernels._runtime import pdl
-from qkernels.bench.decode_gemv import chain_copies, chain_us
+from qkernels.bench.decode_gemv import _nbytes, chain_copies, chain_us
 from qkernels.ops import weight_only as WO
 
 
@@ -39,8 +39,7 @@ def layers(scheme: str, n: int, k: int, dev) -> list:
     from qkernels.nn.linear import QuantizedLinear
     lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.float16)
     first = QuantizedLinear.from_linear(lin, scheme)
-    nbytes = sum(t.numel() * t.element_size() for t in list(first.parameters()) + list(first.buffers()))
-    copies = chain_copies(nbytes) if dev.type == "cuda" else 2
+    copies = chain_copies(_nbytes(first)) if dev.type == "cuda" else 2
     return [first] + [QuantizedLinear.from_linear(lin, scheme) for _ in range(copies - 1)]
 
 

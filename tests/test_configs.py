@@ -1,4 +1,6 @@
 """Config tables as data: bucket choice, shape overrides, and the shipped tables' sanity."""
+import json
+
 import pytest
 
 from qkernels import configs
@@ -99,7 +101,7 @@ def test_set_shape_overrides_rule(capsys):
 def test_config_dir_takes_the_place_of_the_shipped_table(tmp_path, monkeypatch):
     """$QKERNELS_CONFIG_DIR/<slug>.json is the table used where it exists; the shipped one (or none) elsewhere."""
     mine = {"w4a16": {"1": {"path": "gemv", "BLOCK_N": 4, "BLOCK_K": 256, "num_warps": 4}}}
-    (tmp_path / "h100.json").write_text(__import__("json").dumps(mine))
+    (tmp_path / "h100.json").write_text(json.dumps(mine))
     monkeypatch.setenv("QKERNELS_CONFIG_DIR", str(tmp_path))
     configs.load.cache_clear()
     try:
