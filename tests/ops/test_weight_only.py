@@ -463,6 +463,32 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
     assert not WO.wg_supported(bits, 384, 32, pw.qweight) and not WO.wg_supported(bits, 352, 352, pw.qweight)
 
 
+@gpu
+@pytest.mark.parametrize("cfg", [dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=4, SPLIT_K=4, MIN_PROGRAMS=1 << 30),
+                                 dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=2, KC=2),
+                                 dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
+    """wg with swiglu=True (a tile of gate rows and their up rows, paired in the epilogue): the bits of the product
+    followed by silu_and_mul, over M / I tails (I not a multiple of the half tile), split-K, ring stages of two
+    chunks, bias, per group and per channel."""
+    cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
+    assert WO.launch.fused_swiglu(cfg)
+    for M, I, k, group_size in ((1, 100, 384, 128), (17, 40, 256, -1), (130, 72, 512, 64), (3, 256, 1024, 128)):
+        pw = _weight(2 * I, k, bits, group_size, False, dtype)
+        x = torch.randn(M, k, device=DEVICE, dtype=dtype)
+        bias = torch.randn(2 * I, device=DEVICE, dtype=dtype)
+        assert WO.wg_supported(bits, k, pw.group_size, pw.qweight, dtype, pw.int_zeros)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, bits, pw.group_size, pw.int_zeros, cfg,
+                                       swiglu=True)
+            full = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, bits, pw.group_size, pw.int_zeros, cfg)
+        assert got.shape == (M, I) and not torch.isnan(got).any(), "unwritten (poisoned) or NaN outputs"
+        assert_bit_exact(got, qk.silu_and_mul(full), f"M={M} I={I}")
+        _check(full, _ref(x, pw, bias), dtype)
+
+
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("-splitk")])
 def test_splitk_fixup_counters_and_graphs(path):
     """Split-K partials are added by the last program of each tile (every kernel: no second launch), counted

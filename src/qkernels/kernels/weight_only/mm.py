@@ -8,7 +8,7 @@ Also the CPU twin of the Gluon kernels (tc.py, wg.py) under the interpreter. Lau
 import triton
 import triton.language as tl
 
-from .._common import INTERPRET, _cast, _grouped_pid, _k_slice, _splitk_fixup
+from .._common import INTERPRET, _cast, _grouped_pid, _k_slice, _pdl_wait, _splitk_fixup
 from .dequant import CHUNK, HALF, _scales, _tile
 
 
@@ -24,10 +24,12 @@ def _wo_mm_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N
                   stride_xm, stride_wn, stride_sn, stride_om,
                   BITS: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_N: tl.constexpr, SPLIT_K: tl.constexpr):
+                  GROUP_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False):
     """out.T = W @ x.T with the weight tile as the MMA's A operand in registers (the weight rows fill the MMA's
     M side, so a small M wastes no weight bandwidth). SPLIT_K > 1: program column pid_k covers K_STEP-aligned
-    slice pid_k of K; the tile's last program adds the slices' partials in order (_splitk_fixup)."""
+    slice pid_k of K; the tile's last program adds the slices' partials in order (_splitk_fixup). PDL: x is read
+    and out written only after the wait for the kernel before (_pdl_wait)."""
+    _pdl_wait(PDL)
     pid = tl.program_id(0)
     # GROUP_N weight row-blocks share their x tiles in L2
     pid_n, pid_m = _grouped_pid(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)

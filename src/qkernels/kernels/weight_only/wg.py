@@ -37,21 +37,27 @@ BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code by
 
 
 @gluon.jit
-def _wg_issue_codes(x_desc, w_desc, c_ring, bars, stage, off_n, k0, pred, BITS: gl.constexpr, KC: gl.constexpr):
+def _wg_issue_codes(x_desc, w_desc, c_ring, bars, stage, off_n, up0, k0, pred, BITS: gl.constexpr, KC: gl.constexpr,
+                    SWIGLU: gl.constexpr):
     """Start ring stage `stage` (KC 64-k chunks from k0): its barrier expects the x tiles and code bytes of all KC
     chunks; here the TMA copies of the code bytes, one 32-byte-wide box per row and chunk at 4 bits (ring entry
-    KC stage + c), two at 8 (entries 2 (KC stage + c) and + 1: k and k + 32). _wg_issue_x adds the x tiles."""
+    KC stage + c), two at 8 (entries 2 (KC stage + c) and + 1: k and k + 32). SWIGLU: each box is two half-height
+    boxes, gate rows from off_n into the entry's first half, up rows from off_n + up0 into its second.
+    _wg_issue_x adds the x tiles."""
     bar = bars.index(stage)
     CPS: gl.constexpr = BITS // 4
-    mbarrier.expect(bar, KC * (x_desc.block_type.nbytes + CPS * w_desc.block_type.nbytes), pred=pred)
+    NBOX: gl.constexpr = 2 if SWIGLU else 1
+    HB: gl.constexpr = w_desc.block_type.shape[0]
+    mbarrier.expect(bar, KC * (x_desc.block_type.nbytes + CPS * NBOX * w_desc.block_type.nbytes), pred=pred)
     for c in gl.static_range(KC):
-        e = stage * KC + c
-        if BITS == 4:
-            tma.async_copy_global_to_shared(w_desc, [off_n, (k0 + c * BK) // 2], bar, c_ring.index(e), pred=pred)
-        else:
-            for h in gl.static_range(CPS):
-                tma.async_copy_global_to_shared(w_desc, [off_n, k0 + c * BK + h * (BK // 2)], bar,
-                                                c_ring.index(e * CPS + h), pred=pred)
+        for h in gl.static_range(CPS):
+            kk = (k0 + c * BK) // 2 if BITS == 4 else k0 + c * BK + h * (BK // 2)
+            dst = c_ring.index((stage * KC + c) * CPS + h)
+            if SWIGLU:
+                tma.async_copy_global_to_shared(w_desc, [off_n, kk], bar, dst.slice(0, HB, dim=0), pred=pred)
+                tma.async_copy_global_to_shared(w_desc, [off_n + up0, kk], bar, dst.slice(HB, HB, dim=0), pred=pred)
+            else:
+                tma.async_copy_global_to_shared(w_desc, [off_n, kk], bar, dst, pred=pred)
 
 
 @gluon.jit
@@ -180,19 +186,19 @@ def _wg_mma(acc, lo, hi, xs):
 
 
 @gluon.jit
-def _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, pred, BITS: gl.constexpr,
-               KC: gl.constexpr, STAGES: gl.constexpr):
+def _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, pred, BITS: gl.constexpr,
+               KC: gl.constexpr, STAGES: gl.constexpr, SWIGLU: gl.constexpr):
     """Load stage group g (chunks g KC ...) into ring stage g mod STAGES, if it is in the slice (and pred)."""
     pred = pred & (g * KC < steps)
     k0 = (s0 + g * KC) * BK
-    _wg_issue_codes(x_desc, w_desc, c_ring, bars, g % STAGES, off_n, k0, pred, BITS, KC)
+    _wg_issue_codes(x_desc, w_desc, c_ring, bars, g % STAGES, off_n, up0, k0, pred, BITS, KC, SWIGLU)
     _wg_issue_x(x_desc, x_ring, bars, g % STAGES, off_m, k0, pred, KC)
 
 
 @gluon.jit
-def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n,
+def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n, up0,
              GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
-             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr):
+             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr):
     """Chunk `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the chunk
     after next; wait for the previous chunk's wgmmas (its tile's registers are then free); if that chunk was its
     stage's last, refill the stage with the chunks STAGES stages on, once every warp is past it; read and dequantize
@@ -207,10 +213,12 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
     g = (step - 1) // KC + STAGES       # the stage the previous chunk was in, refilled with stage g
     if KC == 1:     # every chunk ends its stage (the barrier unconditional, as branch-free code)
         gl.thread_barrier()
-        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, step >= 1, BITS, KC, STAGES)
+        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, step >= 1, BITS, KC,
+                   STAGES, SWIGLU)
     elif (step >= 1) & ((step - 1) % KC == KC - 1):
         gl.thread_barrier()
-        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, True, BITS, KC, STAGES)
+        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, True, BITS, KC, STAGES,
+                   SWIGLU)
     codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC)
     nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
     return acc, nlo, nhi, sz_after
@@ -220,7 +228,8 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
 def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                   SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4, KC: gl.constexpr = 1, PDL: gl.constexpr = False):
+                   SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4, KC: gl.constexpr = 1, SWIGLU: gl.constexpr = False,
+                   PDL: gl.constexpr = False):
     """W4A16 / W8A16 (BITS) on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per
     output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
     each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
@@ -231,7 +240,9 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     the stages (the launcher makes every slice non-empty); partials are added up in this kernel (_splitk_fixup:
     ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile). PDL: the first stages' code bytes and (scale,
     zero) words are fetched before the wait for the previous kernel, x after; the next kernel may start once every
-    program is past that wait (_pdl_wait)."""
+    program is past that wait (_pdl_wait). SWIGLU: W is a merged [gate; up] projection (N = 2 I rows) and out
+    [M, I] = silu(gate) * up: a tile's first BLOCK_N / 2 rows are gate rows c, its last the up rows I + c (w_desc
+    blocks [BLOCK_N / 2, 32]), paired in the epilogue (_wg_store)."""
     W: gl.constexpr = gl.num_warps()
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
@@ -241,14 +252,16 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
 
     pid = gl.program_id(0)
     num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
+    TN: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N      # output columns per tile
+    up0 = N // 2 if SWIGLU else 0                                 # the first up row
+    num_n = gl.cdiv(N - up0, TN)
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     gm = gl.minimum(num_m - first_m, GROUP_M)
     off_m = (first_m + (pid % width) % gm) * BLOCK_M
-    off_n = ((pid % width) // gm) * BLOCK_N
+    off_n = ((pid % width) // gm) * TN
 
-    sn = (off_n + gl.arange(0, BLOCK_N, layout=szl)) % N
+    sn = _wg_rows(off_n, up0, BLOCK_N, SWIGLU, szl) % N
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + sn.to(gl.int64) * stride_sn
 
     x_ring = gl.allocate_shared_memory(dt, [STAGES * KC, BLOCK_M, BK], x_desc.layout)
@@ -265,7 +278,8 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         s0 = gl.program_id(1) * per
         steps = gl.minimum(K // BK - s0, per)
     for p in gl.static_range(STAGES):      # weights only before the wait (PDL)
-        _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, (s0 + p * KC) * BK, p * KC < steps, BITS, KC)
+        _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS, KC,
+                        SWIGLU)
     sz = _wg_sz(s_p, 0, steps, s0, GROUP)
     _pdl_wait(PDL)
     for p in gl.static_range(STAGES):
@@ -279,9 +293,9 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     # reading the carried registers was done.
     for j in range(steps // 2):
         acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                     off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
+                                     off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
         acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                   off_m, off_n, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
+                                   off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
     acc = warpgroup_mma_wait(0, deps=[acc])
@@ -289,27 +303,53 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         mbarrier.invalidate(bars.index(p))
 
     if SPLIT_K == 1:
-        _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, W)
+        _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
     else:
-        on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        on = _wg_rows(off_n, up0, BLOCK_N, SWIGLU, gl.SliceLayout(1, mma))
+        ok = _wg_rows(off_n, 0, BLOCK_N, SWIGLU, gl.SliceLayout(1, mma)) < N - up0     # rows that exist
         om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, on, om, (on < N)[:, None] & (om < M)[None, :], M, N,
+        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, on % N, om, ok[:, None] & (om < M)[None, :], M, N,
                                   SPLIT_K)
         if last:
-            _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, W)
+            _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
 
 
 @gluon.jit
-def _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS: gl.constexpr, W: gl.constexpr):
-    """out.T tile [BLOCK_N, BLOCK_M] (fp32, + bias) -> out, 8 consecutive n per thread."""
+def _wg_rows(off_n, up0, BLOCK_N: gl.constexpr, SWIGLU: gl.constexpr, layout: gl.constexpr):
+    """The weight rows of a tile's BLOCK_N rows: off_n + r, or with SWIGLU gate rows off_n + r, then up rows
+    up0 + off_n + r (the tile's second half)."""
+    r = gl.arange(0, BLOCK_N, layout=layout)
+    if SWIGLU:
+        return off_n + r % (BLOCK_N // 2) + (r // (BLOCK_N // 2)) * up0
+    return off_n + r
+
+
+@gluon.jit
+def _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS: gl.constexpr,
+              SWIGLU: gl.constexpr, W: gl.constexpr):
+    """out.T tile [BLOCK_N, BLOCK_M] (fp32, + bias) -> out, consecutive n per thread. SWIGLU: the tile's gate and
+    up halves, each rounded to out's dtype first (the bits of the product followed by silu_and_mul), are paired in
+    one thread (a layout change through shared memory) and silu(gate) * up stored to columns off_n + c."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     BLOCK_M: gl.constexpr = acc.shape[1]
+    ty: gl.constexpr = out_ptr.dtype.element_ty
     if HAS_BIAS:
-        on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc.type.layout))
+        on = _wg_rows(off_n, up0, BLOCK_N, SWIGLU, gl.SliceLayout(1, acc.type.layout))
         acc += gl.load(bias_ptr + on % N).to(gl.float32)[:, None]
-    ol: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, W], [0, 1])
-    y = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), ol)
-    on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ol))
-    om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ol))
-    mask = (on < N)[:, None] & (om < M)[None, :]
-    gl.store(out_ptr + om.to(gl.int64)[None, :] * stride_om + on[:, None], y, mask=mask)
+    if SWIGLU:
+        HB: gl.constexpr = BLOCK_N // 2
+        y = gl.permute(gl.reshape(acc.to(ty).to(gl.float32), [2, HB, BLOCK_M]), (1, 2, 0))
+        y = gl.convert_layout(y, gl.BlockedLayout([4, 1, 2], [8, 4, 1], [1, W, 1], [2, 0, 1]))
+        gate, up = gl.split(y)
+        h = (gl.div_rn(gate, 1.0 + gl.exp(-gate)) * up).to(ty)
+        on = off_n + gl.arange(0, HB, layout=gl.SliceLayout(1, h.type.layout))
+        om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, h.type.layout))
+        mask = (on < up0)[:, None] & (om < M)[None, :]
+        gl.store(out_ptr + om.to(gl.int64)[None, :] * stride_om + on[:, None], h, mask=mask)
+    else:
+        ol: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, W], [0, 1])
+        y = gl.convert_layout(acc.to(ty), ol)
+        on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ol))
+        om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ol))
+        mask = (on < N)[:, None] & (om < M)[None, :]
+        gl.store(out_ptr + om.to(gl.int64)[None, :] * stride_om + on[:, None], y, mask=mask)

@@ -65,7 +65,8 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
-        tiles = cdiv(N, p["BLOCK_N"]) * cdiv(M, p["BLOCK_M"])
+        # SwiGLU (wg): a tile's BLOCK_N rows are BLOCK_N / 2 gate rows and their up rows
+        tiles = (cdiv(N // 2, p["BLOCK_N"] // 2) if swiglu else cdiv(N, p["BLOCK_N"])) * cdiv(M, p["BLOCK_M"])
         if cfg["path"] == "wg" and (K // WG_K) % p.get("KC", 1):
             p["KC"] = 1         # ring stages of KC chunks need K / 64 a multiple of KC: one chunk per stage then
         step = TC_K if cfg["path"] == "tc" else WG_K * p.get("KC", 1)
@@ -74,6 +75,8 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         if cfg["path"] == "tc":
             grid = (cdiv(N, p["BLOCK_N"]), split, cdiv(M, p["BLOCK_M"]))
             return _keep_plan(key, cfg, (_kernels("tc")._wo_tc_kernel, grid, split, constexprs))
+        if swiglu:
+            constexprs["SWIGLU"] = True
         return _keep_plan(key, cfg, (_kernels("wg")._wo_wg_kernel, (tiles, split), split, dict(constexprs, BITS=bits)))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
@@ -105,8 +108,9 @@ def _keep_plan(key, cfg, plan):
 
 def fused_swiglu(cfg: dict) -> bool:
     """Whether the config's kernel applies SwiGLU itself (the GEMVs: gemv / gv with an even BLOCK_N, pairs of gate /
-    up rows; gvt, gate and up rows in one thread); elsewhere silu_and_mul runs after the product."""
-    return cfg["path"] == "gvt" or cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
+    up rows; gvt, gate and up rows in one thread; wg, gate and up halves of a tile paired in its epilogue);
+    elsewhere silu_and_mul runs after the product."""
+    return cfg["path"] in ("gvt", "wg") or cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
 
 
 def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg, swiglu=False):
@@ -130,13 +134,13 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     elif cfg["path"] == "wg":
         # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
         # descriptor only by its class: its dtype follows out's, its blocks the constexprs
-        x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"], constexprs["BLOCK_N"])
+        x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"],
+                                         constexprs["BLOCK_N"] // (2 if swiglu else 1))
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
                ws, cnt, **constexprs, **pdl_options(x2.device))
-    else:      # gemv / mm: the GEMV starts early under PDL (it prefetches its first weight step), as tc does
+    else:      # gemv / mm
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
-               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs,
-               **(pdl_options(x2.device) if cfg["path"] == "gemv" else {}))
+               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs, **pdl_options(x2.device))
     return out
 
 
