@@ -170,10 +170,22 @@ def decode_step_ms(model, batch: int, ctx: int, device, graph: bool, compiled: b
     """One decode step at position `ctx` over a static cache filled by a ctx-token prompt. compiled: the
     model's forward through torch.compile(mode="reduce-overhead", fullgraph=True), Hugging Face's documented fast
     path for a static cache (the compiled step replays as a CUDA graph), instead of capturing the eager step."""
+    step = decode_step(model, batch, ctx, device, graph, compiled)
+    if not (graph or compiled):
+        return _median_ms(step, device, 20 if device.type == "cuda" else 3)
+    import triton.testing
+    return triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
+
+
+def decode_step(model, batch: int, ctx: int, device, graph: bool, compiled: bool = False):
+    """decode_step_ms's step, warmed up: a call runs one decode step (compiled: the compiled forward, replaying
+    its CUDA graph; graph: a CUDA graph of the eager step; else the eager step), without autograd, as generate()
+    runs it."""
     from transformers import StaticCache
     cache = StaticCache(config=model.config, max_cache_len=ctx + 8)
     ids = torch.randint(0, _vocab(model), (batch, ctx), device=device)
-    model(ids, past_key_values=cache, cache_position=torch.arange(ctx, device=device), logits_to_keep=1)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, cache_position=torch.arange(ctx, device=device), logits_to_keep=1)
     fwd = model
     if compiled:
         # a fresh compiler state per timed model, as a user's process compiles one model: no recompiles of the
@@ -191,17 +203,17 @@ def decode_step_ms(model, batch: int, ctx: int, device, graph: bool, compiled: b
             n = getattr(layer, "cumulative_length", None)
             if isinstance(n, torch.Tensor):
                 n.fill_(ctx)
-        return fwd(tok, past_key_values=cache, cache_position=pos, position_ids=pos_ids, logits_to_keep=1).logits
+        with torch.no_grad():
+            return fwd(tok, past_key_values=cache, cache_position=pos, position_ids=pos_ids, logits_to_keep=1).logits
 
     if compiled:
-        import triton.testing
         for _ in range(3):      # compile, record the CUDA graph, replay
             step()
         torch.cuda.synchronize()
-        return triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
+        return step
     if not graph:
-        return _median_ms(step, device, 20 if device.type == "cuda" else 3)
-    import triton.testing
+        step()
+        return step
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -212,7 +224,7 @@ def decode_step_ms(model, batch: int, ctx: int, device, graph: bool, compiled: b
     with torch.cuda.graph(g):
         step()
     torch.cuda.synchronize()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+    return g.replay
 
 
 def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[Row]:

@@ -15,9 +15,10 @@ Method:
   TTFT = the batch-1 prefill time. capture_s: the decode step's warm-up + graph capture.
 - peak memory: torch.cuda.max_memory_allocated over the runtime's prefill and decode (weights, caches and
   activations; the source HF model's bytes subtracted).
-- profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1). On Hopper the
-  decode kernels start early (programmatic dependent launch): a kernel's span then includes the time its
-  programs wait for the kernel before, so spans overlap and add up to more than the step.
+- profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1), the runtime's and
+  the Hugging Face path's (W4A16 and tinygemm). On Hopper our decode kernels start early (programmatic dependent
+  launch): a kernel's span then includes the time its programs wait for the kernel before, so spans overlap and
+  add up to more than the step.
 - Hugging Face rows (batch 1): the source model's forward compiled with a static cache (torch.compile,
   mode="reduce-overhead", fullgraph: its documented fast path), fp16, and converted copies: w4a16 and w8a8 by
   quantize_ (lm_head fp16), and every linear but lm_head on PyTorch's int4 kernel (tinygemm, bf16 model, group
@@ -33,6 +34,7 @@ the run it comes from, so each model's figures stay those of one run.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import time
 
@@ -40,7 +42,7 @@ import torch
 
 from .harness import (Row, copy_bandwidth_gbps, merge_results, method_text, on_gpu, results_dir, results_doc,
                       write_json)
-from .model import _median_ms, decode_step_ms, hf_model, model_configs, vl_configs
+from .model import _median_ms, decode_step, decode_step_ms, hf_model, model_configs, vl_configs
 
 # "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
 SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8")
@@ -51,6 +53,7 @@ SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8")
 HF_PATH = "HF static cache + torch.compile"
 HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4")
 PROFILED = ("fp16", "w4a16", "w8a8")          # the schemes whose batch-1 decode step is profiled per kernel
+PROFILED_HF = ("w4a16", "tinygemm-int4")      # and those of the Hugging Face path
 PROMPT, CTX = 2048, 128
 DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
 
@@ -133,15 +136,15 @@ def runtime_decode(model, batch: int, ctx: int, gpu: bool):
     return triton.testing.do_bench(lambda: step(tok, pos), warmup=25, rep=200, return_mode="median"), step
 
 
-def profile_step(step, tok, pos, top: int = 12) -> list[dict]:
-    """GPU time per kernel name over 20 replays of a captured decode step, per step."""
+def profile_step(step, top: int = 12) -> list[dict]:
+    """GPU time per kernel name over 20 replays of a decode step (`step()` runs one), per step."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
-        step(tok, pos)
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
-            step(tok, pos)
+            step()
         torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
@@ -240,9 +243,17 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
             torch.cuda.empty_cache()
             m = from_pretrained(hf, None if scheme == "fp16" else scheme, device=dev, dtype=dt)
             _, step = runtime_decode(m, 1, ctx, gpu)
-            tok = torch.zeros(1, dtype=torch.long, device=dev)
-            profiles[f"{mname} {scheme}"] = profile_step(step, tok, torch.full((1,), ctx, device=dev))
+            tok, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
+            profiles[f"{mname} {scheme}"] = profile_step(functools.partial(step, tok, pos))
             del step, m
+        for scheme in PROFILED_HF if gpu and cfg.model_type != "qwen3_vl" else ():
+            gc.collect()
+            torch.cuda.empty_cache()
+            hm = _hf_converted(hf, scheme)
+            step = decode_step(hm, 1, ctx, dev, graph=True, compiled=True)
+            profiles[f"{mname} {scheme} ({HF_PATH})"] = profile_step(step)
+            del step, hm
+            torch._dynamo.reset()
         del hf
     meta = {"copy_bw_gbps": bw, "profiles": profiles,
             "method": method_text(__doc__, gpu, "tiny model")}

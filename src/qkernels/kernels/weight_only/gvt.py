@@ -59,9 +59,12 @@ def _mma_asm(mt: int, bits: int, z_word: bool) -> str:
     n_out = 4 * mt
     wa, wb, za, zb = n_out, n_out + 4, n_out + 8, n_out + 12
     xb = n_out + 16                                   # per x tile: 4 registers, 4 elements each
-    d = [[f"d{q}{i}" for i in range(4)] for q in range(mt)]
+    # one x tile: two accumulators (words e = 0, 2 and e = 1, 3), added at the end, so that the asm has two chains
+    # of MMAs, as with two x tiles (one chain each)
+    nacc = 2 if mt == 1 else 1
+    d = [[[f"d{q}{c}{i}" for i in range(4)] for c in range(nacc)] for q in range(mt)]
     lines = [".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, ta, tb, zla, zlb, zha, zhb, m1, c960, s16, mg;",
-             ".reg .f32 " + ", ".join(v for q in d for v in q) + ";",
+             ".reg .f32 " + ", ".join(v for q in d for c in q for v in c) + ";",
              "mov.b32 m1, 0xBC00BC00;", "mov.b32 c960, 0x63806380;", "mov.b32 s16, 0x2C002C00;",
              "mov.b32 mg, 0x64646464;"]
     if z_word:    # the zero point (the word's high half) in both halves, plus 1024: exact for integer z
@@ -73,7 +76,7 @@ def _mma_asm(mt: int, bits: int, z_word: bool) -> str:
     lines += [
              # -(64 + z) = (1024 + z) * -1 + 960, exactly
              "fma.rn.f16x2 zha, zla, m1, c960;", "fma.rn.f16x2 zhb, zlb, m1, c960;"]
-    lines += [f"mov.f32 {v}, 0f00000000;" for q in d for v in q]
+    lines += [f"mov.f32 {v}, 0f00000000;" for q in d for c in q for v in c]
     for e in range(4):
         if bits == 4:
             lines += [
@@ -102,11 +105,12 @@ def _mma_asm(mt: int, bits: int, z_word: bool) -> str:
             ]
             mmas = [("{pa0, pb0, pa1, pb1}", 0, 1)]
         for q in range(mt):
-            acc = "{" + ", ".join(d[q]) + "}"
+            acc = "{" + ", ".join(d[q][e % nacc]) + "}"
             for a, r0, r1 in mmas:
                 b0, b1 = f"${xb + 16 * q + 4 * r0 + e}", f"${xb + 16 * q + 4 * r1 + e}"
                 lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {acc}, {a}, {{{b0}, {b1}}}, {acc};")
-    lines += [f"mov.f32 ${4 * q + i}, {d[q][i]};" for q in range(mt) for i in range(4)]
+    lines += [f"add.f32 ${4 * q + i}, {d[q][0][i]}, {d[q][1][i]};" if nacc == 2
+              else f"mov.f32 ${4 * q + i}, {d[q][0][i]};" for q in range(mt) for i in range(4)]
     return "{\n" + "\n".join(lines) + "\n}"
 
 
