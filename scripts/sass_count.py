@@ -5,7 +5,7 @@ by opcode (the largest, where there are several), and its instruction count divi
 loads per iteration. Registers per thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
-Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvt | w4a16-wg |
+Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvt | w4a16-wg[-swiglu] |
        w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
@@ -96,26 +96,29 @@ def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
     return k, types, cx, 1, GluonASTSource, 16 * tiles * 16 * wpt // 32, "IMMA" if not fp8 else "HMMA"
 
 
-def w4a16_wg():
+def w4a16_wg(swiglu: bool = False):
     """The Gluon wgmma kernel at batched decode: 4-bit, g128, 32 x rows, 64 weight rows, 8 stages of one 64-k chunk,
     split 2 (an H200 table's M = 32 entry on 14336x4096). Its main loop is the smallest one with the HGMMAs (the
-    larger ones are the mbarrier waits' retry paths jumping back into it); two chunks per iteration."""
+    larger ones are the mbarrier waits' retry paths jumping back into it); two chunks per iteration. swiglu: the
+    runtime's gate|up (SWIGLU: half-height code boxes, gate and up paired in the epilogue)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qkernels.kernels.weight_only.wg import _wo_wg_kernel as k
     bm, bn = 32, 64
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=8, SPLIT_K=2, BITS=4,
-              KC=1, PDL=False)
+              KC=1, SWIGLU=swiglu, PDL=False)
     xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
     wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-    types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16",
+    hb = bn // 2 if swiglu else bn
+    types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{hb},32],{wl}>", sz_ptr="*fp16",
                  bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
                  ws_ptr="*fp32", cnt_ptr="*i32")
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
-         "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg}
+         "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
+         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True)}
 
 
 def main():
