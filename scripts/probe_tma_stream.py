@@ -4,7 +4,8 @@ GEMVs hold their loads in registers and reach 2.2-2.4 TB/s: docs/design.md, "Swi
 Each program walks boxes [ROWS, COLS] of a uint8 matrix (tiles pid, pid + P, ...) through a STAGES-deep ring of
 shared memory (one mbarrier per stage), refilled once every warp is done with it; CONSUME: the warps also read each
 box from shared memory (16 bytes per thread and load) and fold it into a checksum, as a GEMV's dequantization would
-read its codes, with WORK more instructions per byte (--work: as a dequantization would spend them). Prints GB/s per configuration beside torch's device-to-device copy (read + write) of the same bytes.
+read its codes, with WORK dependent multiply-adds per byte on top (--work: as a dequantization would spend them).
+Prints GB/s per configuration beside torch's device-to-device copy (read + write) of the same bytes.
 
 Usage: PYTHONPATH=src python3 scripts/probe_tma_stream.py [--mb 512] [--work 0 2 4]     (Hopper: TMA, Gluon)
 """
