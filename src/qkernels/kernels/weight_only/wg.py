@@ -305,11 +305,13 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     if SPLIT_K == 1:
         _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
     else:
-        on = _wg_rows(off_n, up0, BLOCK_N, SWIGLU, gl.SliceLayout(1, mma))
-        ok = _wg_rows(off_n, 0, BLOCK_N, SWIGLU, gl.SliceLayout(1, mma)) < N - up0     # rows that exist
+        on = _wg_rows(off_n, up0, BLOCK_N, SWIGLU, gl.SliceLayout(1, mma))       # masked where past the rows
+        if SWIGLU:
+            ok = _wg_rows(off_n, 0, BLOCK_N, SWIGLU, gl.SliceLayout(1, mma)) < up0      # gate / up column exists
+        else:
+            ok = on < N
         om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, on % N, om, ok[:, None] & (om < M)[None, :], M, N,
-                                  SPLIT_K)
+        acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, on, om, ok[:, None] & (om < M)[None, :], M, N, SPLIT_K)
         if last:
             _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
 
