@@ -586,6 +586,25 @@ def test_gvt_config_checked():
     assert cx["EVEN_K"] and cx["BITS"] == 8
 
 
+def test_gvr_plan():
+    """The TMA-ring GEMV's persistent grid: a multiple of the K split (a program keeps one slice), at most the units
+    (x tiles x row blocks x slices) and CTAS programs per SM; boxes of 512 k only where K allows, else 256; one x
+    tile up to M = 8, two above; SwiGLU units of 8 W gate rows and their up rows."""
+    cfg = dict(path="gvr", NB=4, STAGES=8, num_warps=4, CTAS=2, SPLIT_K=4, MIN_PROGRAMS=2048)
+    kernel, grid, split, cx = WO.launch._plan(cfg, 1, 28672, 4096, 4, 128, False, True, False, 132)
+    assert grid == (264,) and split == 4 and cx["NB"] == 4 and cx["MT"] == 1 and not cx["SWIGLU"]
+    assert "CTAS" not in cx and "MIN_PROGRAMS" not in cx and cx["STAGES"] == 8 and cx["num_warps"] == 4
+    _, grid, split, cx = WO.launch._plan(cfg, 12, 1024, 4352, 4, 128, True, True, False, 132)
+    # 17 boxes of 256 k split 4 ways: slices of 5, 5, 5, 2; 16 row blocks x 1 x tile x 4 slices = 64 units
+    assert cx["NB"] == 2 and split == 4 and grid == (64,) and cx["MT"] == 2 and cx["HAS_BIAS"]
+    _, grid, split, cx = WO.launch._plan(dict(cfg, SPLIT_K=1), 3, 200, 4096, 4, -1, False, True, True, 132)
+    assert cx["SWIGLU"] and split == 1 and grid == (4,)          # 100 gate / up column pairs in 32-row units
+    assert WO.launch._gvr_tiles(3, 200, cx) == 4 and WO.launch.fused_swiglu(cfg)
+    _, grid, split, _ = WO.launch._plan(dict(cfg, SPLIT_K=3, MIN_PROGRAMS=1 << 30), 1, 4096, 4096, 4, 128, False,
+                                        True, False, 7)
+    assert split == 3 and grid == (12,) and grid[0] % split == 0    # 2 x 7 programs rounded down to the split
+
+
 def test_force_path_is_scoped_and_checked():
     assert WO.dispatch.forced_path() is None
     with WO.force_path("mm-splitk"):

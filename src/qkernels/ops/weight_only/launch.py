@@ -8,7 +8,8 @@ import importlib
 import torch
 
 from ... import configs
-from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, splitk_scratch
+from ..._runtime import (alloc, cdiv, ensure_context, k_splits, launch, next_pow2, num_sms, pdl_options,
+                         splitk_scratch)
 from .dispatch import GV_K, GVT_K, SUPPORTED, TC_K, WG_K
 
 
@@ -23,10 +24,11 @@ _PLANS: dict = {}
 
 
 def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool,
-          swiglu: bool = False):
+          swiglu: bool = False, sms: int = 1):
     """kernel, grid, split and constexprs of a gemv / mm launch: worked out once per shape and config, so
-    an eager call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu)."""
-    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu)
+    an eager call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu); sms:
+    the GPU's multiprocessors (the persistent gvr grid)."""
+    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms)
     hit = _PLANS.get(key)
     if hit is not None:
         return hit[1]
@@ -62,6 +64,18 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         if swiglu:
             constexprs["SWIGLU"] = True
         return _keep_plan(key, cfg, (_kernels("gvt")._wo_gvt_kernel, (grid_n, split, grid_m), split, constexprs))
+    if cfg["path"] == "gvr":
+        # persistent programs (CTAS per SM) over units of 16 W weight rows (SwiGLU: 8 W gate rows and their up rows)
+        # x one x tile of 8 MT rows x one K slice; a box is 128 NB k (NB = 2 where K is no multiple of 512); the
+        # grid is a multiple of the split and at most the units
+        mt = 1 if M <= 8 else 2
+        rows = 8 * p["num_warps"] if swiglu else 16 * p["num_warps"]
+        tiles = cdiv(N // 2 if swiglu else N, rows) * cdiv(M, 8 * mt)
+        nb = p["NB"] if K % (128 * p["NB"]) == 0 else 2
+        split = k_splits(split, K // (128 * nb), tiles, p.pop("MIN_PROGRAMS", None))
+        grid = min(tiles * split, max(1, p.pop("CTAS") * sms // split) * split)
+        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, MT=mt, SWIGLU=swiglu, **dict(p, NB=nb))
+        return _keep_plan(key, cfg, (_kernels("gvr")._wo_gvr_kernel, (grid,), split, constexprs))
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
@@ -110,7 +124,7 @@ def fused_swiglu(cfg: dict) -> bool:
     """Whether the config's kernel applies SwiGLU itself (the GEMVs: gemv / gv with an even BLOCK_N, pairs of gate /
     up rows; gvt, gate and up rows in one thread; wg, gate and up halves of a tile paired in its epilogue);
     elsewhere silu_and_mul runs after the product."""
-    return cfg["path"] in ("gvt", "wg") or cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
+    return cfg["path"] in ("gvt", "gvr", "wg") or cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
 
 
 def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg, swiglu=False):
@@ -120,17 +134,23 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     output tile (_runtime.splitk_scratch: both kept per stream)."""
     M, K = x2.shape
     N = qweight.shape[0]
-    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu)
+    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu,
+                                            num_sms(x2.device) if cfg["path"] == "gvr" else 1)
     bias_arg = bias if bias is not None else scale_zero
     if split > 1:
         tiles = (grid[0] * grid[2] if cfg["path"] in ("tc", "gv", "gvt") else grid[0] * grid[1] if cfg["path"] == "gemv"
-                 else grid[0])
+                 else _gvr_tiles(M, N, constexprs) if cfg["path"] == "gvr" else grid[0])
         ws, cnt = splitk_scratch(x2.device, split * M * N, tiles)
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
     if cfg["path"] in ("tc", "gv", "gvt"):
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl_options(x2.device))
+    elif cfg["path"] == "gvr":
+        w_rows = 16 * constexprs["num_warps"] // (2 if swiglu else 1)
+        launch(kernel, grid, _box_descriptor(qweight, w_rows, 64 * constexprs["NB"]), x2, scale_zero, bias_arg, out,
+               M, N, K, x2.stride(0), scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs,
+               **pdl_options(x2.device))
     elif cfg["path"] == "wg":
         # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
         # descriptor only by its class: its dtype follows out's, its blocks the constexprs
@@ -160,6 +180,19 @@ def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
     ensure_context(x2.device)
     return (desc.from_tensor(x2, [block_m, WG_K], x_layout),
             desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
+
+
+def _gvr_tiles(M: int, N: int, cx: dict) -> int:
+    """The gvr kernel's output tiles (its split-K counters): x tiles x row blocks."""
+    rows = 8 * cx["num_warps"] if cx["SWIGLU"] else 16 * cx["num_warps"]
+    return cdiv(M, 8 * cx["MT"]) * cdiv(N // 2 if cx["SWIGLU"] else N, rows)
+
+
+def _box_descriptor(qweight, rows: int, cols: int):
+    """TMA descriptor of the code bytes [N, K / 2] in unswizzled boxes [rows, cols] (the gvr ring's)."""
+    desc, _, w_layout = _wg_layouts()
+    ensure_context(qweight.device)
+    return desc.from_tensor(qweight, [rows, cols], w_layout)
 
 
 def _dequant_into(qweight, scale_zero, w, bits, group_size, cfg):
