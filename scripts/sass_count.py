@@ -118,7 +118,7 @@ def w4a16_wg(swiglu: bool = False):
 
 def w4a16_gvr(swiglu: bool = False):
     """The Gluon TMA-ring GEMV: 4-bit, g128, 4 warps (64-row boxes of 256 k), 8 stages, K split 4, one x tile. The
-    loop is the largest one with the MMAs (the epilogue of a unit sits inside it, behind a branch)."""
+    loop over a unit's boxes is the smallest one with the MMAs (the loop over units holds it and the epilogue)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qkernels.kernels.weight_only.gvr import _wo_gvr_kernel as k
@@ -126,10 +126,11 @@ def w4a16_gvr(swiglu: bool = False):
     cx = dict(GROUP=128, HAS_BIAS=False, NB=nb, STAGES=8, MT=1, SPLIT_K=4, SWIGLU=swiglu, PDL=False)
     wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
     hb = 16 * w // (2 if swiglu else 1)
-    types = dict(w_desc=f"tensordesc<u8[{hb},{64 * nb}],{wl}>", x_ptr="*fp16", sz_ptr="*fp16", bias_ptr="*fp16",
-                 out_ptr="*fp16", M="i32", N="i32", K="i32", stride_xm="i32", stride_sn="i32", stride_om="i32",
-                 ws_ptr="*fp32", cnt_ptr="*i32")
-    return k, types, cx, w, GluonASTSource, 16 * 64 * nb // 32, "HMMA"
+    xl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)"
+    types = dict(w_desc=f"tensordesc<u8[{hb},{64 * nb}],{wl}>", x_desc=f"tensordesc<fp16[8,{128 * nb}],{xl}>",
+                 sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32",
+                 stride_om="i32", ws_ptr="*fp32", cnt_ptr="*i32")
+    return k, types, cx, w, GluonASTSource, 16 * 64 * nb // 32, "HMMA", "smallest"
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,

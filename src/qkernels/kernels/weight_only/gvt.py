@@ -187,7 +187,13 @@ def _load_x(p, k0, K, xm, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
     lo = lo.to(gl.int32)
     if BITS == 8:
         return lo, lo1, lo, lo1
-    hi = gl.load(p + k0 // 4 + 8, mask=ok, other=0)
+    return _x_regs(lo, lo1, gl.load(p + k0 // 4 + 8, mask=ok, other=0))
+
+
+@gluon.jit
+def _x_regs(lo, lo1, hi):
+    """4-bit: the B registers of a step from x's 8-byte words at a code word's low-nibble k (lo, as its low and high
+    halves lo and lo1) and high-nibble k (hi)."""
     hi1 = (hi >> 32).to(gl.int32)
     hi = hi.to(gl.int32)
     return gl.inline_asm_elementwise(asm=_XPERM, constraints="=r,=r,=r,=r,r,r,r,r", args=[lo, lo1, hi, hi1],

@@ -147,10 +147,9 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl_options(x2.device))
     elif cfg["path"] == "gvr":
-        w_rows = 16 * constexprs["num_warps"] // (2 if swiglu else 1)
-        launch(kernel, grid, _box_descriptor(qweight, w_rows, 64 * constexprs["NB"]), x2, scale_zero, bias_arg, out,
-               M, N, K, x2.stride(0), scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs,
-               **pdl_options(x2.device))
+        w_desc, x_desc = _gvr_descriptors(x2, qweight, constexprs, swiglu)
+        launch(kernel, grid, w_desc, x_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
+               ws, cnt, **constexprs, **pdl_options(x2.device))
     elif cfg["path"] == "wg":
         # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
         # descriptor only by its class: its dtype follows out's, its blocks the constexprs
@@ -188,11 +187,20 @@ def _gvr_tiles(M: int, N: int, cx: dict) -> int:
     return cdiv(M, 8 * cx["MT"]) * cdiv(N // 2 if cx["SWIGLU"] else N, rows)
 
 
-def _box_descriptor(qweight, rows: int, cols: int):
-    """TMA descriptor of the code bytes [N, K / 2] in unswizzled boxes [rows, cols] (the gvr ring's)."""
+def _gvr_descriptors(x2, qweight, cx: dict, swiglu: bool):
+    """TMA descriptors of the gvr ring's boxes, unswizzled: code bytes [N, K / 2] in [16 W, 64 NB] (SwiGLU: half the
+    rows, gate and up), x [M, K] in [8 MT, 128 NB]."""
     desc, _, w_layout = _wg_layouts()
-    ensure_context(qweight.device)
-    return desc.from_tensor(qweight, [rows, cols], w_layout)
+    ensure_context(x2.device)
+    rows = 16 * cx["num_warps"] // (2 if swiglu else 1)
+    return (desc.from_tensor(qweight, [rows, 64 * cx["NB"]], w_layout),
+            desc.from_tensor(x2, [8 * cx["MT"], 128 * cx["NB"]], _gvr_x_layout()))
+
+
+@functools.cache
+def _gvr_x_layout():
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout(0, 16, rank=2)
 
 
 def _dequant_into(qweight, scale_zero, w, bits, group_size, cfg):
