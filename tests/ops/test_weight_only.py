@@ -489,6 +489,33 @@ def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
         _check(full, _ref(x, pw, bias), dtype)
 
 
+@gpu
+@pytest.mark.parametrize("cfg", [dict(NB=2, STAGES=8, num_warps=4, CTAS=2),
+                                 dict(NB=4, STAGES=3, num_warps=2, CTAS=1, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
+                                 dict(NB=2, STAGES=2, num_warps=8, CTAS=1, SPLIT_K=2, MIN_PROGRAMS=1 << 30)])
+def test_gvr_units_tails_and_swiglu(cfg):
+    """The TMA-ring GEMV over its persistent units: row and x-row tails (rows past N / M read as zeros, not
+    stored), K slices of unequal length, more units than programs, one and two x tiles and more x tiles than one
+    (M > 16), bias, groups and per channel; SwiGLU bit-identical to the product followed by silu_and_mul. Against
+    the reference; split-K counters back at zero."""
+    cfg = dict(path="gvr", **cfg)
+    cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 64, 256, DEVICE)
+    for M, N, k, group_size in ((1, 200, 512, 128), (5, 72, 768, -1), (12, 300, 1280, 256), (16, 64, 256, 128),
+                                (20, 136, 512, 128)):
+        pw = _weight(N, k, 4, group_size, False)
+        assert WO.gvr_supported(4, k, pw.group_size, pw.qweight, torch.float16, pw.int_zeros)
+        x = torch.randn(M, k, device=DEVICE, dtype=torch.float16)
+        bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
+            glu = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg,
+                                       swiglu=True)
+        _check(got, _ref(x, pw, bias), torch.float16)
+        assert glu.shape == (M, N // 2) and not torch.isnan(glu).any(), "unwritten (poisoned) or NaN outputs"
+        assert_bit_exact(glu, qk.silu_and_mul(got), f"M={M} N={N}")
+    assert all(not buf.any() for buf in _runtime._COUNTERS.values()), "split-K counters left non-zero"
+
+
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("-splitk")])
 def test_splitk_fixup_counters_and_graphs(path):
     """Split-K partials are added by the last program of each tile (every kernel: no second launch), counted
