@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .gluon_shared import PER_CHANNEL, _pdl_wait, _tile_sums_at
-from .gvt import _axis, _gvt_epilogue, _layout, _load_sz, _mma_step, _x_regs
+from .gvt import _axis, _gvt_epilogue, _layout, _load_sz, _mma_step, _out_index, _x_regs
 
 BLOCK: gl.constexpr = gl.constexpr(128)       # k per block: 16 code words of a row
 
@@ -283,15 +283,7 @@ def _unit_out(acc0, acc1, ws_ptr, cnt_ptr, bias_ptr, out_ptr, stride_om, rb, mt,
     else:
         row_a = rb * (16 * W) + tile * 16 + g
         row_b = row_a + 8
-    e4 = gl.sum(e, axis=3)
-    t4 = gl.sum(t, axis=3)
-    row = gl.where(e4 < 2, gl.sum(row_a, axis=3), gl.sum(row_b, axis=3)) + 0 * t4
-    m0 = mt * (8 * MT)
-    tok = m0 + 2 * t4 + e4 % 2 + 0 * row
-    if SWIGLU:
-        ok_row = gl.sum(row_a, axis=3) + 0 * row < N // 2
-    else:
-        ok_row = row < N
+    row, tok, ok_row, e4 = _out_index(row_a, row_b, t, e, mt * (8 * MT), N, SWIGLU)
     out0, out1, last = _tile_sums_at(acc0, acc1, ws_ptr, cnt_ptr, mt * n_rb + rb, ks, tok, row, ok_row, M, N, MT,
                                      SPLIT_K)
     if last:

@@ -357,18 +357,26 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
 
-    # element (tile, g, t, e): weight row a (e < 2) or b, x row m0 (+ 8 for acc1) + 2 t + e % 2
+    row, tok, ok_row, e4 = _out_index(row_a, row_b, t, e, m0, N, SWIGLU)
+    out0, out1, last = _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT, SPLIT_K)
+    if last:
+        _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
+
+
+@gluon.jit
+def _out_index(row_a, row_b, t, e, m0, N, SWIGLU: gl.constexpr):
+    """Where the summed accumulators' elements go: element (tile, g, t, e) of [TILES, 8, 4, 4] is weight row a
+    (e < 2) or b and x row m0 (+ 8 for the second x tile) + 2 t + e % 2. Returns (row, tok, ok_row: the row exists
+    (SWIGLU: gate c and up c for c < N / 2), e4 [1, 1, 1, 4])."""
     e4 = gl.sum(e, axis=3)                                            # [1, 1, 1, 4]
     t4 = gl.sum(t, axis=3)                                            # [1, 1, 4, 1]
     row = gl.where(e4 < 2, gl.sum(row_a, axis=3), gl.sum(row_b, axis=3)) + 0 * t4      # [TILES, 8, 4, 4]
     tok = m0 + 2 * t4 + e4 % 2 + 0 * row
-    if SWIGLU:    # the rows that exist: gate c and up c for c < N / 2
+    if SWIGLU:
         ok_row = gl.sum(row_a, axis=3) + 0 * row < N // 2
     else:
         ok_row = row < N
-    out0, out1, last = _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT, SPLIT_K)
-    if last:
-        _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
+    return row, tok, ok_row, e4
 
 
 @gluon.jit

@@ -68,13 +68,12 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         # persistent programs (CTAS per SM) over units of 16 W weight rows (SwiGLU: 8 W gate rows and their up rows)
         # x one x tile of 8 MT rows x one K slice; a box is 128 NB k (NB = 2 where K is no multiple of 512); the
         # grid is a multiple of the split and at most the units
-        mt = 1 if M <= 8 else 2
-        rows = 8 * p["num_warps"] if swiglu else 16 * p["num_warps"]
-        tiles = cdiv(N // 2 if swiglu else N, rows) * cdiv(M, 8 * mt)
-        nb = p["NB"] if K % (128 * p["NB"]) == 0 else 2
-        split = k_splits(split, K // (128 * nb), tiles, p.pop("MIN_PROGRAMS", None))
-        grid = min(tiles * split, max(1, p.pop("CTAS") * sms // split) * split)
-        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, MT=mt, SWIGLU=swiglu, **dict(p, NB=nb))
+        ctas, min_programs = p.pop("CTAS"), p.pop("MIN_PROGRAMS", None)
+        p["NB"] = p["NB"] if K % (128 * p["NB"]) == 0 else 2
+        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, MT=1 if M <= 8 else 2, SWIGLU=swiglu, **p)
+        tiles = _gvr_tiles(M, N, constexprs)
+        split = constexprs["SPLIT_K"] = k_splits(split, K // (128 * p["NB"]), tiles, min_programs)
+        grid = min(tiles * split, max(1, ctas * sms // split) * split)
         return _keep_plan(key, cfg, (_kernels("gvr")._wo_gvr_kernel, (grid,), split, constexprs))
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
