@@ -1,4 +1,6 @@
 """Fused decoder-block modules (src/qkernels/nn/fused.py) and their wiring by quantize_."""
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -6,8 +8,8 @@ from torch import nn
 import qkernels as qk
 from qkernels import reference as ref
 from qkernels.nn import QuantizedLinear
-from qkernels.nn.convert import load_quantized, quantize_, save_quantized
-from qkernels.nn.fused import QuantizedMLP, RMSNorm, fusable
+from qkernels.nn.convert import CONFIG_NAME, load_quantized, quantize_, save_quantized
+from qkernels.nn.fused import QKVPart, QuantizedMLP, RMSNorm, fusable, linear_count
 from tests.conftest import DEVICE, ON_GPU
 from tests.helpers import assert_bit_exact, rel_err
 
@@ -53,7 +55,8 @@ def test_fused_model_matches_unfused(arch, scheme):
         assert isinstance(layer.input_layernorm, RMSNorm)
     assert isinstance(model.model.norm, RMSNorm)
     assert not any(isinstance(m, (RMSNorm, QuantizedMLP)) for m in plain.modules())
-    assert sum(isinstance(m, QuantizedLinear) for m in model.modules()) == 2 * 6
+    assert sum(isinstance(m, QuantizedLinear) for m in model.modules()) == 2 * 4      # q|k|v, o, gate|up, down
+    assert linear_count(model) == linear_count(plain) == 2 * 7
     # same quantization points, different rounding of the SwiGLU (one rounding instead of two)
     assert rel_err(got, unfused) < (0.02 if scheme == "w8a8" else 0.05)
     assert rel_err(got, want) < (0.03 if scheme == "w8a8" else 0.08)
@@ -189,8 +192,86 @@ def test_weight_only_fused_save_load_and_gptq_round_trip(tmp_path):
     save_quantized(model, tmp_path / "gptq", format="gptq")
     back = qk.load_pretrained(tmp_path / "gptq", device=DEVICE)
     assert isinstance(back.model.layers[0].mlp.gate_proj, QuantizedLinear)
+    assert isinstance(back.model.layers[0].self_attn.k_proj, QuantizedLinear)       # q|k|v written separately
+    for a, b in zip(back.model.layers, model.model.layers):
+        assert_bit_exact(torch.cat([getattr(a.self_attn, p + "_proj").qweight for p in "qkv"]),
+                         b.self_attn.qkv_proj.qweight)
     for a, b in zip(back.model.layers, model.model.layers):
         assert_bit_exact(a.post_attention_layernorm.weight, b.mlp.norm.weight)
         assert_bit_exact(torch.cat([a.mlp.gate_proj.qweight, a.mlp.up_proj.qweight]), b.mlp.gate_up_proj.qweight)
     with torch.no_grad():
         assert rel_err(back(ids).logits.float(), want.float()) < 0.02
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("scheme,kw", [("w8a8", {}), ("w4a16", dict(group_size=32))], ids=["w8a8", "w4a16"])
+def test_fused_qkv_is_the_merged_product(arch, scheme, kw):
+    """quantize_ runs an attention's q / k / v as one layer holding the three layers' codes; each projection is its
+    slice of that product, bit for bit, whatever order the parts are called in; nothing is held once all three are
+    taken; a part called with another input computes that input's product."""
+    model, cfg = _tiny(arch)
+    plain = _copy(model, cfg)
+    quantize_(model, scheme, progress=False, **kw)
+    quantize_(plain, scheme, progress=False, fuse=False, **kw)
+    names = ["qweight", "scale_zero"] if scheme == "w4a16" else ["weight", "weight_scale"]
+    for layer, other in zip(model.model.layers, plain.model.layers):
+        attn, sep = layer.self_attn, other.self_attn
+        assert all(isinstance(getattr(attn, n), QKVPart) for n in ("q_proj", "k_proj", "v_proj"))
+        for n in names:
+            parts = [getattr(getattr(sep, p + "_proj"), n) for p in "qkv"]
+            assert_bit_exact(getattr(attn.qkv_proj, n), torch.cat(parts))
+    assert not any(k.endswith(("q_proj.weight", "q_proj.qweight")) for k in model.state_dict())
+    attn = model.model.layers[1].self_attn
+    shared = attn.q_proj.shared
+    x = torch.randn(3, 5, 64, device=DEVICE, dtype=torch.float16)
+    with torch.no_grad():
+        full = attn.qkv_proj(x)
+        q, k, v = full.split(list(shared.sizes), dim=-1)
+        got_v, got_q, got_k = attn.v_proj(x), attn.q_proj(x), attn.k_proj(x)
+        assert shared._x is None and shared._out is None          # all three taken
+        for got, want in ((got_q, q), (got_k, k), (got_v, v)):
+            assert_bit_exact(got, want)
+        sep = plain.model.layers[1].self_attn
+        assert rel_err(got_k, sep.k_proj(x)) < 2e-3           # the separate layer: same codes, its own GEMM
+        y = torch.randn_like(x)
+        assert_bit_exact(attn.q_proj(x), q)
+        assert_bit_exact(attn.k_proj(y), attn.qkv_proj(y).split(list(shared.sizes), dim=-1)[1])   # not x's slice
+    assert attn.k_proj.layer().out_features == shared.sizes[1]
+    assert_bit_exact(getattr(attn.k_proj.layer(), names[0]), getattr(sep.k_proj, names[0]))
+
+
+def test_fused_qkv_traces_whole_and_holds_nothing():
+    """torch.compile (fullgraph) traces the three parts as one product with no break, as the Hugging Face compiled
+    path runs them, and leaves no tensor behind."""
+    model, _ = _tiny("llama")
+    quantize_(model, "w4a16", group_size=32, progress=False)
+    ids = torch.randint(0, 128, (2, 7), device=DEVICE)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        want = model(ids).logits
+        got = compiled(ids).logits
+    assert_bit_exact(got, want)
+    for layer in model.model.layers:
+        shared = layer.self_attn.q_proj.shared
+        assert shared._x is None and shared._out is None
+
+
+def test_fused_qkv_save_load(tmp_path):
+    """save_quantized / load_quantized keep q|k|v fused (bit-identical logits); a checkpoint whose fused entry does
+    not fit the model is refused before the model changes."""
+    model, cfg = _tiny("qwen3")
+    quantize_(model, "w8a8", progress=False)
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    save_quantized(model, tmp_path)
+    loaded = load_quantized(cfg, tmp_path, device=DEVICE).eval()
+    assert isinstance(loaded.model.layers[0].self_attn.v_proj, QKVPart)
+    with torch.no_grad():
+        assert_bit_exact(loaded(ids).logits, model(ids).logits)
+    conf = tmp_path / CONFIG_NAME
+    doc = json.loads(conf.read_text())
+    attn = next(iter(doc["fused"]["qkv"]))
+    doc["fused"]["qkv"][attn]["sizes"] = [64, 32, 31]
+    conf.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="fused q|k|v entry"):
+        load_quantized(cfg, tmp_path, device=DEVICE)

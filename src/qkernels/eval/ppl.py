@@ -165,9 +165,8 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
     quantized HF model: the same weights, the runtime's merged projections, kernels and attention). text: a
     UTF-8 file to evaluate on instead of lee_background.cor (long enough for the calibration tokens too)."""
     from ..models import from_pretrained
-    from ..nn import QuantizedLinear
     from ..nn.convert import quantize_
-    from ..nn.fused import QuantizedMLP
+    from ..nn.fused import linear_count
     if model_name != "smollm2":
         raise ValueError(f"model must be 'smollm2', got {model_name!r}")
     on_gpu = torch.cuda.is_available()
@@ -221,9 +220,7 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
             elif "method" in kw:
                 kw["calibration"] = calib_wo
             quantize_(m, scheme, progress=False, **kw)
-        # linears now quantized: a fused QuantizedMLP holds gate and up as one QuantizedLinear
-        nq = sum(isinstance(x, QuantizedLinear) for x in m.modules()) + sum(
-            isinstance(x, QuantizedMLP) for x in m.modules())
+        nq = linear_count(m)       # fused gate|up and q|k|v count as the linears they replace
         record(spec, m, dtype, nq, t0)
         del m
     _check_targets(rows)

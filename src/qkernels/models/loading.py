@@ -110,9 +110,12 @@ class _ModuleSource(Source):
         return part.take(t.detach()) if part else t.detach()
 
     def linear(self, name: str, bias: bool, dtype: torch.dtype, part: Part | None = None) -> nn.Module:
+        from ..nn.fused import QKVPart
         mod = self._module(name)
         if mod is None:
             raise ValueError(f"the model has no module {name!r}")
+        if isinstance(mod, QKVPart):         # fused q|k|v (quantize_'s fuse): its rows of qkv_proj
+            mod = mod.layer()
         return shard_linear(mod, part, name) if part else mod
 
     def act_order(self, name: str) -> torch.Tensor | None:

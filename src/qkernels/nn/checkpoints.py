@@ -348,7 +348,7 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
     check it), never a half-written file."""
     from safetensors.torch import save_file
 
-    from .fused import QuantizedMLP
+    from .fused import QKV_NAMES, QuantizedMLP, qkv_groups
     mlps = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedMLP)}
     inside = tuple(f"{p}." for p in mlps)
     qs = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear) and not n.startswith(inside)}
@@ -360,6 +360,9 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
         qs[f"{p}.gate_proj"], qs[f"{p}.up_proj"] = m.gate_up_proj.split([m.intermediate_size] * 2)
         qs[f"{p}.down_proj"] = m.down_proj
         norms[f"{p[:-len('mlp')]}post_attention_layernorm.weight"] = m.norm.weight.detach().contiguous().cpu()
+    for attn, g in qkv_groups(model).items():     # fused q|k|v: written as the three projections
+        del qs[f"{attn}.qkv_proj"]
+        qs.update({f"{attn}.{n}": part for n, part in zip(QKV_NAMES, g.proj.split(list(g.sizes)))})
     if not qs:
         raise ValueError("model has no QuantizedLinear layers: nothing to write in the GPTQ format")
     bad = [n for n, m in qs.items() if not m.scheme.weight_only]

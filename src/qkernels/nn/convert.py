@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .fused import QuantizedMLP, RMSNorm, fusable_quantized, is_rms_norm
+from .fused import QKV_NAMES, QuantizedMLP, RMSNorm, fuse_qkv, fuse_qkv_, fusable_quantized, is_rms_norm, qkv_groups
 from ..schemes import PER_CHANNEL, SCHEME_NAMES, W8A8, Scheme, parse_scheme
 from .linear import QuantizedLinear
 
@@ -100,7 +100,8 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
     decoder layer's post-attention RMSNorm + SwiGLU MLP whose projections were all quantized becomes a
     qkernels.nn.QuantizedMLP: gate and up run as one GEMM (their codes concatenated), the w8a8 schemes'
     norm and SwiGLU kernels quantize the activations they produce, the weight-only schemes apply SwiGLU in
-    the gate|up call (qkernels.nn.fused).
+    the gate|up call (qkernels.nn.fused); and each attention module's q / k / v projections, all quantized
+    alike, run as one GEMM (`<attn>.qkv_proj`; q_proj / k_proj / v_proj become its slices: qkernels.nn.QKVPart).
     Returns the model.
     """
     if not isinstance(model, nn.Module):
@@ -197,6 +198,7 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
         for layer in [m for m in model.modules() if fusable_quantized(m)]:
             layer.mlp = QuantizedMLP.from_quantized(layer.post_attention_layernorm, layer.mlp)
             layer.post_attention_layernorm = nn.Identity()
+        fuse_qkv_(model)
     if device is not None or dtype is not None:
         model.to(device=device, dtype=dtype)   # QuantizedLinear keeps its codes' and fp32 scales' dtypes
     if skipped:
@@ -277,7 +279,8 @@ def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
                       for n, m in model.named_modules() if isinstance(m, QuantizedMLP)},
              "norms": {n: {"hidden": m.weight.shape[0], "eps": m.variance_epsilon}
                        for n, m in model.named_modules()
-                       if isinstance(m, RMSNorm) and not isinstance(_parent(model, n), QuantizedMLP)}}
+                       if isinstance(m, RMSNorm) and not isinstance(_parent(model, n), QuantizedMLP)},
+             "qkv": {n: {"sizes": list(g.sizes)} for n, g in qkv_groups(model).items()}}
     cfg = {"format": "qkernels", "version": FORMAT_VERSION, "weights": weights, "weights_blake2b": digest,
            "layers": layers, "aliases": aliases, "fused": fused}
     hf_cfg = getattr(model, "config", None)
@@ -376,6 +379,23 @@ def _check_fused_target(model: nn.Module, name: str, e: dict, file: Path) -> Non
     _check_target(model, f"{name}.gate_proj", {"out_features": e["intermediate"], "in_features": e["hidden"]}, file)
 
 
+def _check_qkv_target(model: nn.Module, name: str, e: dict, layer: dict | None, file: Path) -> None:
+    """A fused q|k|v entry: its merged layer is in the file's layers, its sizes add up to that layer's rows, and
+    the attention module it replaces has projections of those sizes."""
+    sizes = e.get("sizes") if isinstance(e, dict) else None
+    if (layer is None or not isinstance(sizes, list) or len(sizes) != len(QKV_NAMES)
+            or not all(isinstance(n, int) and n > 0 for n in sizes) or sum(sizes) != layer.get("out_features")):
+        raise ValueError(f"{file}: fused q|k|v entry {name!r} needs a layer of that name with out_features equal to "
+                         f"the sum of {len(QKV_NAMES)} positive sizes, got sizes {sizes} and layer {layer}")
+    attn = name.rpartition(".")[0]
+    for proj, n in zip(QKV_NAMES, sizes):
+        try:
+            model.get_submodule(f"{attn}.{proj}")
+        except AttributeError:
+            raise ValueError(f"{file}: fused q|k|v entry {name!r}: the model has no {attn}.{proj}") from None
+        _check_target(model, f"{attn}.{proj}", {"out_features": n, "in_features": layer["in_features"]}, file)
+
+
 def _check_tensors(file: Path, state: dict, expected: dict, aliases: dict) -> None:
     """Every tensor the model needs is in the file, with its shape, and nothing else is."""
     have = set(state) | set(aliases)
@@ -443,6 +463,10 @@ def load_quantized(model_or_config, path, *, device="cpu") -> nn.Module:
     for name, e in fused.get("norms", {}).items():
         staged.append((name, RMSNorm(e["hidden"], e["eps"], device="meta")))
     in_mlp = {p for p, m in staged if isinstance(m, QuantizedMLP)}
+    qkv = {f"{n}.qkv_proj": e for n, e in fused.get("qkv", {}).items()}
+    for name, e in qkv.items():     # its projections: slices of qkv_proj (fuse_qkv, once all is checked)
+        _check_qkv_target(model, name, e, cfg["layers"].get(name), src / CONFIG_NAME)
+        staged += [(f"{name.rpartition('.')[0]}.{proj}", nn.Identity()) for proj in QKV_NAMES]
     for name, e in cfg["layers"].items():
         if not any(name.startswith(p + ".") for p in in_mlp):
             _check_target(model, name, e, src / CONFIG_NAME)
@@ -477,6 +501,9 @@ def load_quantized(model_or_config, path, *, device="cpu") -> nn.Module:
     # all checks passed: swap in, assign
     for p, mod in staged:
         _set_module(model, p, mod)
+    for name, e in qkv.items():      # q_proj / k_proj / v_proj become the slices of the loaded qkv_proj
+        attn = name.rpartition(".")[0]
+        fuse_qkv(model.get_submodule(attn), model.get_submodule(name), e["sizes"])
     for name, target in aliases.items():
         state[name] = state[target]
     model.load_state_dict(state, strict=True, assign=True)

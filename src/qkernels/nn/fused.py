@@ -10,9 +10,15 @@
   the gate|up product with SwiGLU applied in the same call (at decode sizes in the GEMV's epilogue:
   QuantizedLinear.forward_swiglu), then down: one launch and the eager SwiGLU ops fewer per layer.
 
-Attention stays the model's own (PyTorch scaled_dot_product_attention): the q/k/v projections
-still quantize the input norm's output themselves, because the model's attention module calls them
-separately.
+- `QuantizedQKV`: an attention module's q / k / v projections as one GEMM, [q; k; v] (`<attn>.qkv_proj`, a
+  QuantizedLinear). The module calls `q_proj`, `k_proj` and `v_proj` one after the other on the same input, so
+  they become `QKVPart` modules without tensors of their own: the first call runs the merged product and keeps
+  its three slices until each has been taken (nothing outlives the three calls, so nothing escapes a compiled or
+  captured step). A part called with another input than the one its slices came from runs the product again:
+  never a stale slice. One launch (w8a8: one activation quantization) instead of three; at decode the k and v
+  products are too small to fill the GPU on their own.
+
+Attention stays the model's own (PyTorch scaled_dot_product_attention).
 
 On a plain CPU (no GPU, no interpreter) the modules run the reference twins, like QuantizedLinear.
 """
@@ -120,6 +126,91 @@ class QuantizedMLP(nn.Module):
 
     def extra_repr(self) -> str:
         return f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, scheme={self.scheme.name!r}"
+
+
+class QuantizedQKV:
+    """The shared state of an attention module's three QKVPart modules: its merged projection (`attn.qkv_proj`,
+    registered on the attention module, so .to() and state_dict see it once) and the slices of the last product
+    until all three are taken. Not a module: the parts refer to it without owning the tensors."""
+
+    def __init__(self, proj: QuantizedLinear, sizes):
+        self.proj, self.sizes = proj, tuple(int(n) for n in sizes)
+        self._x = self._out = None
+        self._taken = 0
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if self._x is not x:                 # a new input (or a part called twice): the product of this one
+            self._out, self._x, self._taken = self.proj(x).split(self.sizes, dim=-1), x, 0
+        out = self._out[index]
+        self._taken += 1
+        if self._taken == len(self.sizes):   # all three taken: hold nothing between steps
+            self._x = self._out = None
+        return out
+
+
+class QKVPart(nn.Module):
+    """q_proj, k_proj or v_proj of an attention module whose projections run as one GEMM (fuse_qkv_): slice
+    `index` of the merged product. No tensors of its own; `layer()` is its rows of the merged layer as a
+    QuantizedLinear (views), what loaders and writers that want the separate projection take."""
+
+    def __init__(self, shared: QuantizedQKV, index: int):
+        super().__init__()
+        object.__setattr__(self, "shared", shared)      # not a submodule: the attention module owns qkv_proj
+        self.index = index
+        self.in_features, self.out_features = shared.proj.in_features, shared.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared.part(x, self.index)
+
+    def layer(self) -> QuantizedLinear:
+        return self.shared.proj.split(list(self.shared.sizes))[self.index]
+
+    def extra_repr(self) -> str:
+        return f"rows {sum(self.shared.sizes[:self.index])}:{sum(self.shared.sizes[:self.index + 1])} of qkv_proj"
+
+
+QKV_NAMES = ("q_proj", "k_proj", "v_proj")
+
+
+def fuse_qkv(attn: nn.Module, proj: QuantizedLinear, sizes) -> None:
+    """Make `attn`'s q_proj / k_proj / v_proj the slices of `proj` ([q; k; v] rows of `sizes`)."""
+    shared = QuantizedQKV(proj, sizes)
+    attn.qkv_proj = proj
+    for i, n in enumerate(QKV_NAMES):
+        setattr(attn, n, QKVPart(shared, i))
+
+
+def fusable_qkv(attn: nn.Module) -> bool:
+    """An attention module with q_proj / k_proj / v_proj QuantizedLinear layers that concatenate (one scheme, one
+    input, ...: concat_problem)."""
+    lins = [getattr(attn, n, None) for n in QKV_NAMES]
+    return (all(isinstance(m, QuantizedLinear) for m in lins) and not hasattr(attn, "qkv_proj")
+            and concat_problem(lins) is None)
+
+
+def fuse_qkv_(model: nn.Module) -> int:
+    """Every attention module of `model` whose q / k / v projections are concatenable QuantizedLinear layers runs
+    them as one (QuantizedLinear.concat: the same codes). Returns how many were fused."""
+    attns = [m for m in model.modules() if fusable_qkv(m)]
+    for attn in attns:
+        lins = [getattr(attn, n) for n in QKV_NAMES]
+        fuse_qkv(attn, QuantizedLinear.concat(lins), [m.out_features for m in lins])
+        del lins
+    return len(attns)
+
+
+def qkv_groups(model: nn.Module) -> dict:
+    """{attention module name: its QuantizedQKV} of a model with fused q / k / v projections."""
+    return {n.rpartition(".")[0]: m.shared for n, m in model.named_modules()
+            if isinstance(m, QKVPart) and m.index == 0}
+
+
+def linear_count(model: nn.Module) -> int:
+    """The model's quantized linear layers as its own modules count them: a fused MLP's gate|up two, a fused
+    q|k|v three."""
+    n = sum(isinstance(m, QuantizedLinear) for m in model.modules()) + sum(isinstance(m, QuantizedMLP)
+                                                                         for m in model.modules())
+    return n + 2 * len(qkv_groups(model))
 
 
 # ---------------------------------------------------------------------------------------------
