@@ -80,10 +80,10 @@ def dq(bn, bk, w):
     return dict(path="dequant", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1)
 
 
-def gvr(nb, stages, w, ctas, split=1, min_programs=0):
-    """The TMA-ring GEMV (Hopper, 4-bit, fp16 x; others fall back): boxes of 16 w rows x 128 nb k, a ring of `stages`,
+def gvr(stages, w, ctas, split=1, min_programs=0):
+    """The TMA-ring GEMV (Hopper, 4-bit, fp16 x; others fall back): boxes of 16 w rows x 256 k, a ring of `stages`,
     `ctas` persistent programs per SM, K split up to `split` ways while there are fewer than min_programs units."""
-    c = dict(path="gvr", NB=nb, STAGES=stages, num_warps=w, CTAS=ctas)
+    c = dict(path="gvr", NB=2, STAGES=stages, num_warps=w, CTAS=ctas)
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -107,8 +107,8 @@ def candidates(m: int) -> list[dict]:
         c += [gvt(2, 4, 1, sp, mp, pairs=True) for sp, mp in [(1, 0), (8, 4096)]]
         # the TMA-ring GEMV: a few programs per SM, 32-128 KB of boxes in flight each, K split into units enough to
         # spread evenly over the programs
-        c += [gvr(nb, st, w, ctas, sp, mp) for nb, st, w, ctas in [(2, 8, 4, 2), (4, 4, 4, 2), (4, 6, 4, 1),
-                                                                   (2, 12, 4, 2), (2, 8, 8, 1)]
+        c += [gvr(st, w, ctas, sp, mp) for st, w, ctas in [(8, 4, 2), (4, 4, 4), (3, 4, 5), (4, 8, 2),
+                                                           (4, 2, 8), (12, 4, 2), (8, 8, 1)]
               for sp, mp in [(1, 0), (4, 2048), (8, 4096)]]
         if m > 8:
             # two x tiles: each warp reads x for 16 rows per step, from L2 unless the warps of a program (same k

@@ -491,7 +491,7 @@ def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
 
 @gpu
 @pytest.mark.parametrize("cfg", [dict(NB=2, STAGES=8, num_warps=4, CTAS=2),
-                                 dict(NB=4, STAGES=3, num_warps=2, CTAS=1, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
+                                 dict(NB=2, STAGES=3, num_warps=2, CTAS=1, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
                                  dict(NB=2, STAGES=2, num_warps=8, CTAS=1, SPLIT_K=2, MIN_PROGRAMS=1 << 30)])
 def test_gvr_units_tails_and_swiglu(cfg):
     """The TMA-ring GEMV over its persistent units: row and x-row tails (rows past N / M read as zeros, not
@@ -615,11 +615,11 @@ def test_gvt_config_checked():
 
 def test_gvr_plan():
     """The TMA-ring GEMV's persistent grid: a multiple of the K split (a program keeps one slice), at most the units
-    (x tiles x row blocks x slices) and CTAS programs per SM; boxes of 512 k only where K allows, else 256; one x
-    tile up to M = 8, two above; SwiGLU units of 8 W gate rows and their up rows."""
-    cfg = dict(path="gvr", NB=4, STAGES=8, num_warps=4, CTAS=2, SPLIT_K=4, MIN_PROGRAMS=2048)
+    (x tiles x row blocks x slices) and CTAS programs per SM; boxes of 256 k (NB = 2: a config asking for more is
+    refused); one x tile up to M = 8, two above; SwiGLU units of 8 W gate rows and their up rows."""
+    cfg = dict(path="gvr", NB=2, STAGES=8, num_warps=4, CTAS=2, SPLIT_K=4, MIN_PROGRAMS=2048)
     kernel, grid, split, cx = WO.launch._plan(cfg, 1, 28672, 4096, 4, 128, False, True, False, 132)
-    assert grid == (264,) and split == 4 and cx["NB"] == 4 and cx["MT"] == 1 and not cx["SWIGLU"]
+    assert grid == (264,) and split == 4 and cx["NB"] == 2 and cx["MT"] == 1 and not cx["SWIGLU"]
     assert "CTAS" not in cx and "MIN_PROGRAMS" not in cx and cx["STAGES"] == 8 and cx["num_warps"] == 4
     _, grid, split, cx = WO.launch._plan(cfg, 12, 1024, 4352, 4, 128, True, True, False, 132)
     # 17 boxes of 256 k split 4 ways: slices of 5, 5, 5, 2; 16 row blocks x 1 x tile x 4 slices = 64 units
@@ -630,6 +630,8 @@ def test_gvr_plan():
     _, grid, split, _ = WO.launch._plan(dict(cfg, SPLIT_K=3, MIN_PROGRAMS=1 << 30), 1, 4096, 4096, 4, 128, False,
                                         True, False, 7)
     assert split == 3 and grid == (12,) and grid[0] % split == 0    # 2 x 7 programs rounded down to the split
+    with pytest.raises(RuntimeError, match="NB=2"):
+        WO.launch._plan(dict(cfg, NB=4), 1, 4096, 4096, 4, 128, False, True, False, 132)
 
 
 def test_force_path_is_scoped_and_checked():

@@ -66,10 +66,12 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         return _keep_plan(key, cfg, (_kernels("gvt")._wo_gvt_kernel, (grid_n, split, grid_m), split, constexprs))
     if cfg["path"] == "gvr":
         # persistent programs (CTAS per SM) over units of 16 W weight rows (SwiGLU: 8 W gate rows and their up rows)
-        # x one x tile of 8 MT rows x one K slice; a box is 128 NB k (NB = 2 where K is no multiple of 512); the
-        # grid is a multiple of the split and at most the units
+        # x one x tile of 8 MT rows x one K slice; a box is 256 k (NB = 2 blocks of 128: a TMA box holds at most
+        # 256 elements per dimension, and x's box spans the box's k); the grid is a multiple of the split and at
+        # most the units
         ctas, min_programs = p.pop("CTAS"), p.pop("MIN_PROGRAMS", None)
-        p["NB"] = p["NB"] if K % (128 * p["NB"]) == 0 else 2
+        if p.setdefault("NB", 2) != 2:
+            raise RuntimeError(f"gvr config needs NB=2 (boxes of 256 k: a TMA box spans at most 256 x elements): {cfg}")
         constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, MT=1 if M <= 8 else 2, SWIGLU=swiglu, **p)
         tiles = _gvr_tiles(M, N, constexprs)
         split = constexprs["SPLIT_K"] = k_splits(split, K // (128 * p["NB"]), tiles, min_programs)
