@@ -18,7 +18,7 @@ def test_build_random_model_with_rotary_buffers():
         assert torch.equal(ours[name].cpu(), buf), name       # inv_freq rebuilt, not left uninitialised
     assert all(p.dtype == torch.float16 and torch.isfinite(p).all() for p in m.parameters())
     q = bm.build(cfg, "w4a16", DEVICE)
-    assert sum(isinstance(x, QuantizedLinear) for x in q.modules()) == 12        # gate|up fused: 6 per layer
+    assert sum(isinstance(x, QuantizedLinear) for x in q.modules()) == 8     # q|k|v and gate|up fused: 4 per layer
     assert bm.nbytes(q) < bm.nbytes(m) * 0.6
 
 
