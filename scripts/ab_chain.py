@@ -9,7 +9,8 @@ Usage: PYTHONPATH=src python3 scripts/ab_chain.py --bits 4 --ms 16 32 --shapes 1
            [--config ...] [--table]      (--table: also the GPU's table config for each M and shape)
 BLOCK_M of a "wg" / "tc" config is set to M where it is smaller than M. --scheme w4a16 | w8a16 | w8a8 | w8a8-fp8
 times `QuantizedLinear` layers of that scheme as `quantize_` makes them, through the table (with --table only: the
-W8A8 linears take no weight-only config). Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
+W8A8 linears take no weight-only config). --swiglu: the weight-only calls as a merged [gate; up] projection with SwiGLU
+applied in the call (what a fused MLP runs: QuantizedLinear.forward_swiglu). Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
 small shapes): a check of the script, not a timing.
 """
 import argparse
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["1024x4096", "4096x4096", "14336x4096"], help="N x K")
     ap.add_argument("--config", action="append", default=[], help="a weight-only config as JSON (repeatable)")
     ap.add_argument("--table", action="store_true", help="also the table's config for each M and shape")
+    ap.add_argument("--swiglu", action="store_true", help="weight-only: silu(gate) * up in the call (N = 2 I)")
     ap.add_argument("--scheme", choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"),
                     help="QuantizedLinear layers of this scheme through the table (with --table, no --config)")
     a = ap.parse_args()
@@ -57,16 +59,20 @@ def main():
         ap.error("name at least one --config, or --table")
     if a.scheme and a.config:
         ap.error(f"--scheme {a.scheme} times the table's configs only: drop --config")
+    if a.swiglu and a.scheme in ("w8a8", "w8a8-fp8"):
+        ap.error(f"--swiglu applies to the weight-only schemes, got --scheme {a.scheme}")
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes]
     if a.scheme:
-        ws = {s: layers(a.scheme, *s, dev) for s in shapes}
+        ws = {s: [m.forward_swiglu if a.swiglu else m for m in layers(a.scheme, *s, dev)] for s in shapes}
     else:
-        linear = qk.w4a16_linear if a.bits == 4 else qk.w8a16_linear
-        ws = {s: [lambda x, pw=pw: linear(x, pw) for pw in weights(a.bits, *s, dev)] for s in shapes}
+        name = f"w{a.bits}a16_linear"
+        ws = {s: [lambda x, pw=pw: WO._weight_only(x, pw, None, a.bits, name, a.swiglu)
+                  for pw in weights(a.bits, *s, dev)] for s in shapes}
     cfgs = [json.loads(c) for c in a.config] + ([None] if a.table else [])
-    print(f"{a.scheme or f'w{a.bits}a16'}, µs per call, shapes {' '.join(a.shapes)}", flush=True)
+    print(f"{a.scheme or f'w{a.bits}a16'}{' with SwiGLU' if a.swiglu else ''}, µs per call, shapes "
+          f"{' '.join(a.shapes)}", flush=True)
     for m in a.ms:
         for cfg in cfgs:
             if cfg is not None and cfg.get("path") in ("wg", "tc") and cfg.get("BLOCK_M", m) < m:

@@ -35,3 +35,14 @@ def test_ab_chain_times_a_scheme_through_the_table():
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_chain.py"), "--scheme", "w8a8", "--config",
                           "{}"], capture_output=True, text=True, env=env, timeout=600)
     assert bad.returncode != 0 and "drop --config" in bad.stderr
+
+
+def test_ab_chain_times_swiglu_calls():
+    """--swiglu: the weight-only calls with SwiGLU applied (a fused MLP's gate|up), through the table."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_chain.py"), "--bits", "4", "--swiglu", "--ms",
+                          "1", "--shapes", "64x256", "--table"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "with SwiGLU" in run.stdout
+    lines = [l for l in run.stdout.splitlines() if l.startswith("M=")]
+    assert len(lines) == 2 and all(float(l.split()[-2]) > 0 for l in lines), run.stdout
