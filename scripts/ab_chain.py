@@ -10,7 +10,9 @@ Usage: PYTHONPATH=src python3 scripts/ab_chain.py --bits 4 --ms 16 32 --shapes 1
 BLOCK_M of a "wg" / "tc" config is set to M where it is smaller than M. --scheme w4a16 | w8a16 | w8a8 | w8a8-fp8
 times `QuantizedLinear` layers of that scheme as `quantize_` makes them, through the table (with --table only: the
 W8A8 linears take no weight-only config). --swiglu: the weight-only calls as a merged [gate; up] projection with SwiGLU
-applied in the call (what a fused MLP runs: QuantizedLinear.forward_swiglu). Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
+applied in the call (what a fused MLP runs: QuantizedLinear.forward_swiglu). --maxnreg N [N ...] (with --table): also
+each shape's table config with its registers per thread capped at N (ptxas spills the rest), where more programs per
+SM might hide more latency. Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
 small shapes): a check of the script, not a timing.
 """
 import argparse
@@ -51,6 +53,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["1024x4096", "4096x4096", "14336x4096"], help="N x K")
     ap.add_argument("--config", action="append", default=[], help="a weight-only config as JSON (repeatable)")
     ap.add_argument("--table", action="store_true", help="also the table's config for each M and shape")
+    ap.add_argument("--maxnreg", type=int, nargs="+", default=[],
+                    help="with --table: also the table's configs capped at these registers per thread")
     ap.add_argument("--swiglu", action="store_true", help="weight-only: silu(gate) * up in the call (N = 2 I)")
     ap.add_argument("--scheme", choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"),
                     help="QuantizedLinear layers of this scheme through the table (with --table, no --config)")
@@ -59,6 +63,8 @@ def main():
         ap.error("name at least one --config, or --table")
     if a.scheme and a.config:
         ap.error(f"--scheme {a.scheme} times the table's configs only: drop --config")
+    if a.maxnreg and (not a.table or a.scheme):
+        ap.error("--maxnreg caps the table's weight-only configs: give --table, without --scheme")
     if a.swiglu and a.scheme in ("w8a8", "w8a8-fp8"):
         ap.error(f"--swiglu applies to the weight-only schemes, got --scheme {a.scheme}")
     gpu = torch.cuda.is_available()
@@ -70,25 +76,32 @@ def main():
         name = f"w{a.bits}a16_linear"
         ws = {s: [lambda x, pw=pw: WO._weight_only(x, pw, None, a.bits, name, a.swiglu)
                   for pw in weights(a.bits, *s, dev)] for s in shapes}
-    cfgs = [json.loads(c) for c in a.config] + ([None] if a.table else [])
+    # a config, None (the table's), or an int (the table's, capped at that many registers per thread)
+    cfgs = [json.loads(c) for c in a.config] + ([None] if a.table else []) + a.maxnreg
     print(f"{a.scheme or f'w{a.bits}a16'}{' with SwiGLU' if a.swiglu else ''}, µs per call, shapes "
           f"{' '.join(a.shapes)}", flush=True)
     for m in a.ms:
         for cfg in cfgs:
-            if cfg is not None and cfg.get("path") in ("wg", "tc") and cfg.get("BLOCK_M", m) < m:
+            if isinstance(cfg, dict) and cfg.get("path") in ("wg", "tc") and cfg.get("BLOCK_M", m) < m:
                 cfg = dict(cfg, BLOCK_M=m)
             for on in (True, False):
                 times = []
                 for (n, k), fns in ws.items():
                     x = torch.randn(m, k, device=dev, dtype=torch.float16)
                     calls = [lambda f=f: f(x) for f in fns]
+                    run = cfg
+                    if isinstance(cfg, int):
+                        base = WO.dispatch.config_for(a.bits, m, n, k, dev)
+                        if base is None:
+                            raise SystemExit(f"--maxnreg: no config table for {n}x{k} at M={m} on this GPU")
+                        run = dict(base, maxnreg=cfg)
                     with pdl(on):
-                        if cfg is None:
+                        if run is None:
                             times.append(chain_us(calls, gpu))
                         else:
-                            with WO.use_config(cfg):
+                            with WO.use_config(run):
                                 times.append(chain_us(calls, gpu))
-                name = "table" if cfg is None else json.dumps(cfg)
+                name = "table" if cfg is None else f"table, maxnreg={cfg}" if isinstance(cfg, int) else json.dumps(cfg)
                 print(f"M={m:3d} {'PDL   ' if on else 'no PDL'} {' '.join(f'{t:8.2f}' for t in times)}  {name}",
                       flush=True)
 

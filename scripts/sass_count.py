@@ -143,6 +143,7 @@ def main():
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--maxnreg", type=int, help="cap the registers per thread (ptxas; spills show as LDL / STL)")
     ap.add_argument("--tile", type=int, nargs=3, metavar=("BLOCK_N", "BLOCK_K", "WARPS"),
                     help="gemv8 cases: another rows x k step and warps (a table's config)")
     args = ap.parse_args()
@@ -156,7 +157,8 @@ def main():
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items()
              if t != "fp32" and not t.startswith("tensordesc")}
     compiled = triton.compile(source(kernel, sig, cx, attrs), target=GPUTarget("cuda", args.arch, 32),
-                              options=dict(num_warps=warps, num_stages=1))
+                              options=dict(num_warps=warps, num_stages=1,
+                                           **({"maxnreg": args.maxnreg} if args.maxnreg else {})))
     with tempfile.TemporaryDirectory() as d:
         cubin = os.path.join(d, "k.cubin")
         with open(cubin, "wb") as f:
@@ -181,6 +183,9 @@ def main():
     print(f"{args.case}: loop {len(body)} instructions per thread per iteration, {bytes_per_iter} weight bytes "
           f"-> {len(body) / bytes_per_iter:.1f} per byte; {regs.group(1) if regs else '?'} registers per thread"
           + (f"; other loops: {sorted(len(o) for o in ops if o is not body)}" if len(ops) > 1 else ""))
+    spills = sum(op.startswith(("LDL", "STL")) for o in ops for op in o)
+    if spills:
+        print(f"  local-memory loads / stores (spills) in the loops: {spills}")
     for op, n in Counter(body).most_common(args.top):
         print(f"  {n:5d} {op}")
 

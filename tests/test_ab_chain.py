@@ -38,11 +38,14 @@ def test_ab_chain_times_a_scheme_through_the_table():
 
 
 def test_ab_chain_times_swiglu_calls():
-    """--swiglu: the weight-only calls with SwiGLU applied (a fused MLP's gate|up), through the table."""
+    """--swiglu: the weight-only calls with SwiGLU applied (a fused MLP's gate|up), through the table, and through
+    the table's configs capped in registers (--maxnreg)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_chain.py"), "--bits", "4", "--swiglu", "--ms",
-                          "1", "--shapes", "64x256", "--table"], capture_output=True, text=True, env=env, timeout=600)
+                          "1", "--shapes", "64x256", "--table", "--maxnreg", "64"], capture_output=True, text=True,
+                         env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "with SwiGLU" in run.stdout
     lines = [l for l in run.stdout.splitlines() if l.startswith("M=")]
-    assert len(lines) == 2 and all(float(l.split()[-2]) > 0 for l in lines), run.stdout
+    assert len(lines) == 4 and sum("maxnreg=64" in l for l in lines) == 2, run.stdout
+    assert all(float(l.split("PDL")[1].split()[0]) > 0 for l in lines), run.stdout

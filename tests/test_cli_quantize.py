@@ -41,8 +41,8 @@ def test_quantize_gptq_then_generate(model_dir, tmp_path, capsys):
     assert "4 sequences of 16 tokens" in err and "wrote" in err
     assert (out / "tokenizer.json").exists() and (out / "qkernels_config.json").exists()
     layers = json.loads((out / "qkernels_config.json").read_text())["layers"]
-    # one decoder layer: q k v o, gate|up (fused by quantize_), down
-    assert len(layers) == 6 and all(e["scheme"] == "w4a16" and e["act_order"] for e in layers.values())
+    # one decoder layer: q|k|v, o, gate|up (fused by quantize_), down
+    assert len(layers) == 4 and all(e["scheme"] == "w4a16" and e["act_order"] for e in layers.values())
     assert cli.main(["generate", str(out), "--prompt", "hello world", "--max-new-tokens", "3",
                      "--dtype", "bfloat16"]) == 0
     assert capsys.readouterr().out.startswith("hello world")
