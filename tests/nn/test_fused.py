@@ -228,7 +228,7 @@ def test_fused_qkv_is_the_merged_product(arch, scheme, kw):
         full = attn.qkv_proj(x)
         q, k, v = full.split(list(shared.sizes), dim=-1)
         got_v, got_q, got_k = attn.v_proj(x), attn.q_proj(x), attn.k_proj(x)
-        assert shared._x is None and shared._out is None          # all three taken
+        assert shared._cache is None          # all three taken
         for got, want in ((got_q, q), (got_k, k), (got_v, v)):
             assert_bit_exact(got, want)
         sep = plain.model.layers[1].self_attn
@@ -254,7 +254,7 @@ def test_fused_qkv_traces_whole_and_holds_nothing():
     assert_bit_exact(got, want)
     for layer in model.model.layers:
         shared = layer.self_attn.q_proj.shared
-        assert shared._x is None and shared._out is None
+        assert shared._cache is None
 
 
 def test_fused_qkv_save_load(tmp_path):

@@ -135,17 +135,17 @@ class QuantizedQKV:
 
     def __init__(self, proj: QuantizedLinear, sizes):
         self.proj, self.sizes = proj, tuple(int(n) for n in sizes)
-        self._x = self._out = None
-        self._taken = 0
+        self._cache = None                   # (input, its slices, how many were taken): one tuple, stored at once
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        if self._x is not x:                 # a new input (or a part called twice): the product of this one
-            self._out, self._x, self._taken = self.proj(x).split(self.sizes, dim=-1), x, 0
-        out = self._out[index]
-        self._taken += 1
-        if self._taken == len(self.sizes):   # all three taken: hold nothing between steps
-            self._x = self._out = None
-        return out
+        cache = self._cache
+        if cache is None or cache[0] is not x:      # a new input: the product of this one
+            cache = (x, self.proj(x).split(self.sizes, dim=-1), 0)
+        _, parts, taken = cache
+        # all three taken: hold nothing between steps. The slice returned is always from the product of this x (read
+        # from one tuple), so calls from several threads interleaving only cost recomputations
+        self._cache = None if taken + 1 == len(self.sizes) else (x, parts, taken + 1)
+        return parts[index]
 
 
 class QKVPart(nn.Module):
