@@ -9,7 +9,7 @@ import qkernels as qk
 from qkernels import reference as ref
 from qkernels.nn import QuantizedLinear
 from qkernels.nn.convert import CONFIG_NAME, load_quantized, quantize_, save_quantized
-from qkernels.nn.fused import QKVPart, QuantizedMLP, RMSNorm, fusable, linear_count
+from qkernels.nn.fused import QKVPart, QuantizedMLP, RMSNorm, fusable, fuse_qkv_, linear_count
 from tests.conftest import DEVICE, ON_GPU
 from tests.helpers import assert_bit_exact, rel_err
 
@@ -275,3 +275,21 @@ def test_fused_qkv_save_load(tmp_path):
     conf.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="fused q|k|v entry"):
         load_quantized(cfg, tmp_path, device=DEVICE)
+
+
+def test_fuse_qkv_takes_self_attention_only():
+    """A cross-attention module (k and v on the encoder's states) keeps three projections; a self-attention one with
+    projections that do not concatenate (here: another scheme for v) too."""
+    lin = lambda n, scheme="w8a8": QuantizedLinear.from_linear(nn.Linear(64, n, bias=False), scheme)  # noqa: E731
+    block = nn.Module()
+    for name in ("self_attn", "encoder_attn"):
+        attn = nn.Module()
+        attn.q_proj, attn.k_proj, attn.v_proj = lin(64), lin(32), lin(32)
+        setattr(block, name, attn)
+    assert fuse_qkv_(block) == 1
+    assert isinstance(block.self_attn.k_proj, QKVPart) and isinstance(block.encoder_attn.k_proj, QuantizedLinear)
+    other = nn.Module()
+    other.self_attn = nn.Module()
+    other.self_attn.q_proj, other.self_attn.k_proj = lin(64), lin(32)
+    other.self_attn.v_proj = lin(32, "w4a16-g32")
+    assert fuse_qkv_(other) == 0 and isinstance(other.self_attn.q_proj, QuantizedLinear)

@@ -100,8 +100,9 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
     decoder layer's post-attention RMSNorm + SwiGLU MLP whose projections were all quantized becomes a
     qkernels.nn.QuantizedMLP: gate and up run as one GEMM (their codes concatenated), the w8a8 schemes'
     norm and SwiGLU kernels quantize the activations they produce, the weight-only schemes apply SwiGLU in
-    the gate|up call (qkernels.nn.fused); and each attention module's q / k / v projections, all quantized
-    alike, run as one GEMM (`<attn>.qkv_proj`; q_proj / k_proj / v_proj become its slices: qkernels.nn.QKVPart).
+    the gate|up call (qkernels.nn.fused); and each self-attention module's q / k / v projections, all quantized
+    alike, run as one GEMM (`<attn>.qkv_proj`; q_proj / k_proj / v_proj become its slices:
+    qkernels.nn.fused.QKVPart).
     Returns the model.
     """
     if not isinstance(model, nn.Module):

@@ -10,13 +10,15 @@
   the gate|up product with SwiGLU applied in the same call (at decode sizes in the GEMV's epilogue:
   QuantizedLinear.forward_swiglu), then down: one launch and the eager SwiGLU ops fewer per layer.
 
-- `QuantizedQKV`: an attention module's q / k / v projections as one GEMM, [q; k; v] (`<attn>.qkv_proj`, a
-  QuantizedLinear). The module calls `q_proj`, `k_proj` and `v_proj` one after the other on the same input, so
-  they become `QKVPart` modules without tensors of their own: the first call runs the merged product and keeps
-  its three slices until each has been taken (nothing outlives the three calls, so nothing escapes a compiled or
-  captured step). A part called with another input than the one its slices came from runs the product again:
-  never a stale slice. One launch (w8a8: one activation quantization) instead of three; at decode the k and v
-  products are too small to fill the GPU on their own.
+- fused q|k|v (`fuse_qkv_`): a self-attention module's q / k / v projections as one GEMM, [q; k; v]
+  (`<attn>.qkv_proj`, a QuantizedLinear). The module calls `q_proj`, `k_proj` and `v_proj` one after the other on
+  the same input, so they become `QKVPart` modules without tensors of their own (their shared state: a
+  `QuantizedQKV`): the first call runs the merged product and keeps its three slices until each has been taken
+  (nothing outlives the three calls, so nothing escapes a compiled or captured step). A part called with another
+  input than the one its slices came from runs the product again: never a stale slice. One launch (w8a8: one
+  activation quantization) instead of three; at decode the k and v products are too small to fill the GPU on
+  their own. Only modules named `self_attn` are fused: a cross-attention module (`encoder_attn`) feeds k and v
+  another input than q.
 
 Attention stays the model's own (PyTorch scaled_dot_product_attention).
 
@@ -189,9 +191,11 @@ def fusable_qkv(attn: nn.Module) -> bool:
 
 
 def fuse_qkv_(model: nn.Module) -> int:
-    """Every attention module of `model` whose q / k / v projections are concatenable QuantizedLinear layers runs
-    them as one (QuantizedLinear.concat: the same codes). Returns how many were fused."""
-    attns = [m for m in model.modules() if fusable_qkv(m)]
+    """Every self-attention module of `model` (named `self_attn`, as in the Llama / Qwen / Mistral families; not a
+    cross-attention, whose k and v take another input than q) whose q / k / v projections are concatenable
+    QuantizedLinear layers runs them as one (QuantizedLinear.concat: the same codes). Returns how many were
+    fused."""
+    attns = [m for n, m in model.named_modules() if n.rpartition(".")[2] == "self_attn" and fusable_qkv(m)]
     for attn in attns:
         lins = [getattr(attn, n) for n in QKV_NAMES]
         fuse_qkv(attn, QuantizedLinear.concat(lins), [m.out_features for m in lins])
