@@ -6,7 +6,7 @@ loads per iteration. Registers per thread from cuobjdump. A kernel whose count p
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvt | w4a16-wg |
-       w4a16-wg-swiglu | w4a16-gvr | w8a8-gvt | w8a8-gvt-fp8
+       w4a16-wg-swiglu | w4a16-gvr | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -61,11 +61,18 @@ def w4a16_gvt():
 
     from qkernels.kernels.weight_only.gvt import _wo_gvt_kernel as k
     cx = dict(GROUP=128, HAS_BIAS=False, TILES=1, WPT=8, MT=1, SPLIT_K=1, EVEN_K=True, SWIGLU=False, PAIRS=False,
-              BITS=4, PDL=False)
+              BITS=4, PDL=False, STAGES=1)
     types = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32",
                  K="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32", stride_om="i32", ws_ptr="*fp32",
                  cnt_ptr="*i32")
     return k, types, cx, 1, GluonASTSource, 16 * 256 // 2 // 32
+
+
+def w4a16_gvt_ring(stages=3, wpt=8, tiles=1):
+    """w4a16-gvt with its codes through a ring of `stages` async-copy slots (STAGES) instead of registers."""
+    k, types, cx, warps, source, _ = w4a16_gvt()
+    cx = dict(cx, STAGES=stages, WPT=wpt, TILES=tiles)
+    return k, types, cx, warps, source, tiles * 16 * (128 * wpt // 4) // 2 // 32
 
 
 def w4a16_gv():
@@ -135,7 +142,8 @@ def w4a16_gvr(swiglu: bool = False):
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
          "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
-         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvr": w4a16_gvr}
+         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvr": w4a16_gvr, "w4a16-gvt-ring": w4a16_gvt_ring,
+         "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 
 
 def main():

@@ -59,12 +59,14 @@ def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False):
+def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
     """The Gluon tensor-core GEMV (fp16 x, 4- or 8-bit with integer zero points, M <= 16; others fall back): TILES
     16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step; pairs: two steps per
-    loop iteration (fewer instructions, more registers)."""
+    loop iteration (fewer instructions, more registers); stages > 1: the codes through a ring of async copies
+    stages - 1 steps ahead (more bytes in flight for the same registers)."""
     c = dict(path="gvt", TILES=tiles, WPT=wpt, num_warps=w)
     c = dict(c, PAIRS=True) if pairs else c
+    c = dict(c, STAGES=stages) if stages > 1 else c
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -105,6 +107,7 @@ def candidates(m: int) -> list[dict]:
         c += [gvt(t, wpt, 1, sp, mp) for t in (1, 2) for wpt in (4, 8, 16)
               for sp, mp in [(1, 0), (4, 2048), (8, 4096), (16, 8192)]]
         c += [gvt(2, 4, 1, sp, mp, pairs=True) for sp, mp in [(1, 0), (8, 4096)]]
+        c += [gvt(1, wpt, 1, sp, mp, stages=st) for wpt in (4, 8) for st in (3, 4) for sp, mp in [(1, 0), (4, 2048)]]
         # the TMA-ring GEMV: a few programs per SM, 32-128 KB of boxes in flight each, K split into units enough to
         # spread evenly over the programs
         c += [gvr(st, w, ctas, sp, mp) for st, w, ctas in [(8, 4, 2), (4, 4, 4), (3, 4, 5), (4, 8, 2),

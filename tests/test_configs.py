@@ -58,6 +58,7 @@ def test_shipped_tables_are_well_formed(slug):
             if cfg.get("path") == "gvt":     # the Gluon tensor-core GEMV: 4- or 8-bit, up to 16 x rows per program
                 assert kind in ("w4a16", "w8a16") and cfg["WPT"] in (4, 8, 16), cfg
                 assert cfg["TILES"] % cfg["num_warps"] == 0, cfg
+                assert cfg.get("STAGES", 1) >= 1 and not (cfg.get("STAGES", 1) > 1 and cfg.get("PAIRS")), cfg
                 assert int(key.split(":")[0]) <= 16, key
             if cfg.get("path") == "gvr":     # the TMA-ring GEMV: 4-bit, boxes of 256 k, persistent programs
                 assert kind == "w4a16" and cfg["NB"] == 2 and cfg["num_warps"] in (2, 4, 8), cfg

@@ -364,10 +364,13 @@ def test_gv_tails_scales_and_fallback(cfg):
                                  dict(TILES=2, WPT=4, num_warps=1, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
                                  dict(TILES=4, WPT=4, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=1 << 30),
                                  dict(TILES=4, WPT=4, num_warps=1, PAIRS=True),
-                                 dict(TILES=2, WPT=4, num_warps=1, PAIRS=True, SPLIT_K=3, MIN_PROGRAMS=1 << 30)])
+                                 dict(TILES=2, WPT=4, num_warps=1, PAIRS=True, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
+                                 dict(TILES=1, WPT=8, num_warps=1, STAGES=3),
+                                 dict(TILES=4, WPT=4, num_warps=2, STAGES=4, SPLIT_K=3, MIN_PROGRAMS=1 << 30)])
 def test_gvt_tails_scales_and_fallback(cfg):
     """The tensor-core GEMV: K not a multiple of its step (masked chunks), split-K slices, two steps per iteration
-    (PAIRS) with an odd step count, N tails (wrapped rows), M of 1..16 (one or two x tiles per program) and past 16,
+    (PAIRS) with an odd step count, the codes through a ring of async copies (STAGES) deeper than a slice's steps,
+    N tails (wrapped rows), M of 1..16 (one or two x tiles per program) and past 16,
     bias, per channel / group 128 / 256, symmetric and not, GPTQ's zero point 16, a 2-byte-offset x view (copied
     first), x of 1e-3 and 3e4, SwiGLU in the epilogue (the bits of product + silu_and_mul); 8-bit codes (groups of
     64 up, per channel); bf16 scales with fp16 x. Float zero points, bf16 x and groups of 64 (4-bit) / 32 (8-bit) take
@@ -596,6 +599,9 @@ def test_gvt_config_checked():
     config named; a plan takes one x tile per program up to M = 8 and two above."""
     for bad in (dict(TILES=2, WPT=2, num_warps=1), dict(TILES=1, WPT=4, num_warps=2)):
         with pytest.raises(RuntimeError, match=r"gvt config needs WPT in \(4, 8, 16\).*'TILES': " + str(bad["TILES"])):
+            WO.launch._plan(dict(path="gvt", **bad), 1, 64, 4096, 4, 128, False, True)
+    for bad in (dict(TILES=1, WPT=8, num_warps=1, STAGES=0), dict(TILES=2, WPT=4, num_warps=1, STAGES=3, PAIRS=True)):
+        with pytest.raises(RuntimeError, match=r"gvt config needs STAGES >= 1, and 1 with PAIRS"):
             WO.launch._plan(dict(path="gvt", **bad), 1, 64, 4096, 4, 128, False, True)
     kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 100, 4160, 4, 128,
                                               True, True)

@@ -46,6 +46,7 @@ Hopper: programmatic dependent launch, the first step's codes and scales fetched
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_wait, _tile_sums
 
@@ -165,6 +166,25 @@ def _load_codes(p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
 
 
 @gluon.jit
+def _copy_codes(slot, p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
+    """_load_codes into a shared-memory slot by async copies (each thread its own 16 bytes; not EVEN_K: 64-k units
+    past K as zeros); the caller commits the group."""
+    if EVEN_K:
+        async_copy.async_copy_global_to_shared(slot, p + k0 // (32 // BITS), cache_modifier=".cg")
+    else:
+        async_copy.async_copy_global_to_shared(slot, p + k0 // (32 // BITS), mask=k0 + okc < K,
+                                               cache_modifier=".cg")
+
+
+@gluon.constexpr_function
+def _ring_layout():
+    """A ring slot [TILES, 8, 4, NB, 4] of code words: a thread's 4 words (e) contiguous, then the lanes (t, g), the
+    tiles and the blocks: each thread's 16 bytes next to its neighbours' (async copies and reads without bank
+    conflicts)."""
+    return gl.SwizzledSharedLayout(1, 1, 1, [4, 2, 1, 0, 3])
+
+
+@gluon.jit
 def _load_sz(p, k0, K, blk, BLOCK: gl.constexpr, GROUP: gl.constexpr, EVEN_K: gl.constexpr):
     """The (scale, zero) words of one row set for the step's blocks [.., NB, 1]; not EVEN_K: blocks past K (whose
     group may lie past the row's last) as 0 (scale 0: their codes and x are masked to 0 too)."""
@@ -220,6 +240,15 @@ def _fetch(wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb
     they are) and the B registers of each x tile (MT == 1: the first tile's twice)."""
     wa = _load_codes(wa_p, k0, K, okc, BITS, EVEN_K)
     wb = _load_codes(wb_p, k0, K, okc, BITS, EVEN_K)
+    sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = _fetch_sx(sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb,
+                                                       BITS, BLOCK, GROUP, MT, EVEN_K)
+    return wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3
+
+
+@gluon.jit
+def _fetch_sx(sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb, BITS: gl.constexpr, BLOCK: gl.constexpr,
+              GROUP: gl.constexpr, MT: gl.constexpr, EVEN_K: gl.constexpr):
+    """_fetch without the code words (the ring brings them)."""
     if GROUP != PER_CHANNEL:
         sa = _load_sz(sa_p, k0, K, blk, BLOCK, GROUP, EVEN_K)
         sb = _load_sz(sb_p, k0, K, blk, BLOCK, GROUP, EVEN_K)
@@ -227,7 +256,7 @@ def _fetch(wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb
     y0, y1, y2, y3 = x0, x1, x2, x3
     if MT == 2:
         y0, y1, y2, y3 = _load_x(x1_p, k0, K, xm1, okc, BITS, EVEN_K)
-    return wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3
+    return sa, sb, x0, x1, x2, x3, y0, y1, y2, y3
 
 
 @gluon.jit
@@ -263,10 +292,14 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                    stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr,
                    MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False,
-                   PAIRS: gl.constexpr = False, BITS: gl.constexpr = 4, PDL: gl.constexpr = False):
+                   PAIRS: gl.constexpr = False, BITS: gl.constexpr = 4, PDL: gl.constexpr = False,
+                   STAGES: gl.constexpr = 1):
     """W4A16, fp16 x, integer zero points, K a multiple of 64 (EVEN_K: of 32 WPT), GROUP PER_CHANNEL or a
     multiple of 128. Program (n, k-slice, m): TILES 16-row tiles (SWIGLU: 8 gate rows and their 8 up rows each),
-    8 MT rows of x. PAIRS: two steps per loop iteration. SPLIT_K > 1: program column z
+    8 MT rows of x. PAIRS: two steps per loop iteration. STAGES > 1 (not with PAIRS): the code words stream
+    through a shared-memory ring of async copies STAGES - 1 steps ahead instead of registers one step ahead (each
+    thread reads back only the words it copied: no barrier); the (scale, zero) words and x stay a step ahead in
+    registers. SPLIT_K > 1: program column z
     covers slice z of K (whole steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last
     program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
@@ -319,8 +352,19 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
 
     acc0 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
     acc1 = acc0                                                       # MT == 2: the second x tile's
-    # each step's operands are loaded a step ahead of its MMAs
-    wa, wb = _load_codes(wa_p, k_lo, K, okc, BITS, EVEN_K), _load_codes(wb_p, k_lo, K, okc, BITS, EVEN_K)
+    # each step's operands are loaded a step ahead of its MMAs (STAGES > 1: the codes STAGES - 1 steps ahead, in
+    # the ring; past the slice's end the first step again, in bounds and unused)
+    if STAGES > 1:
+        ring_a = gl.allocate_shared_memory(gl.int32, [STAGES, TILES, 8, 4, NB, 4], _ring_layout())
+        ring_b = gl.allocate_shared_memory(gl.int32, [STAGES, TILES, 8, 4, NB, 4], _ring_layout())
+        for j in gl.static_range(STAGES - 1):
+            kj = k_lo + j * STEP
+            kj = gl.where(kj < k_hi, kj, k_lo)
+            _copy_codes(ring_a.index(j), wa_p, kj, K, okc, BITS, EVEN_K)
+            _copy_codes(ring_b.index(j), wb_p, kj, K, okc, BITS, EVEN_K)
+            async_copy.commit_group()
+    else:
+        wa, wb = _load_codes(wa_p, k_lo, K, okc, BITS, EVEN_K), _load_codes(wb_p, k_lo, K, okc, BITS, EVEN_K)
     if GROUP == PER_CHANNEL:    # one word per row, for every step
         sa, sb = gl.load(sa_p + blk * 0), gl.load(sb_p + blk * 0)
     else:
@@ -348,6 +392,24 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             if b_ok:
                 acc0, acc1 = _mma_step(acc0, acc1, wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3, e, st, BITS,
                                        MT)
+    elif STAGES > 1:
+        for k0 in range(k_lo, k_hi, STEP):
+            it = (k0 - k_lo) // STEP
+            kf = k0 + (STAGES - 1) * STEP
+            kf = gl.where(kf < k_hi, kf, k_lo)
+            _copy_codes(ring_a.index((it + STAGES - 1) % STAGES), wa_p, kf, K, okc, BITS, EVEN_K)
+            _copy_codes(ring_b.index((it + STAGES - 1) % STAGES), wb_p, kf, K, okc, BITS, EVEN_K)
+            async_copy.commit_group()
+            async_copy.wait_group(STAGES - 1)
+            wa = ring_a.index(it % STAGES).load(L)
+            wb = ring_b.index(it % STAGES).load(L)
+            k1 = k0 + STEP
+            k1 = gl.where(k1 < k_hi, k1, k_lo)
+            sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch_sx(
+                sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K)
+            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
+            sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
+        async_copy.wait_group(0)
     else:
         for k0 in range(k_lo, k_hi, STEP):
             k1 = k0 + STEP

@@ -54,6 +54,9 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         # GEMV splits it
         if p["WPT"] not in (4, 8, 16) or p["TILES"] % p["num_warps"]:
             raise RuntimeError(f"gvt config needs WPT in (4, 8, 16) and TILES a multiple of num_warps: {cfg}")
+        if p.get("STAGES", 1) < 1 or (p.get("STAGES", 1) > 1 and p.get("PAIRS")):
+            raise RuntimeError(f"gvt config needs STAGES >= 1, and 1 with PAIRS (the ring keeps one step per "
+                               f"iteration): {cfg}")
         mt = 1 if M <= 8 else 2
         step = GVT_K[bits] * p["WPT"] // 4
         # SwiGLU: a tile holds 8 gate rows and their 8 up rows
