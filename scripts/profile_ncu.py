@@ -6,7 +6,7 @@ cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one lau
 
 Cases: wo1 (W4A16 g128 M=1), wo2, wo16, wo32, wo64 (M=2, 16, 32, 64), w8-32 (W8A16 M=32), tc1 / tc1-nosplit (the
 tc kernel at M=1), gv1 / gv1-ring (the paired-fp16 GEMV at M=1: its default config; one warp per program with a
-3-stage async-copy ring), gvr1 / gvr16 (the TMA-ring GEMV at M=1, 16), gvt1 / gvt16
+3-stage async-copy ring), gvt1 / gvt16
 (the tensor-core GEMV at M=1, 16), gvt8 (its 8-bit codes at M=1), wo128, w8 (W8A16 M=1),
 wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 / fp16-32 / fp16-64 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
@@ -65,8 +65,6 @@ def cases(n: int, k: int, dev: str = "cuda"):
         "gvt16": lambda: _forced("gvt", xs[16], pw4),
         "gvt8": lambda: _forced("gvt", xs[1], pw8),
         # the TMA-ring GEMV at M = 1 and 16 (its default config)
-        "gvr1": lambda: _forced("gvr", xs[1], pw4),
-        "gvr16": lambda: _forced("gvr", xs[16], pw4),
         "wo128": lambda: qkernels.w4a16_linear(xs[128], pw4),
         "w8": lambda: qkernels.w8a16_linear(xs[1], pw8),
         # the Gluon wgmma kernel (WG_DEFAULT tiles) and cuBLAS at M = 1024

@@ -6,7 +6,7 @@ loads per iteration. Registers per thread from cuobjdump. A kernel whose count p
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvt | w4a16-wg |
-       w4a16-wg-swiglu | w4a16-gvr | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
+       w4a16-wg-swiglu | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -123,26 +123,9 @@ def w4a16_wg(swiglu: bool = False):
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
 
 
-def w4a16_gvr(swiglu: bool = False):
-    """The Gluon TMA-ring GEMV: 4-bit, g128, 4 warps (64-row boxes of 256 k), 8 stages, K split 4, one x tile. The
-    loop over a unit's boxes is the smallest one with the MMAs (the loop over units holds it and the epilogue)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from qkernels.kernels.weight_only.gvr import _wo_gvr_kernel as k
-    w, nb = 4, 2
-    cx = dict(GROUP=128, HAS_BIAS=False, NB=nb, STAGES=8, MT=1, SPLIT_K=4, SWIGLU=swiglu, PDL=False)
-    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-    hb = 16 * w // (2 if swiglu else 1)
-    xl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)"
-    types = dict(w_desc=f"tensordesc<u8[{hb},{64 * nb}],{wl}>", x_desc=f"tensordesc<fp16[8,{128 * nb}],{xl}>",
-                 sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32",
-                 stride_om="i32", ws_ptr="*fp32", cnt_ptr="*i32")
-    return k, types, cx, w, GluonASTSource, 16 * 64 * nb // 32, "HMMA", "smallest"
-
-
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
          "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
-         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvr": w4a16_gvr, "w4a16-gvt-ring": w4a16_gvt_ring,
+         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 
 

@@ -82,13 +82,6 @@ def dq(bn, bk, w):
     return dict(path="dequant", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1)
 
 
-def gvr(stages, w, ctas, split=1, min_programs=0):
-    """The TMA-ring GEMV (Hopper, 4-bit, fp16 x; others fall back): boxes of 16 w rows x 256 k, a ring of `stages`,
-    `ctas` persistent programs per SM, K split up to `split` ways while there are fewer than min_programs units."""
-    c = dict(path="gvr", NB=2, STAGES=stages, num_warps=w, CTAS=ctas)
-    return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
-
-
 def candidates(m: int) -> list[dict]:
     """Tensor-core (mm) candidates from M = 1 up: BLOCK_N weight rows are the MMA's M side, BLOCK_M x rows
     its N side. tl.dot pads small N itself, so BLOCK_M = 8 serves M <= 8 with half the x tile of 16
@@ -108,11 +101,6 @@ def candidates(m: int) -> list[dict]:
               for sp, mp in [(1, 0), (4, 2048), (8, 4096), (16, 8192)]]
         c += [gvt(2, 4, 1, sp, mp, pairs=True) for sp, mp in [(1, 0), (8, 4096)]]
         c += [gvt(1, wpt, 1, sp, mp, stages=st) for wpt in (4, 8) for st in (3, 4) for sp, mp in [(1, 0), (4, 2048)]]
-        # the TMA-ring GEMV: a few programs per SM, 32-128 KB of boxes in flight each, K split into units enough to
-        # spread evenly over the programs
-        c += [gvr(st, w, ctas, sp, mp) for st, w, ctas in [(8, 4, 2), (4, 4, 4), (3, 4, 5), (4, 8, 2),
-                                                           (4, 2, 8), (12, 4, 2), (8, 8, 1)]
-              for sp, mp in [(1, 0), (4, 2048), (8, 4096)]]
         if m > 8:
             # two x tiles: each warp reads x for 16 rows per step, from L2 unless the warps of a program (same k
             # at the same time) share it in L1; more tiles per warp or per program spread that over more weights
@@ -259,8 +247,8 @@ def main():
                 print(f"budget spent: {key} M={m} and later keep their configs", flush=True)
                 break
             results = []
-            # tc, gv, gvr: 4-bit only
-            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in ("tc", "gv", "gvr")]
+            # tc, gv: 4-bit only
+            cands = [c for c in candidates(m) if bits == 4 or c["path"] not in ("tc", "gv")]
             if args.paths:
                 cands = [c for c in cands if c["path"] in args.paths]
                 # the table's bucket config, its fallback and its shape overrides compete too

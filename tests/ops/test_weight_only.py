@@ -492,33 +492,6 @@ def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
         _check(full, _ref(x, pw, bias), dtype)
 
 
-@gpu
-@pytest.mark.parametrize("cfg", [dict(NB=2, STAGES=8, num_warps=4, CTAS=2),
-                                 dict(NB=2, STAGES=3, num_warps=2, CTAS=1, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
-                                 dict(NB=2, STAGES=2, num_warps=8, CTAS=1, SPLIT_K=2, MIN_PROGRAMS=1 << 30)])
-def test_gvr_units_tails_and_swiglu(cfg):
-    """The TMA-ring GEMV over its persistent units: row and x-row tails (rows past N / M read as zeros, not
-    stored), K slices of unequal length, more units than programs, one and two x tiles and more x tiles than one
-    (M > 16), bias, groups and per channel; SwiGLU bit-identical to the product followed by silu_and_mul. Against
-    the reference; split-K counters back at zero."""
-    cfg = dict(path="gvr", **cfg)
-    cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 64, 256, DEVICE)
-    for M, N, k, group_size in ((1, 200, 512, 128), (5, 72, 768, -1), (12, 300, 1280, 256), (16, 64, 256, 128),
-                                (20, 136, 512, 128)):
-        pw = _weight(N, k, 4, group_size, False)
-        assert WO.gvr_supported(4, k, pw.group_size, pw.qweight, torch.float16, pw.int_zeros)
-        x = torch.randn(M, k, device=DEVICE, dtype=torch.float16)
-        bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
-        with qk.poison_outputs():
-            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
-            glu = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg,
-                                       swiglu=True)
-        _check(got, _ref(x, pw, bias), torch.float16)
-        assert glu.shape == (M, N // 2) and not torch.isnan(glu).any(), "unwritten (poisoned) or NaN outputs"
-        assert_bit_exact(glu, qk.silu_and_mul(got), f"M={M} N={N}")
-    assert all(not buf.any() for buf in _runtime._COUNTERS.values()), "split-K counters left non-zero"
-
-
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("-splitk")])
 def test_splitk_fixup_counters_and_graphs(path):
     """Split-K partials are added by the last program of each tile (every kernel: no second launch), counted
@@ -617,27 +590,6 @@ def test_gvt_config_checked():
     assert grid == (128, 1, 1) and cx["BITS"] == 8 and not cx["EVEN_K"]
     _, _, _, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 1, 4096, 4160, 8, -1, False, True)
     assert cx["EVEN_K"] and cx["BITS"] == 8
-
-
-def test_gvr_plan():
-    """The TMA-ring GEMV's persistent grid: a multiple of the K split (a program keeps one slice), at most the units
-    (x tiles x row blocks x slices) and CTAS programs per SM; boxes of 256 k (NB = 2: a config asking for more is
-    refused); one x tile up to M = 8, two above; SwiGLU units of 8 W gate rows and their up rows."""
-    cfg = dict(path="gvr", NB=2, STAGES=8, num_warps=4, CTAS=2, SPLIT_K=4, MIN_PROGRAMS=2048)
-    kernel, grid, split, cx = WO.launch._plan(cfg, 1, 28672, 4096, 4, 128, False, True, False, 132)
-    assert grid == (264,) and split == 4 and cx["NB"] == 2 and cx["MT"] == 1 and not cx["SWIGLU"]
-    assert "CTAS" not in cx and "MIN_PROGRAMS" not in cx and cx["STAGES"] == 8 and cx["num_warps"] == 4
-    _, grid, split, cx = WO.launch._plan(cfg, 12, 1024, 4352, 4, 128, True, True, False, 132)
-    # 17 boxes of 256 k split 4 ways: slices of 5, 5, 5, 2; 16 row blocks x 1 x tile x 4 slices = 64 units
-    assert cx["NB"] == 2 and split == 4 and grid == (64,) and cx["MT"] == 2 and cx["HAS_BIAS"]
-    _, grid, split, cx = WO.launch._plan(dict(cfg, SPLIT_K=1), 3, 200, 4096, 4, -1, False, True, True, 132)
-    assert cx["SWIGLU"] and split == 1 and grid == (4,)          # 100 gate / up column pairs in 32-row units
-    assert WO.launch._gvr_tiles(3, 200, cx) == 4 and WO.launch.fused_swiglu(cfg)
-    _, grid, split, _ = WO.launch._plan(dict(cfg, SPLIT_K=3, MIN_PROGRAMS=1 << 30), 1, 4096, 4096, 4, 128, False,
-                                        True, False, 7)
-    assert split == 3 and grid == (12,) and grid[0] % split == 0    # 2 x 7 programs rounded down to the split
-    with pytest.raises(RuntimeError, match="NB=2"):
-        WO.launch._plan(dict(cfg, NB=4), 1, 4096, 4096, 4, 128, False, True, False, 132)
 
 
 def test_force_path_is_scoped_and_checked():

@@ -7,15 +7,12 @@ M-bucketed, shape overrides; defaults in configs/__init__.py):
              multiple of 64 or per channel
   "gvt"      Gluon GEMV on tensor cores (decode, M <= 16): 4- or 8-bit weights with integer zero points, fp16 x,
              K a multiple of 64, groups of a multiple of 128 (8-bit: 64) or per channel
-  "gvr"      Hopper: gvt's products on codes streamed by persistent programs through a TMA ring (decode): 4-bit
-             weights with integer zero points, fp16 x, K a multiple of 256, groups of a multiple of 128 or per
-             channel
   "tc"       Gluon tensor-core kernel for M <= 16: 4-bit weights, groups of a multiple of TC_K or per channel
   "mm"       Triton-language tensor-core GEMM with in-register dequantization
   "wg"       Gluon Hopper kernel (wgmma on in-register dequantized weights, overlapped with the next tile's
              dequantization): 4- or 8-bit weights, groups of a multiple of WG_K or per channel
   "dequant"  dequantize to x's dtype, then cuBLAS
-A "gv", "gvt", "gvr", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run
+A "gv", "gvt", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run
 (SUPPORTED). A GPU without a table autotunes once per shape (qkernels.autotune). Tests and tuners pin a path with
 force_path() or a whole config with use_config(): scoped, never by assigning module globals.
 """
@@ -41,13 +38,12 @@ WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_
 GV_DEFAULT = dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2, SPLIT_K=4, MIN_PROGRAMS=1024)
 GVT_DEFAULT = dict(path="gvt", TILES=1, WPT=8, num_warps=1, SPLIT_K=8, MIN_PROGRAMS=4096)   # the sweeps' M <= 4 pick
 # boxes of 64 rows x 256 k, 8 stages (64 KB), 2 programs per SM, K split while fewer than 2048 units
-GVR_DEFAULT = dict(path="gvr", NB=2, STAGES=8, num_warps=4, CTAS=2, SPLIT_K=4, MIN_PROGRAMS=2048)
-_GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT, "gvt": GVT_DEFAULT, "gvr": GVR_DEFAULT}
+_GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT, "gvt": GVT_DEFAULT}
 # the Triton-language path a forced Gluon path falls back to
-_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv", "gvt": "gemv", "gvr": "gemv"}
+_GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv", "gvt": "gemv"}
 # what force_path takes: a path, or "<path>-splitk" (K split 3 ways, whatever the grid)
-PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gvt", "gvr", "gemv-splitk", "mm-splitk", "tc-splitk",
-         "wg-splitk", "gv-splitk", "gvt-splitk", "gvr-splitk")
+PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gvt", "gemv-splitk", "mm-splitk", "tc-splitk",
+         "wg-splitk", "gv-splitk", "gvt-splitk")
 FORCED_SPLIT_K = 3
 
 
@@ -92,21 +88,9 @@ def gvt_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dty
             and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
 
 
-def gvr_supported(bits: int, K: int, group_size: int, qweight: torch.Tensor, dtype: torch.dtype | None = None,
-                  int_zeros: bool = True) -> bool:
-    """Whether the TMA-ring GEMV runs this case: gvt's 4-bit cases (fp16 x, integer zero points, groups of a multiple
-    of 128 or per channel) with K a multiple of 256 (a box's k), on sm_90 (TMA; no interpreter twin), code rows
-    16-byte aligned (TMA descriptors)."""
-    return (bits == 4 and dtype in (None, torch.float16) and int_zeros and K % 256 == 0
-            and (group_size == PER_CHANNEL or group_size % 128 == 0) and not is_interpreter()
-            and qweight.is_cuda and torch.version.hip is None and _capability(qweight.device) == (9, 0)
-            and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0)
-
-
 # the Gluon paths: which cases their kernels run (elsewhere their configs' "fallback" runs); the x dtype and
 # whether the zero points are integers are passed where the caller has them
-SUPPORTED = {"tc": tc_supported, "wg": wg_supported, "gv": gv_supported, "gvt": gvt_supported,
-             "gvr": gvr_supported}
+SUPPORTED = {"tc": tc_supported, "wg": wg_supported, "gv": gv_supported, "gvt": gvt_supported}
 
 
 def _capability(device: torch.device) -> tuple:

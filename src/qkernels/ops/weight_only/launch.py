@@ -8,8 +8,7 @@ import importlib
 import torch
 
 from ... import configs
-from ..._runtime import (alloc, cdiv, ensure_context, k_splits, launch, next_pow2, num_sms, pdl_options,
-                         splitk_scratch)
+from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, splitk_scratch
 from .dispatch import GV_K, GVT_K, SUPPORTED, TC_K, WG_K
 
 
@@ -24,11 +23,10 @@ _PLANS: dict = {}
 
 
 def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool,
-          swiglu: bool = False, sms: int = 1):
+          swiglu: bool = False):
     """kernel, grid, split and constexprs of a gemv / mm launch: worked out once per shape and config, so
-    an eager call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu); sms:
-    the GPU's multiprocessors (the persistent gvr grid)."""
-    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms)
+    an eager call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu)."""
+    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu)
     hit = _PLANS.get(key)
     if hit is not None:
         return hit[1]
@@ -67,19 +65,6 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         if swiglu:
             constexprs["SWIGLU"] = True
         return _keep_plan(key, cfg, (_kernels("gvt")._wo_gvt_kernel, (grid_n, split, grid_m), split, constexprs))
-    if cfg["path"] == "gvr":
-        # persistent programs (CTAS per SM) over units of 16 W weight rows (SwiGLU: 8 W gate rows and their up rows)
-        # x one x tile of 8 MT rows x one K slice; a box is 256 k (NB = 2 blocks of 128: a TMA box holds at most
-        # 256 elements per dimension, and x's box spans the box's k); the grid is a multiple of the split and at
-        # most the units
-        ctas, min_programs = p.pop("CTAS"), p.pop("MIN_PROGRAMS", None)
-        if p.setdefault("NB", 2) != 2:
-            raise RuntimeError(f"gvr config needs NB=2 (boxes of 256 k: a TMA box spans at most 256 x elements): {cfg}")
-        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, MT=1 if M <= 8 else 2, SWIGLU=swiglu, **p)
-        tiles = _gvr_tiles(M, N, constexprs)
-        split = constexprs["SPLIT_K"] = k_splits(split, K // (128 * p["NB"]), tiles, min_programs)
-        grid = min(tiles * split, max(1, ctas * sms // split) * split)
-        return _keep_plan(key, cfg, (_kernels("gvr")._wo_gvr_kernel, (grid,), split, constexprs))
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
@@ -128,7 +113,7 @@ def fused_swiglu(cfg: dict) -> bool:
     """Whether the config's kernel applies SwiGLU itself (the GEMVs: gemv / gv with an even BLOCK_N, pairs of gate /
     up rows; gvt, gate and up rows in one thread; wg, gate and up halves of a tile paired in its epilogue);
     elsewhere silu_and_mul runs after the product."""
-    return cfg["path"] in ("gvt", "gvr", "wg") or cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
+    return cfg["path"] in ("gvt", "wg") or cfg["path"] in ("gemv", "gv") and cfg["BLOCK_N"] % 2 == 0
 
 
 def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg, swiglu=False):
@@ -138,22 +123,17 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     output tile (_runtime.splitk_scratch: both kept per stream)."""
     M, K = x2.shape
     N = qweight.shape[0]
-    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu,
-                                            num_sms(x2.device) if cfg["path"] == "gvr" else 1)
+    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu)
     bias_arg = bias if bias is not None else scale_zero
     if split > 1:
         tiles = (grid[0] * grid[2] if cfg["path"] in ("tc", "gv", "gvt") else grid[0] * grid[1] if cfg["path"] == "gemv"
-                 else _gvr_tiles(M, N, constexprs) if cfg["path"] == "gvr" else grid[0])
+                 else grid[0])
         ws, cnt = splitk_scratch(x2.device, split * M * N, tiles)
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
     if cfg["path"] in ("tc", "gv", "gvt"):
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
                scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl_options(x2.device))
-    elif cfg["path"] == "gvr":
-        w_desc, x_desc = _gvr_descriptors(x2, qweight, constexprs, swiglu)
-        launch(kernel, grid, w_desc, x_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
-               ws, cnt, **constexprs, **pdl_options(x2.device))
     elif cfg["path"] == "wg":
         # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
         # descriptor only by its class: its dtype follows out's, its blocks the constexprs
@@ -183,28 +163,6 @@ def _wg_descriptors(x2, qweight, block_m: int, block_n: int):
     ensure_context(x2.device)
     return (desc.from_tensor(x2, [block_m, WG_K], x_layout),
             desc.from_tensor(qweight, [block_n, WG_K // 2], w_layout))
-
-
-def _gvr_tiles(M: int, N: int, cx: dict) -> int:
-    """The gvr kernel's output tiles (its split-K counters): x tiles x row blocks."""
-    rows = 8 * cx["num_warps"] if cx["SWIGLU"] else 16 * cx["num_warps"]
-    return cdiv(M, 8 * cx["MT"]) * cdiv(N // 2 if cx["SWIGLU"] else N, rows)
-
-
-def _gvr_descriptors(x2, qweight, cx: dict, swiglu: bool):
-    """TMA descriptors of the gvr ring's boxes, unswizzled: code bytes [N, K / 2] in [16 W, 64 NB] (SwiGLU: half the
-    rows, gate and up), x [M, K] in [8 MT, 128 NB]."""
-    desc, _, w_layout = _wg_layouts()
-    ensure_context(x2.device)
-    rows = 16 * cx["num_warps"] // (2 if swiglu else 1)
-    return (desc.from_tensor(qweight, [rows, 64 * cx["NB"]], w_layout),
-            desc.from_tensor(x2, [8 * cx["MT"], 128 * cx["NB"]], _gvr_x_layout()))
-
-
-@functools.cache
-def _gvr_x_layout():
-    from triton.experimental.gluon import language as gl
-    return gl.NVMMASharedLayout(0, 16, rank=2)
 
 
 def _dequant_into(qweight, scale_zero, w, bits, group_size, cfg):
