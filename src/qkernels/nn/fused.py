@@ -199,7 +199,6 @@ def fuse_qkv_(model: nn.Module) -> int:
     for attn in attns:
         lins = [getattr(attn, n) for n in QKV_NAMES]
         fuse_qkv(attn, QuantizedLinear.concat(lins), [m.out_features for m in lins])
-        del lins
     return len(attns)
 
 

@@ -43,17 +43,17 @@ def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, on, om, mask, M, N, SPLIT_K: gl.co
     """Split-K fix-up inside the kernel (no second launch), shared by the tc and wg kernels, for a partial tile
     [BLOCK_N, BLOCK_M] (weight rows on, x rows om): see _splitk_fixup_at."""
     offs = om.to(gl.int64)[None, :] * N + on[:, None]
-    return _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, gl.program_id(1), offs, mask, M * N, SPLIT_K)
+    return _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, M * N, SPLIT_K)
 
 
 @gluon.jit
-def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, sk, offs, mask, MN, SPLIT_K: gl.constexpr):
+def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, SPLIT_K: gl.constexpr):
     """Split-K fix-up for a partial tile of any shape: offs (int64) = x row * N + weight row of each element of
-    acc, mask its valid elements, MN = M * N. Every program stores its fp32 partial to slice sk (its K slice) of
+    acc, mask its valid elements, MN = M * N. Every program stores its fp32 partial to slice program_id(1) of
     ws_ptr [SPLIT_K, M, N]; the last of a tile's SPLIT_K programs to finish (cnt_ptr: an int32 counter per tile,
     zero between launches, acq_rel) adds them in slice order (deterministic) and resets the counter for the next
     launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
-    gl.store(ws_ptr + sk.to(gl.int64) * MN + offs, acc, mask=mask)
+    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * MN + offs, acc, mask=mask)
     gl.thread_barrier()     # the whole tile is stored before the counter says so
     done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
     last = done == SPLIT_K - 1
@@ -66,7 +66,7 @@ def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, sk, offs, mask, MN, SPLIT_K: gl
 
 
 @gluon.jit
-def _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr, tile, sk, tok, row, ok_row, M, N, MT: gl.constexpr,
+def _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr, tile, tok, row, ok_row, M, N, MT: gl.constexpr,
                         SPLIT_K: gl.constexpr):
     """_splitk_fixup_at for the tensor-core GEMVs' (gvt.py, kernels/_gemv_mma.py) partial sums of one or two x tiles
     (out0: x rows tok, out1 with MT == 2: x rows tok + 8; weight rows row, ok_row: they exist), fixed up as one
@@ -81,8 +81,8 @@ def _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr, tile, sk, tok, row, ok_row,
         toks = tok
         rows = row
         oks = ok_row
-    acc, last = _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, sk, toks.to(gl.int64) * N + rows, (toks < M) & oks,
-                                 M * N, SPLIT_K)
+    acc, last = _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, toks.to(gl.int64) * N + rows, (toks < M) & oks, M * N,
+                                 SPLIT_K)
     if MT == 2:
         out0, out1 = gl.split(acc)
         out0 = gl.convert_layout(out0, row.type.layout, assert_trivial=True)
@@ -95,24 +95,17 @@ def _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr, tile, sk, tok, row, ok_row,
 @gluon.jit
 def _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT: gl.constexpr, SPLIT_K: gl.constexpr):
     """The tensor-core GEMVs' accumulators [TILES, 8, 4, 4, e] summed over their in-thread axis, then with SPLIT_K > 1
-    fixed up across the K slices (_tile_sums_at: tile program_id(2) * num_programs(0) + pid_n, slice program_id(1))."""
-    return _tile_sums_at(acc0, acc1, ws_ptr, cnt_ptr, gl.program_id(2) * gl.num_programs(0) + pid_n, gl.program_id(1),
-                         tok, row, ok_row, M, N, MT, SPLIT_K)
-
-
-@gluon.jit
-def _tile_sums_at(acc0, acc1, ws_ptr, cnt_ptr, tile, sk, tok, row, ok_row, M, N, MT: gl.constexpr,
-                  SPLIT_K: gl.constexpr):
-    """_tile_sums for output tile `tile` and K slice sk (a persistent program's unit). Returns (out0, out1, whether
-    the sums are complete in this program); out1 is the second x tile's where MT == 2."""
+    fixed up across the K slices (_splitk_fixup_tiles; tile program_id(2) * num_programs(0) + pid_n). Returns
+    (out0, out1, whether the sums are complete in this program); out1 is the second x tile's where MT == 2."""
     out0 = gl.sum(acc0, axis=3)
     out1 = out0
     if MT == 2:
         out1 = gl.sum(acc1, axis=3)
     last = True
     if SPLIT_K > 1:
-        out0, out1, last = _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr, tile, sk, tok, row, ok_row, M, N, MT,
-                                               SPLIT_K)
+        out0, out1, last = _splitk_fixup_tiles(out0, out1, ws_ptr, cnt_ptr,
+                                               gl.program_id(2) * gl.num_programs(0) + pid_n, tok, row, ok_row, M, N,
+                                               MT, SPLIT_K)
     return out0, out1, last
 
 

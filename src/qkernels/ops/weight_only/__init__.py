@@ -23,14 +23,13 @@ from ..._runtime import (call_op, check_kernel_device, check_same_device, check_
                          is_interpreter, next_pow2, register_twin)
 from ...packed_weight import PackedWeight
 from .dispatch import (_FORCED_CONFIG, PATHS, SUPPORTED, TC_DEFAULT, TC_K, WG_DEFAULT, WG_K, config_for, force_path,
-                       forced_path, gv_supported, gvt_supported, path_config, tc_supported,
-                       use_config, wg_supported)
+                       forced_path, gv_supported, gvt_supported, path_config, tc_supported, use_config,
+                       wg_supported)
 from .._eager import planned, plans_of
 from .launch import run_config
 
 __all__ = ["w4a16_linear", "w8a16_linear", "PATHS", "force_path", "use_config", "config_for", "tc_supported",
-           "wg_supported", "gv_supported", "gvt_supported", "TC_DEFAULT", "WG_DEFAULT", "TC_K", "WG_K",
-           "SUPPORTED"]
+           "wg_supported", "gv_supported", "gvt_supported", "TC_DEFAULT", "WG_DEFAULT", "TC_K", "WG_K", "SUPPORTED"]
 
 X_DTYPES = (torch.float16, torch.bfloat16)
 

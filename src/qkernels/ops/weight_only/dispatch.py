@@ -12,9 +12,9 @@ M-bucketed, shape overrides; defaults in configs/__init__.py):
   "wg"       Gluon Hopper kernel (wgmma on in-register dequantized weights, overlapped with the next tile's
              dequantization): 4- or 8-bit weights, groups of a multiple of WG_K or per channel
   "dequant"  dequantize to x's dtype, then cuBLAS
-A "gv", "gvt", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run
-(SUPPORTED). A GPU without a table autotunes once per shape (qkernels.autotune). Tests and tuners pin a path with
-force_path() or a whole config with use_config(): scoped, never by assigning module globals.
+A "gv", "gvt", "tc" or "wg" config carries a "fallback" config for the cases its kernel does not run (SUPPORTED). A GPU
+without a table autotunes once per shape (qkernels.autotune). Tests and tuners pin a path with force_path() or a
+whole config with use_config(): scoped, never by assigning module globals.
 """
 from __future__ import annotations
 
@@ -37,13 +37,12 @@ TC_DEFAULT = dict(path="tc", BLOCK_N=64, BLOCK_M=8, num_warps=4, SPLIT_K=8, MIN_
 WG_DEFAULT = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
 GV_DEFAULT = dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2, SPLIT_K=4, MIN_PROGRAMS=1024)
 GVT_DEFAULT = dict(path="gvt", TILES=1, WPT=8, num_warps=1, SPLIT_K=8, MIN_PROGRAMS=4096)   # the sweeps' M <= 4 pick
-# boxes of 64 rows x 256 k, 8 stages (64 KB), 2 programs per SM, K split while fewer than 2048 units
 _GLUON_DEFAULTS = {"tc": TC_DEFAULT, "wg": WG_DEFAULT, "gv": GV_DEFAULT, "gvt": GVT_DEFAULT}
 # the Triton-language path a forced Gluon path falls back to
 _GLUON_FALLBACK = {"tc": "gemv", "wg": "mm", "gv": "gemv", "gvt": "gemv"}
 # what force_path takes: a path, or "<path>-splitk" (K split 3 ways, whatever the grid)
-PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gvt", "gemv-splitk", "mm-splitk", "tc-splitk",
-         "wg-splitk", "gv-splitk", "gvt-splitk")
+PATHS = ("gemv", "mm", "dequant", "tc", "wg", "gv", "gvt", "gemv-splitk", "mm-splitk", "tc-splitk", "wg-splitk",
+         "gv-splitk", "gvt-splitk")
 FORCED_SPLIT_K = 3
 
 
