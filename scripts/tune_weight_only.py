@@ -70,11 +70,13 @@ def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1):
+def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1, tail=1, per_sm=1):
     """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
-    on the H100 / H200's 132 SMs); kc: 64-k chunks per ring stage (one barrier and one refill per stage)."""
+    on the H100 / H200's 132 SMs); kc: 64-k chunks per ring stage (one barrier and one refill per stage); tail > 1:
+    the last, partial wave's tiles (SMs x per_sm programs a wave) split along K up to `tail` ways."""
     c = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w)
     c = c if kc == 1 else dict(c, KC=kc)
+    c = c if tail == 1 else dict(c, TAIL=tail, **({"PER_SM": per_sm} if per_sm > 1 else {}))
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -164,10 +166,17 @@ def candidates(m: int) -> list[dict]:
     if 64 <= m <= 256:
         c += [wg(bm, bn, w, st, split=4) for bm, bn, w, st in
               [(64, 64, 4, 6), (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4)]]
+        # few tiles (4096 rows: 64 of 128 x 64): two slices of two-chunk stages
+        c += [wg(bm, 64, 4, st, split=2, min_programs=1 << 30, kc=2) for bm, st in [(128, 4), (64, 4), (128, 3)]]
     if m >= 64:
         c += [wg(bm, bn, w, st) for bm, bn, w, st in
               [(256, 128, 8, 4), (256, 128, 8, 3), (256, 128, 8, 5), (128, 128, 8, 4), (128, 256, 8, 3),
                (256, 64, 4, 4), (128, 64, 4, 4), (64, 64, 4, 4), (64, 128, 8, 4)]]
+    if m >= 256:
+        # wave quantization (14336 rows at M = 1024: 448 tiles of 256 x 128 on 132 SMs, 3.4 waves): the last wave's
+        # tiles split along K over the idle SMs
+        c += [wg(256, 128, 8, st, tail=t) for st in (4, 3) for t in (2, 4)]
+        c += [wg(128, 128, 8, 4, tail=t, per_sm=2) for t in (2, 4)]
     return c
 
 

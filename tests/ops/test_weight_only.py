@@ -441,7 +441,9 @@ def test_gvt_tails_scales_and_fallback(cfg):
                                  dict(BLOCK_M=16, BLOCK_N=256, num_warps=8, STAGES=2, KC=4, SPLIT_K=2,
                                       MIN_PROGRAMS=1 << 30),
                                  dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, STAGES=3, KC=2, SPLIT_K=3,
-                                      MIN_PROGRAMS=1 << 30)])
+                                      MIN_PROGRAMS=1 << 30),
+                                 dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3, TAIL=4),
+                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, KC=2, TAIL=3, PER_SM=2)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
@@ -469,7 +471,8 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
 @gpu
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=4, SPLIT_K=4, MIN_PROGRAMS=1 << 30),
                                  dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=2, KC=2),
-                                 dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4)])
+                                 dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4),
+                                 dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, TAIL=3)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
@@ -490,6 +493,47 @@ def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
         assert got.shape == (M, I) and not torch.isnan(got).any(), "unwritten (poisoned) or NaN outputs"
         assert_bit_exact(got, qk.silu_and_mul(full), f"M={M} I={I}")
         _check(full, _ref(x, pw, bias), dtype)
+
+
+def test_wg_tail_plan():
+    """TAIL: the tiles of the last, partial wave of programs (SMs x PER_SM slots) split along K into at most TAIL
+    slices, no more than the idle slots take, in whole stages, none empty; the tiles before run whole. No split where
+    the tiles fill their waves, with one slot per tail tile, with no SM count, or where the x ring cannot hold the
+    fp32 tile for the fix-up; refused on other paths."""
+    cfg = dict(path="wg", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=3, num_warps=4, TAIL=4)
+    # 2 x 5 = 10 tiles on 4 SMs: 8 whole, 2 split 2 ways (two idle slots each)
+    kernel, grid, split, cx, scratch = WO.launch._plan(cfg, 100, 320, 1024, 4, 128, False, True, False, 4)
+    assert grid == (8 + 2 * 2, 1) and split == 1 and cx["TAIL"] == 2 and scratch == (2 * 2 * 64 * 64, 2, 8)
+    # two slots per SM: 10 tiles on 8 slots, 2 with 4 idle slots each; K of 5 steps in 4 slices would leave one empty:
+    # 3 slices (2, 2, 1)
+    _, grid, _, cx, scratch = WO.launch._plan(dict(cfg, PER_SM=2), 100, 320, 320, 4, 128, False, True, False, 4)
+    assert grid == (8 + 2 * 3, 1) and cx["TAIL"] == 3 and "PER_SM" not in cx and scratch == (2 * 3 * 64 * 64, 2, 8)
+    # full waves; 1 idle slot per tile; no SMs; a ring too small for the fp32 tile (2 stages of 64 x 64 fp16)
+    for M, N, sms, c in ((128, 256, 4, cfg), (100, 320, 6, cfg), (100, 320, 0, cfg),
+                         (100, 320, 4, dict(cfg, BLOCK_N=128, STAGES=2))):
+        _, grid, split, cx, scratch = WO.launch._plan(c, M, N, 1024, 4, 128, False, True, False, sms)
+        assert grid[0] == -(-M // 64) * -(-N // c["BLOCK_N"]) and "TAIL" not in cx and scratch is None
+    with pytest.raises(RuntimeError, match="TAIL / PER_SM .* are wg config keys"):
+        WO.launch._plan(dict(path="gvt", TILES=1, WPT=8, num_warps=1, TAIL=2), 1, 64, 4096, 4, 128, False, True)
+
+
+@gpu
+@pytest.mark.parametrize("bits", [4, 8])
+def test_wg_tail_split_mixed_wave(bits):
+    """TAIL with more tiles than one wave: the first waves' tiles whole, the last wave's split along K (slices of
+    unequal length), against the reference, twice (the tail counters are back at zero after a launch)."""
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    cfg = dict(WO.WG_DEFAULT, BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, GROUP_M=4, TAIL=4)
+    M, N, K = 17, 64 * (sms // 2 + 5), 640      # 2 x (sms / 2 + 5) tiles: 10 past the first wave; slices 3, 3, 3, 1
+    _, grid, _, cx, scratch = WO.launch._plan(cfg, M, N, K, bits, 64, True, True, False, sms)
+    assert cx["TAIL"] == 4 and scratch[1] == 2 * (sms // 2 + 5) - sms
+    pw = _weight(N, K, bits, 64, False)
+    x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
+    for _ in range(2):
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, bits, 64, pw.int_zeros, cfg)
+        _check(got, _ref(x, pw, bias), torch.float16)
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("-splitk")])
@@ -543,7 +587,7 @@ def test_gv_config_checked():
         want = r"gv config needs WPT in \(1, 2, 4, 8\).*'BLOCK_K': " + str(bad["BLOCK_K"])
         with pytest.raises(RuntimeError, match=want):
             WO.launch._plan(dict(path="gv", **bad), 1, 64, 4096, 4, 128, False, True)
-    kernel, grid, split, cx = WO.launch._plan(dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2), 3, 100,
+    kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2), 3, 100,
                                               4160, 4, 128, True, True, True)
     assert grid == (13, 1, 3) and split == 1 and cx["SWIGLU"] and not cx["EVEN_K"] and cx["HAS_BIAS"]
 
@@ -576,19 +620,19 @@ def test_gvt_config_checked():
     for bad in (dict(TILES=1, WPT=8, num_warps=1, STAGES=0), dict(TILES=2, WPT=4, num_warps=1, STAGES=3, PAIRS=True)):
         with pytest.raises(RuntimeError, match=r"gvt config needs STAGES >= 1, and 1 with PAIRS"):
             WO.launch._plan(dict(path="gvt", **bad), 1, 64, 4096, 4, 128, False, True)
-    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 100, 4160, 4, 128,
+    kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 100, 4160, 4, 128,
                                               True, True)
     assert grid == (4, 1, 1) and split == 1 and cx["MT"] == 1 and not cx["EVEN_K"] and cx["HAS_BIAS"]
-    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=8, num_warps=1, SPLIT_K=4,
+    kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gvt", TILES=2, WPT=8, num_warps=1, SPLIT_K=4,
                                                    MIN_PROGRAMS=1 << 30), 12, 4096, 4096, 4, -1, False, True)
     assert grid == (128, 4, 1) and split == 4 and cx["MT"] == 2 and cx["EVEN_K"] and cx["GROUP"] == -1
-    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 144, 2048, 4, 128,
+    kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 144, 2048, 4, 128,
                                               False, True, True)     # SwiGLU: 8 gate rows and their up rows per tile
     assert grid == (5, 1, 1) and cx["SWIGLU"] and WO.launch.fused_swiglu(dict(path="gvt"))
-    kernel, grid, split, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=8, num_warps=1), 1, 4096, 4160, 8, -1,
+    kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gvt", TILES=2, WPT=8, num_warps=1), 1, 4096, 4160, 8, -1,
                                               False, True)     # 8-bit: blocks of 64 k, so two per step here
     assert grid == (128, 1, 1) and cx["BITS"] == 8 and not cx["EVEN_K"]
-    _, _, _, cx = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 1, 4096, 4160, 8, -1, False, True)
+    _, _, _, cx, _ = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 1, 4096, 4160, 8, -1, False, True)
     assert cx["EVEN_K"] and cx["BITS"] == 8
 
 

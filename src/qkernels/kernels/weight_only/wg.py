@@ -225,11 +225,11 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
 
 
 @gluon.jit
-def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr,
+def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr, full,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4, KC: gl.constexpr = 1,
-                   SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False):
+                   SWIGLU: gl.constexpr = False, TAIL: gl.constexpr = 1, PDL: gl.constexpr = False):
     """W4A16 / W8A16 (BITS) on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per
     output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
     each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
@@ -238,7 +238,11 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     The ring has STAGES stages of KC 64-k chunks each (one barrier, one refill per stage: KC > 1 asks for fewer,
     larger copies; the launcher makes K / 64 a multiple of KC). SPLIT_K > 1: program column z covers slice z of
     the stages (the launcher makes every slice non-empty); partials are added up in this kernel (_splitk_fixup:
-    ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile). PDL: the first stages' code bytes and (scale,
+    ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile). TAIL > 1 (SPLIT_K == 1): the tiles past the first
+    `full` (the last, partial wave of programs) are split TAIL ways along K, program full + TAIL t + z computing
+    slice z of tile full + t, so that the wave's programs share their work out over the SMs that would otherwise
+    idle; their partials go to a compact workspace ws_ptr [tiles - full, TAIL, BLOCK_N, BLOCK_M] (cnt_ptr: one
+    counter per split tile) and the last program of each adds them up. PDL: the first stages' code bytes and (scale,
     zero) words are fetched before the wait for the previous kernel, x after; the next kernel may start once every
     program is past that wait (_pdl_wait). SWIGLU: W is a merged [gate; up] projection (N = 2 I rows) and out
     [M, I] = silu(gate) * up: a tile's first BLOCK_N / 2 rows are gate rows c, its last the up rows I + c (w_desc
@@ -251,6 +255,13 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     szl: gl.constexpr = gl.SliceLayout(1, al)
 
     pid = gl.program_id(0)
+    split_tile = False
+    part = 0
+    if TAIL > 1:      # programs past `full`: slice `part` of tile full + (pid - full) // TAIL
+        split_tile = pid >= full
+        q = gl.maximum(pid - full, 0)
+        part = q % TAIL
+        pid = gl.where(split_tile, full + q // TAIL, pid)
     num_m = gl.cdiv(M, BLOCK_M)
     TN: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N      # output columns per tile
     up0 = N // 2 if SWIGLU else 0                                 # the first up row
@@ -270,7 +281,11 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
 
-    if SPLIT_K == 1:
+    if TAIL > 1:
+        per = gl.cdiv(K // BK // KC, gl.where(split_tile, TAIL, 1)) * KC
+        s0 = part * per
+        steps = gl.minimum(K // BK - s0, per)
+    elif SPLIT_K == 1:
         s0 = 0
         steps = K // BK
     else:
@@ -302,7 +317,16 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
-    if SPLIT_K == 1:
+    if TAIL > 1:
+        if split_tile:
+            t = pid - full
+            acc, last = _wg_tail_sum(acc, x_ring, ws_ptr + t.to(gl.int64) * (TAIL * BLOCK_N * BLOCK_M), cnt_ptr + t,
+                                     part, TAIL, W)
+            if last:
+                _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
+        else:
+            _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
+    elif SPLIT_K == 1:
         _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
     else:
         on = _wg_rows(off_n, up0, BLOCK_N, SWIGLU, gl.SliceLayout(1, mma))       # masked where past the rows
@@ -314,6 +338,44 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         acc, last = _splitk_fixup(acc, ws_ptr, cnt_ptr, pid, on, om, ok[:, None] & (om < M)[None, :], M, N, SPLIT_K)
         if last:
             _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
+
+
+@gluon.jit
+def _wg_tail_sum(acc, x_ring, ws_ptr, cnt_ptr, part, TAIL: gl.constexpr, W: gl.constexpr):
+    """TAIL: a split tile's partial acc [BLOCK_N, BLOCK_M] (slice `part` of TAIL) added to the others through the
+    compact workspace ws_ptr [TAIL, BLOCK_N * BLOCK_M] (fp32) and the tile's counter cnt_ptr (zero between
+    launches, acq_rel): every program stores its partial, the last to finish adds the TAIL of them in slice order
+    (deterministic) and resets the counter. The tile goes through the x ring's shared memory (idle after the
+    loop; the launcher makes it hold BLOCK_N x BLOCK_M fp32), so the workspace traffic runs in row chunks of a
+    plain blocked layout: never the sum beside the partial and their addresses in registers (ptxas spilled in the
+    main loop when the fix-up took them in the accumulator's layout). Returns (the sum, in acc's layout; whether
+    this program is the last: only then is the sum complete)."""
+    BN: gl.constexpr = acc.shape[0]
+    BM: gl.constexpr = acc.shape[1]
+    TPM: gl.constexpr = min(32, BM // 4)                   # threads along a row, 4 consecutive fp32 each
+    CH: gl.constexpr = min(BN, 16 * 32 * W // BM)          # rows per chunk: 16 values per thread
+    bl: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPM, TPM], [W, 1], [1, 0])
+    tile = x_ring._reinterpret(gl.float32, [BN, BM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    offs = (gl.arange(0, CH, layout=gl.SliceLayout(1, bl))[:, None] * BM
+            + gl.arange(0, BM, layout=gl.SliceLayout(0, bl))[None, :])
+    gl.thread_barrier()         # every warp is done with the ring
+    tile.store(acc)
+    gl.thread_barrier()
+    mine = ws_ptr + part * (BN * BM)
+    for c in gl.static_range(BN // CH):
+        gl.store(mine + c * CH * BM + offs, tile.slice(c * CH, CH, dim=0).load(bl))
+    gl.thread_barrier()         # the whole partial is stored before the counter says so
+    done = gl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    last = done == TAIL - 1
+    if last:
+        for c in gl.static_range(BN // CH):
+            s = gl.load(ws_ptr + c * CH * BM + offs, cache_modifier=".cg")
+            for sk in gl.static_range(1, TAIL):
+                s += gl.load(ws_ptr + sk * (BN * BM) + c * CH * BM + offs, cache_modifier=".cg")
+            tile.slice(c * CH, CH, dim=0).store(s)
+        gl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+    gl.thread_barrier()
+    return tile.load(acc.type.layout), last
 
 
 @gluon.jit

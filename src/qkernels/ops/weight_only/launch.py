@@ -8,7 +8,7 @@ import importlib
 import torch
 
 from ... import configs
-from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, pdl_options, splitk_scratch
+from ..._runtime import alloc, cdiv, ensure_context, k_splits, launch, next_pow2, num_sms, pdl_options, splitk_scratch
 from .dispatch import GV_K, GVT_K, SUPPORTED, TC_K, WG_K
 
 
@@ -18,19 +18,24 @@ def _kernels(name: str):
     return importlib.import_module(f"...kernels.weight_only.{name}", __package__)
 
 
-# (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros) -> (cfg, launch plan); cfg kept alive: ids stay unique
+# (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms) -> (cfg, launch plan); cfg kept alive: ids
+# stay unique
 _PLANS: dict = {}
 
 
 def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool,
-          swiglu: bool = False):
-    """kernel, grid, split and constexprs of a gemv / mm launch: worked out once per shape and config, so
-    an eager call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu)."""
-    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu)
+          swiglu: bool = False, sms: int = 0):
+    """kernel, grid, split, constexprs and scratch of a launch: worked out once per shape and config, so an eager
+    call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu). scratch: None,
+    or the split-K workspace's fp32 elements, its tile counters and the first split program (wg's TAIL: sms, the
+    device's SM count, sizes the last wave)."""
+    key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms)
     hit = _PLANS.get(key)
     if hit is not None:
         return hit[1]
     p = {k: v for k, v in cfg.items() if k not in ("path", "fallback")}
+    if cfg["path"] != "wg" and ("TAIL" in p or "PER_SM" in p):
+        raise RuntimeError(f"TAIL / PER_SM (the last wave split along K) are wg config keys: {cfg}")
     if cfg["path"] not in SUPPORTED and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
@@ -80,7 +85,22 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
             return _keep_plan(key, cfg, (_kernels("tc")._wo_tc_kernel, grid, split, constexprs))
         if swiglu:
             constexprs["SWIGLU"] = True
-        return _keep_plan(key, cfg, (_kernels("wg")._wo_wg_kernel, (tiles, split), split, dict(constexprs, BITS=bits)))
+        kernel = _kernels("wg")._wo_wg_kernel
+        tail = int(constexprs.pop("TAIL", 1))
+        slots = sms * int(constexprs.pop("PER_SM", 1))
+        # the fix-up goes through the x ring's shared memory: it must hold BLOCK_N x BLOCK_M fp32
+        ring_holds = p["STAGES"] * p.get("KC", 1) * 32 >= p["BLOCK_N"]
+        if tail > 1 and split == 1 and slots and tiles % slots and ring_holds:
+            # the last wave's `rem` tiles split along K over the SMs the wave would leave idle (at most one
+            # slice per slot, whole stages each, none empty)
+            rem = tiles % slots
+            tail = k_splits(min(tail, slots // rem), K // step)
+            if tail > 1:
+                full = tiles - rem
+                bm, bn = constexprs["BLOCK_M"], constexprs["BLOCK_N"]
+                return _keep_plan(key, cfg, (kernel, (full + rem * tail, 1), 1, dict(constexprs, BITS=bits, TAIL=tail)),
+                                  (rem * tail * bn * bm, rem, full))
+        return _keep_plan(key, cfg, (kernel, (tiles, split), split, dict(constexprs, BITS=bits)))
     if cfg["path"] == "gemv":
         # K is split only where the grid would leave SMs short of programs (long K, few rows: 4096 x 14336)
         split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
@@ -102,11 +122,17 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     return _keep_plan(key, cfg, (kernel, grid, split, constexprs))
 
 
-def _keep_plan(key, cfg, plan):
+def _keep_plan(key, cfg, plan, scratch=None):
+    """plan + (scratch,): with split-K ([split, M, N] fp32 and a counter per output tile) unless given."""
+    kernel, grid, split, _ = plan
+    if scratch is None and split > 1:
+        tiles = (grid[0] * grid[2] if cfg["path"] in ("tc", "gv", "gvt") else grid[0] * grid[1] if cfg["path"] == "gemv"
+                 else grid[0])
+        scratch = (split * key[1] * key[2], tiles, 0)
     if len(_PLANS) >= 4096:      # many distinct M (prefill lengths): start over rather than grow
         _PLANS.clear()
-    _PLANS[key] = (cfg, plan)
-    return plan
+    _PLANS[key] = (cfg, plan + (scratch,))
+    return plan + (scratch,)
 
 
 def fused_swiglu(cfg: dict) -> bool:
@@ -123,12 +149,11 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     output tile (_runtime.splitk_scratch: both kept per stream)."""
     M, K = x2.shape
     N = qweight.shape[0]
-    kernel, grid, split, constexprs = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu)
+    kernel, grid, _, constexprs, scratch = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu,
+                                                 num_sms(x2.device) if "TAIL" in cfg else 0)
     bias_arg = bias if bias is not None else scale_zero
-    if split > 1:
-        tiles = (grid[0] * grid[2] if cfg["path"] in ("tc", "gv", "gvt") else grid[0] * grid[1] if cfg["path"] == "gemv"
-                 else grid[0])
-        ws, cnt = splitk_scratch(x2.device, split * M * N, tiles)
+    if scratch is not None:
+        ws, cnt = splitk_scratch(x2.device, scratch[0], scratch[1])
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
     if cfg["path"] in ("tc", "gv", "gvt"):
@@ -140,7 +165,7 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"],
                                          constexprs["BLOCK_N"] // (2 if swiglu else 1))
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
-               ws, cnt, **constexprs, **pdl_options(x2.device))
+               ws, cnt, scratch[2] if scratch is not None else 0, **constexprs, **pdl_options(x2.device))
     else:      # gemv / mm
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
                qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs, **pdl_options(x2.device))
