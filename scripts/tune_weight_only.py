@@ -28,7 +28,7 @@ from qkernels.bench.decode_gemv import chain_copies, chain_us
 from qkernels.bench.harness import time_us
 from qkernels.ops import weight_only as WO
 
-BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
+BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048, 4096]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 CHAIN_SHAPES = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
 
