@@ -6,7 +6,7 @@ loads per iteration. Registers per thread from cuobjdump. A kernel whose count p
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvt | w4a16-wg |
-       w4a16-wg-swiglu | w4a16-wg-tail | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
+       w4a16-wg-swiglu | w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -113,7 +113,7 @@ def w4a16_wg(swiglu: bool = False):
     from qkernels.kernels.weight_only.wg import _wo_wg_kernel as k
     bm, bn = 32, 64
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=8, SPLIT_K=2, BITS=4,
-              KC=1, SWIGLU=swiglu, TAIL=1, PDL=False)
+              KC=1, SWIGLU=swiglu, TAIL=1, WS=False, PDL=False)
     xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
     wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
     hb = bn // 2 if swiglu else bn
@@ -121,6 +121,13 @@ def w4a16_wg(swiglu: bool = False):
                  bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
                  ws_ptr="*fp32", cnt_ptr="*i32", full="i32")
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
+
+
+def w4a16_wg_ws():
+    """The Gluon wgmma kernel at prefill, warp-specialized (WS: a producer warp issues the TMA copies): 256 x rows,
+    128 weight rows, 8 consumer warps, 4 stages, 232 registers for the consumers."""
+    k, types, cx, warps, source, nbytes, mma, pick = w4a16_wg_tail()
+    return k, types, dict(cx, TAIL=1, WS=True), warps, source, nbytes, mma, pick
 
 
 def w4a16_wg_tail():
@@ -131,7 +138,7 @@ def w4a16_wg_tail():
     from qkernels.kernels.weight_only.wg import _wo_wg_kernel as k
     bm, bn = 256, 128
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4, SPLIT_K=1, BITS=4,
-              KC=1, SWIGLU=False, TAIL=2, PDL=False)
+              KC=1, SWIGLU=False, TAIL=2, WS=False, PDL=False)
     xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
     wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
     types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16",
@@ -141,7 +148,7 @@ def w4a16_wg_tail():
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
-         "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg, "w4a16-wg-tail": w4a16_wg_tail,
+         "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg, "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 

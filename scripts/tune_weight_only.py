@@ -70,11 +70,12 @@ def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1, tail=1, per_sm=1):
+def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1, tail=1, per_sm=1, ws=False):
     """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
     on the H100 / H200's 132 SMs); kc: 64-k chunks per ring stage (one barrier and one refill per stage); tail > 1:
-    the last, partial wave's tiles (SMs x per_sm programs a wave) split along K up to `tail` ways."""
-    c = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w)
+    the last, partial wave's tiles (SMs x per_sm programs a wave) split along K up to `tail` ways; ws: a producer
+    warp issues the ring's copies (warp-specialized)."""
+    c = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w, **({"WS": True} if ws else {}))
     c = c if kc == 1 else dict(c, KC=kc)
     c = c if tail == 1 else dict(c, TAIL=tail, **({"PER_SM": per_sm} if per_sm > 1 else {}))
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
@@ -177,6 +178,8 @@ def candidates(m: int) -> list[dict]:
         # tiles split along K over the idle SMs
         c += [wg(256, 128, 8, st, tail=t) for st in (4, 3) for t in (2, 4)]
         c += [wg(128, 128, 8, 4, tail=t, per_sm=2) for t in (2, 4)]
+        # warp-specialized: a producer warp issues the copies, the warpgroups only dequantize and multiply
+        c += [wg(256, 128, 8, st, tail=t, ws=True) for st in (4, 3) for t in (1, 2)]
     return c
 
 

@@ -443,7 +443,11 @@ def test_gvt_tails_scales_and_fallback(cfg):
                                  dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, STAGES=3, KC=2, SPLIT_K=3,
                                       MIN_PROGRAMS=1 << 30),
                                  dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3, TAIL=4),
-                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, KC=2, TAIL=3, PER_SM=2)])
+                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, KC=2, TAIL=3, PER_SM=2),
+                                 dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4, WS=True),
+                                 dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, KC=2, SPLIT_K=3,
+                                      MIN_PROGRAMS=1 << 30, WS=True),
+                                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=4, TAIL=4, WS=True)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
@@ -451,7 +455,8 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
     are read but not stored, split-K slices of unequal length), ring stages of several 64-k chunks (KC; K / 64 not a
     multiple of KC: one chunk per stage),
     a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, integer zero points taken as such or not,
-    per channel; group 32 and K % 64 take the fallback. Against the reference."""
+    per channel; group 32 and K % 64 take the fallback; the last wave split (TAIL) and the warp-specialized loop
+    (WS). Against the reference."""
     cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "mm", bits, 200, 320, DEVICE)
     for M, N, k, group_size, sym in ((1, 200, 320, 64, True), (130, 200, 640, 128, False), (300, 72, 512, -1, True),
@@ -472,7 +477,8 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
 @pytest.mark.parametrize("cfg", [dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=4, SPLIT_K=4, MIN_PROGRAMS=1 << 30),
                                  dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=2, KC=2),
                                  dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4),
-                                 dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, TAIL=3)])
+                                 dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, TAIL=3),
+                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, KC=2, WS=True)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
@@ -518,12 +524,13 @@ def test_wg_tail_plan():
 
 
 @gpu
+@pytest.mark.parametrize("ws", [False, True])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_wg_tail_split_mixed_wave(bits):
+def test_wg_tail_split_mixed_wave(bits, ws):
     """TAIL with more tiles than one wave: the first waves' tiles whole, the last wave's split along K (slices of
     unequal length), against the reference, twice (the tail counters are back at zero after a launch)."""
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
-    cfg = dict(WO.WG_DEFAULT, BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, GROUP_M=4, TAIL=4)
+    cfg = dict(WO.WG_DEFAULT, BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, GROUP_M=4, TAIL=4, WS=ws)
     M, N, K = 17, 64 * (sms // 2 + 5), 640      # 2 x (sms / 2 + 5) tiles: 10 past the first wave; slices 3, 3, 3, 1
     _, grid, _, cx, scratch = WO.launch._plan(cfg, M, N, K, bits, 64, True, True, False, sms)
     assert cx["TAIL"] == 4 and scratch[1] == 2 * (sms // 2 + 5) - sms

@@ -28,7 +28,8 @@ tile stored to shared memory as the B operand (x as A) lost ~40% to the extra sh
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
 
 from .gluon_shared import PER_CHANNEL, _halves_of, _pdl_wait, _splitk_fixup
 
@@ -225,11 +226,75 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
 
 
 @gluon.jit
+def _wg_step_ws(acc, lo, hi, sz, step, steps, s0, x_ring, c_ring, bars, empty, s_p, GROUP: gl.constexpr,
+                INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr, STAGES: gl.constexpr,
+                BITS: gl.constexpr, KC: gl.constexpr):
+    """_wg_step in the consumer partition of WS: where the previous chunk ended its stage, the stage is handed back
+    to the producer warp (its `empty` barrier) instead of refilled here; no CTA barrier."""
+    acc = _wg_mma(acc, lo, hi, x_ring.index(step % (STAGES * KC)))
+    if GROUP == PER_CHANNEL:
+        sz_after = sz
+    else:
+        sz_after = _wg_sz(s_p, step + 2, steps, s0, GROUP)
+    acc = warpgroup_mma_wait(2, deps=[acc])       # the previous chunk's wgmmas are done with its x tile
+    done = (step >= 1) & ((step - 1) % KC == KC - 1)
+    fence_async_shared()        # this partition's reads of the stage ordered before the producer's TMA writes
+    mbarrier.arrive(empty.index(((step - 1) // KC) % STAGES), count=1, pred=done)
+    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC)
+    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
+    return acc, nlo, nhi, sz_after
+
+
+@gluon.jit
+def _wg_consume(s_p, x_ring, c_ring, bars, empty, steps, s0, GROUP: gl.constexpr, INT_Z: gl.constexpr,
+                dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr, mma: gl.constexpr, STAGES: gl.constexpr,
+                BITS: gl.constexpr, KC: gl.constexpr):
+    """WS's default partition (the kernel's warpgroups): the main loop of the kernel below on the ring the
+    producer warp fills. Returns (acc,)."""
+    BN: gl.constexpr = c_ring.shape[1]
+    BM: gl.constexpr = x_ring.shape[1]
+    sz = _wg_sz(s_p, 0, steps, s0, GROUP)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS, KC), sz, INT_Z, dt, st, al, BITS)
+    if GROUP != PER_CHANNEL:
+        sz = _wg_sz(s_p, 1, steps, s0, GROUP)
+    acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+    for j in range(steps // 2):
+        acc, lo2, hi2, sz = _wg_step_ws(acc, lo, hi, sz, 2 * j, steps, s0, x_ring, c_ring, bars, empty, s_p, GROUP,
+                                        INT_Z, dt, st, al, STAGES, BITS, KC)
+        acc, lo, hi, sz = _wg_step_ws(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_ring, c_ring, bars, empty, s_p,
+                                      GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
+    if steps % 2 == 1:
+        acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
+    return (warpgroup_mma_wait(0, deps=[acc]),)
+
+
+@gluon.jit
+def _wg_produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, STAGES: gl.constexpr,
+                BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr, PDL: gl.constexpr):
+    """WS's producer warp: the first STAGES stages' code bytes, the wait for the kernel before (PDL), their x tiles;
+    then each later stage group g once the consumers have handed its ring stage back (the (g // STAGES - 1)-th
+    completion of that stage's `empty` barrier)."""
+    for p in gl.static_range(STAGES):
+        _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS, KC,
+                        SWIGLU)
+    _pdl_wait(PDL)
+    for p in gl.static_range(STAGES):
+        _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
+    for g in range(STAGES, steps // KC):
+        stage = g % STAGES
+        mbarrier.wait(empty.index(stage), (g // STAGES - 1) & 1)
+        k0 = (s0 + g * KC) * BK
+        _wg_issue_codes(x_desc, w_desc, c_ring, bars, stage, off_n, up0, k0, True, BITS, KC, SWIGLU)
+        _wg_issue_x(x_desc, x_ring, bars, stage, off_m, k0, True, KC)
+
+
+@gluon.jit
 def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr, full,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4, KC: gl.constexpr = 1,
-                   SWIGLU: gl.constexpr = False, TAIL: gl.constexpr = 1, PDL: gl.constexpr = False):
+                   SWIGLU: gl.constexpr = False, TAIL: gl.constexpr = 1, WS: gl.constexpr = False,
+                   PDL: gl.constexpr = False):
     """W4A16 / W8A16 (BITS) on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per
     output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
     each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
@@ -242,7 +307,10 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     `full` (the last, partial wave of programs) are split TAIL ways along K, program full + TAIL t + z computing
     slice z of tile full + t, so that the wave's programs share their work out over the SMs that would otherwise
     idle; their partials go to a compact workspace ws_ptr [tiles - full, TAIL, BLOCK_N, BLOCK_M] (cnt_ptr: one
-    counter per split tile) and the last program of each adds them up. PDL: the first stages' code bytes and (scale,
+    counter per split tile) and the last program of each adds them up. WS: warp-specialized, one more warp (the
+    producer: every TMA copy, the PDL wait) fills the ring while the kernel's warpgroups (the consumers) only
+    dequantize and issue wgmmas, handing each stage back through an `empty` mbarrier (no CTA barrier in the loop;
+    the config's `maxnreg` sizes the registers, the producer keeping 24). PDL: the first stages' code bytes and (scale,
     zero) words are fetched before the wait for the previous kernel, x after; the next kernel may start once every
     program is past that wait (_pdl_wait). SWIGLU: W is a merged [gate; up] projection (N = 2 I rows) and out
     [M, I] = silu(gate) * up: a tile's first BLOCK_N / 2 rows are gate rows c, its last the up rows I + c (w_desc
@@ -292,28 +360,41 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         per = gl.cdiv(K // BK // KC, SPLIT_K) * KC
         s0 = gl.program_id(1) * per
         steps = gl.minimum(K // BK - s0, per)
-    for p in gl.static_range(STAGES):      # weights only before the wait (PDL)
-        _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS, KC,
-                        SWIGLU)
-    sz = _wg_sz(s_p, 0, steps, s0, GROUP)
-    _pdl_wait(PDL)
-    for p in gl.static_range(STAGES):
-        _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
-    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS, KC), sz, INT_Z, dt, st, al, BITS)
-    if GROUP != PER_CHANNEL:
-        sz = _wg_sz(s_p, 1, steps, s0, GROUP)
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
-    # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
-    # reading the carried registers was done.
-    for j in range(steps // 2):
-        acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                     off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
-        acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                   off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
-    if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
-        acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
-    acc = warpgroup_mma_wait(0, deps=[acc])
+    if WS:
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for p in gl.static_range(STAGES):
+            mbarrier.init(empty.index(p), count=1)
+        acc, = gl.warp_specialize([
+            (_wg_consume, (s_p, x_ring, c_ring, bars, empty, steps, s0, GROUP, INT_Z, dt, st, al, mma, STAGES, BITS,
+                           KC)),
+            (_wg_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, STAGES, BITS,
+                           KC, SWIGLU, PDL)),
+        ], [1], [24])
+        for p in gl.static_range(STAGES):
+            mbarrier.invalidate(empty.index(p))
+    else:
+        for p in gl.static_range(STAGES):      # weights only before the wait (PDL)
+            _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS,
+                            KC, SWIGLU)
+        sz = _wg_sz(s_p, 0, steps, s0, GROUP)
+        _pdl_wait(PDL)
+        for p in gl.static_range(STAGES):
+            _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
+        lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS, KC), sz, INT_Z, dt, st, al, BITS)
+        if GROUP != PER_CHANNEL:
+            sz = _wg_sz(s_p, 1, steps, s0, GROUP)
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
+        # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
+        # reading the carried registers was done.
+        for j in range(steps // 2):
+            acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
+                                         off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
+            acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars,
+                                       s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
+        if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
+            acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
+        acc = warpgroup_mma_wait(0, deps=[acc])
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
