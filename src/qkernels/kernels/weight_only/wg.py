@@ -230,7 +230,8 @@ def _wg_step_ws(acc, lo, hi, sz, step, steps, s0, x_ring, c_ring, bars, empty, s
                 INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr, STAGES: gl.constexpr,
                 BITS: gl.constexpr, KC: gl.constexpr):
     """_wg_step in the consumer partition of WS: where the previous chunk ended its stage, the stage is handed back
-    to the producer warp (its `empty` barrier) instead of refilled here; no CTA barrier."""
+    to the producer warp (its `empty` barrier: one elected arrive after a barrier of the consumer warps) instead of
+    refilled here."""
     acc = _wg_mma(acc, lo, hi, x_ring.index(step % (STAGES * KC)))
     if GROUP == PER_CHANNEL:
         sz_after = sz
@@ -309,12 +310,12 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     idle; their partials go to a compact workspace ws_ptr [tiles - full, TAIL, BLOCK_N, BLOCK_M] (cnt_ptr: one
     counter per split tile) and the last program of each adds them up. WS: warp-specialized, one more warp (the
     producer: every TMA copy, the PDL wait) fills the ring while the kernel's warpgroups (the consumers) only
-    dequantize and issue wgmmas, handing each stage back through an `empty` mbarrier (no CTA barrier in the loop;
-    the config's `maxnreg` sizes the registers, the producer keeping 24). PDL: the first stages' code bytes and (scale,
-    zero) words are fetched before the wait for the previous kernel, x after; the next kernel may start once every
-    program is past that wait (_pdl_wait). SWIGLU: W is a merged [gate; up] projection (N = 2 I rows) and out
-    [M, I] = silu(gate) * up: a tile's first BLOCK_N / 2 rows are gate rows c, its last the up rows I + c (w_desc
-    blocks [BLOCK_N / 2, 32]), paired in the epilogue (_wg_store)."""
+    dequantize and issue wgmmas, handing each stage back through an `empty` mbarrier (half the barriers in the loop;
+    setmaxnreg gives the producer 24 registers, the consumers the rest: 240 at 8 warps). PDL: the first stages' code
+    bytes and (scale, zero) words are fetched before the wait for the previous kernel, x after; the next kernel may
+    start once every program is past that wait (_pdl_wait; with WS the producer's). SWIGLU: W is a merged [gate; up]
+    projection (N = 2 I rows) and out [M, I] = silu(gate) * up: a tile's first BLOCK_N / 2 rows are gate rows c, its
+    last the up rows I + c (w_desc blocks [BLOCK_N / 2, 32]), paired in the epilogue (_wg_store)."""
     W: gl.constexpr = gl.num_warps()
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
