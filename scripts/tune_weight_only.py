@@ -164,6 +164,10 @@ def candidates(m: int) -> list[dict]:
         # scheduler, issuing on half the cycles)
         c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc) for st, kc, sp, mp in
               [(4, 1, 4, 792), (3, 1, 4, 792), (4, 1, 8, 1056), (2, 2, 4, 792), (3, 1, 8, 1056)]]
+        # the same warp-specialized (a producer warp issues the copies: no CTA barrier or TMA issue on the warpgroup
+        # that multiplies, the loop's latency-bound part)
+        c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc, ws=True) for st, kc, sp, mp in
+              [(4, 1, 4, 792), (3, 1, 8, 1056), (2, 2, 4, 792)]]
     if 64 <= m <= 256:
         c += [wg(bm, bn, w, st, split=4) for bm, bn, w, st in
               [(64, 64, 4, 6), (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4)]]
