@@ -197,74 +197,66 @@ def _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n,
 
 
 @gluon.jit
-def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p, off_m, off_n, up0,
+def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, empty, s_p, off_m, off_n, up0,
              GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
-             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr):
+             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr, WS: gl.constexpr):
     """Chunk `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the chunk
     after next; wait for the previous chunk's wgmmas (its tile's registers are then free); if that chunk was its
-    stage's last, refill the stage with the chunks STAGES stages on, once every warp is past it; read and dequantize
-    the next chunk's codes (after the last chunk: the last one again, unused; sz: its words, loaded a chunk ago)
-    while this chunk's wgmmas run. Returns (acc in flight, next lo, next hi, the words for the chunk after next)."""
+    stage's last, refill the stage with the chunks STAGES stages on, once every warp is past it (WS: hand the stage
+    back to the producer warp through its `empty` barrier: one elected arrive after a barrier of the consumer
+    warps); read and dequantize the next chunk's codes (after the last chunk: the last one again, unused; sz: its
+    words, loaded a chunk ago) while this chunk's wgmmas run. Returns (acc in flight, next lo, next hi, the words
+    for the chunk after next)."""
     acc = _wg_mma(acc, lo, hi, x_ring.index(step % (STAGES * KC)))
     if GROUP == PER_CHANNEL:      # per channel: the same words every chunk
         sz_after = sz
     else:
         sz_after = _wg_sz(s_p, step + 2, steps, s0, GROUP)
     acc = warpgroup_mma_wait(2, deps=[acc])
-    g = (step - 1) // KC + STAGES       # the stage the previous chunk was in, refilled with stage g
-    if KC == 1:     # every chunk ends its stage (the barrier unconditional, as branch-free code)
-        gl.thread_barrier()
-        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, step >= 1, BITS, KC,
-                   STAGES, SWIGLU)
-    elif (step >= 1) & ((step - 1) % KC == KC - 1):
-        gl.thread_barrier()
-        _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, True, BITS, KC, STAGES,
-                   SWIGLU)
-    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC)
-    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
-    return acc, nlo, nhi, sz_after
-
-
-@gluon.jit
-def _wg_step_ws(acc, lo, hi, sz, step, steps, s0, x_ring, c_ring, bars, empty, s_p, GROUP: gl.constexpr,
-                INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr, STAGES: gl.constexpr,
-                BITS: gl.constexpr, KC: gl.constexpr):
-    """_wg_step in the consumer partition of WS: where the previous chunk ended its stage, the stage is handed back
-    to the producer warp (its `empty` barrier: one elected arrive after a barrier of the consumer warps) instead of
-    refilled here."""
-    acc = _wg_mma(acc, lo, hi, x_ring.index(step % (STAGES * KC)))
-    if GROUP == PER_CHANNEL:
-        sz_after = sz
+    if WS:
+        done = (step >= 1) & ((step - 1) % KC == KC - 1)
+        fence_async_shared()        # this partition's reads of the stage ordered before the producer's TMA writes
+        mbarrier.arrive(empty.index(((step - 1) // KC) % STAGES), count=1, pred=done)
     else:
-        sz_after = _wg_sz(s_p, step + 2, steps, s0, GROUP)
-    acc = warpgroup_mma_wait(2, deps=[acc])       # the previous chunk's wgmmas are done with its x tile
-    done = (step >= 1) & ((step - 1) % KC == KC - 1)
-    fence_async_shared()        # this partition's reads of the stage ordered before the producer's TMA writes
-    mbarrier.arrive(empty.index(((step - 1) // KC) % STAGES), count=1, pred=done)
+        g = (step - 1) // KC + STAGES       # the stage the previous chunk was in, refilled with stage g
+        if KC == 1:     # every chunk ends its stage (the barrier unconditional, as branch-free code)
+            gl.thread_barrier()
+            _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, step >= 1, BITS, KC,
+                       STAGES, SWIGLU)
+        elif (step >= 1) & ((step - 1) % KC == KC - 1):
+            gl.thread_barrier()
+            _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, True, BITS, KC,
+                       STAGES, SWIGLU)
     codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC)
     nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
     return acc, nlo, nhi, sz_after
 
 
 @gluon.jit
-def _wg_consume(s_p, x_ring, c_ring, bars, empty, steps, s0, GROUP: gl.constexpr, INT_Z: gl.constexpr,
-                dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr, mma: gl.constexpr, STAGES: gl.constexpr,
-                BITS: gl.constexpr, KC: gl.constexpr):
-    """WS's default partition (the kernel's warpgroups): the main loop of the kernel below on the ring the
-    producer warp fills. Returns (acc,)."""
+def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, GROUP: gl.constexpr,
+             INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr, mma: gl.constexpr,
+             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr, WS: gl.constexpr):
+    """The main loop over the slice's chunks (sz: the first chunk's (scale, zero) words, or None: loaded here);
+    with WS, the default partition of the warp-specialized kernel (the ring filled by _wg_produce). Returns (acc,)
+    once every wgmma is done."""
     BN: gl.constexpr = c_ring.shape[1]
     BM: gl.constexpr = x_ring.shape[1]
-    sz = _wg_sz(s_p, 0, steps, s0, GROUP)
+    if sz is None:
+        sz = _wg_sz(s_p, 0, steps, s0, GROUP)
     lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS, KC), sz, INT_Z, dt, st, al, BITS)
     if GROUP != PER_CHANNEL:
         sz = _wg_sz(s_p, 1, steps, s0, GROUP)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+    # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
+    # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
+    # reading the carried registers was done.
     for j in range(steps // 2):
-        acc, lo2, hi2, sz = _wg_step_ws(acc, lo, hi, sz, 2 * j, steps, s0, x_ring, c_ring, bars, empty, s_p, GROUP,
-                                        INT_Z, dt, st, al, STAGES, BITS, KC)
-        acc, lo, hi, sz = _wg_step_ws(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_ring, c_ring, bars, empty, s_p,
-                                      GROUP, INT_Z, dt, st, al, STAGES, BITS, KC)
-    if steps % 2 == 1:
+        acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, empty,
+                                     s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU, WS)
+        acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars,
+                                   empty, s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU,
+                                   WS)
+    if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
     return (warpgroup_mma_wait(0, deps=[acc]),)
 
@@ -366,8 +358,8 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         for p in gl.static_range(STAGES):
             mbarrier.init(empty.index(p), count=1)
         acc, = gl.warp_specialize([
-            (_wg_consume, (s_p, x_ring, c_ring, bars, empty, steps, s0, GROUP, INT_Z, dt, st, al, mma, STAGES, BITS,
-                           KC)),
+            (_wg_loop, (None, s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, GROUP,
+                        INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, True)),
             (_wg_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, STAGES, BITS,
                            KC, SWIGLU, PDL)),
         ], [1], [24])
@@ -381,21 +373,8 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         _pdl_wait(PDL)
         for p in gl.static_range(STAGES):
             _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
-        lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS, KC), sz, INT_Z, dt, st, al, BITS)
-        if GROUP != PER_CHANNEL:
-            sz = _wg_sz(s_p, 1, steps, s0, GROUP)
-        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-        # Two steps per iteration, so that the tile in flight and the one being dequantized are different values
-        # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
-        # reading the carried registers was done.
-        for j in range(steps // 2):
-            acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, s_p,
-                                         off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
-            acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars,
-                                       s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU)
-        if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
-            acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
-        acc = warpgroup_mma_wait(0, deps=[acc])
+        acc, = _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, up0, GROUP,
+                        INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
