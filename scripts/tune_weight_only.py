@@ -164,8 +164,8 @@ def candidates(m: int) -> list[dict]:
         # scheduler, issuing on half the cycles)
         c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc) for st, kc, sp, mp in
               [(4, 1, 4, 792), (3, 1, 4, 792), (4, 1, 8, 1056), (2, 2, 4, 792), (3, 1, 8, 1056)]]
-        # the same warp-specialized (a producer warp issues the copies: no CTA barrier or TMA issue on the warpgroup
-        # that multiplies, the loop's latency-bound part)
+        # the same warp-specialized (a producer warp issues the copies: no TMA issue and half the barriers on the
+        # warpgroup that multiplies, the loop's latency-bound part)
         c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc, ws=True) for st, kc, sp, mp in
               [(4, 1, 4, 792), (3, 1, 8, 1056), (2, 2, 4, 792)]]
     if 64 <= m <= 256:

@@ -373,6 +373,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         _pdl_wait(PDL)
         for p in gl.static_range(STAGES):
             _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
+        # (no `empty` barriers without WS: bars stands in for them, unused)
         acc, = _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, up0, GROUP,
                         INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, False)
     for p in gl.static_range(STAGES):
