@@ -12,7 +12,8 @@ times `QuantizedLinear` layers of that scheme as `quantize_` makes them, through
 W8A8 linears take no weight-only config). --swiglu: the weight-only calls as a merged [gate; up] projection with SwiGLU
 applied in the call (what a fused MLP runs: QuantizedLinear.forward_swiglu). --maxnreg N [N ...] (with --table): also
 each shape's table config with its registers per thread capped at N (ptxas spills the rest), where more programs per
-SM might hide more latency. Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
+SM might hide more latency. --fp16: also fp16 `F.linear` on copies of an fp16 weight spanning >= 256 MB (the baseline
+the decode-GEMV bench divides by), PDL not applying. Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
 small shapes): a check of the script, not a timing.
 """
 import argparse
@@ -58,6 +59,7 @@ def main():
     ap.add_argument("--swiglu", action="store_true", help="weight-only: silu(gate) * up in the call (N = 2 I)")
     ap.add_argument("--scheme", choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"),
                     help="QuantizedLinear layers of this scheme through the table (with --table, no --config)")
+    ap.add_argument("--fp16", action="store_true", help="also fp16 F.linear in the same chain method (a baseline)")
     a = ap.parse_args()
     if not a.config and not a.table:
         ap.error("name at least one --config, or --table")
@@ -81,6 +83,15 @@ def main():
     print(f"{a.scheme or f'w{a.bits}a16'}{' with SwiGLU' if a.swiglu else ''}, µs per call, shapes "
           f"{' '.join(a.shapes)}", flush=True)
     for m in a.ms:
+        if a.fp16:
+            times = []
+            for n, k in shapes:
+                w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
+                copies = [w] + [w.clone() for _ in range(chain_copies(w.nbytes) - 1 if gpu else 1)]
+                x = torch.randn(m, k, device=dev, dtype=torch.float16)
+                times.append(chain_us([lambda c=c: torch.nn.functional.linear(x, c) for c in copies], gpu))
+                del w, copies
+            print(f"M={m:3d} fp16   {' '.join(f'{t:8.2f}' for t in times)}  F.linear", flush=True)
         for cfg in cfgs:
             if isinstance(cfg, dict) and cfg.get("path") in ("wg", "tc") and cfg.get("BLOCK_M", m) < m:
                 cfg = dict(cfg, BLOCK_M=m)

@@ -5,7 +5,7 @@ by opcode (the largest, where there are several), and its instruction count divi
 loads per iteration. Registers per thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
-Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvt | w4a16-wg |
+Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvp | w4a16-gvt | w4a16-wg |
        w4a16-wg-swiglu | w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 |
        w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
@@ -90,6 +90,17 @@ def w4a16_gv():
     return k, types, cx, 1, GluonASTSource, 8 * 1024 // 2 // 32
 
 
+def w4a16_gvp():
+    """w4a16-gv on the persistent grid (PERSISTENT: each program a contiguous run of (row block, step) units), 8 rows
+    x 1024 k per unit, WPT 4, one warp, registers a unit ahead."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qkernels.kernels.weight_only.gv import _wo_gvp_kernel as k
+    _, types, _, _, _, per = w4a16_gv()
+    cx = dict(GROUP=128, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=1024, WPT=4, EVEN_K=True, SWIGLU=False, PDL=True)
+    return k, types, cx, 1, GluonASTSource, per
+
+
 def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
     """The Gluon tensor-core W8A8 GEMV quantizing x itself (fp16 x), int8 or fp8 codes: TILES 16-row tiles per warp,
     WPT 8 (128 k per step), one warp, one x row. Its main loop is the one with the MMAs (the absmax loop is larger)."""
@@ -149,7 +160,7 @@ def w4a16_wg_tail():
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
-         "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
+         "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
          "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}

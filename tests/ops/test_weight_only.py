@@ -327,10 +327,14 @@ def _check_gemv_case(cfg, M, N, k, group_size, sym, scale):
                                  dict(BLOCK_N=4, BLOCK_K=4096, WPT=4, num_warps=4),
                                  dict(BLOCK_N=16, BLOCK_K=1024, WPT=2, num_warps=2),
                                  dict(BLOCK_N=8, BLOCK_K=512, WPT=1, num_warps=2, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
-                                 dict(BLOCK_N=4, BLOCK_K=1024, WPT=4, num_warps=1, STAGES=3)])
+                                 dict(BLOCK_N=4, BLOCK_K=1024, WPT=4, num_warps=1, STAGES=3),
+                                 dict(BLOCK_N=8, BLOCK_K=1024, WPT=4, num_warps=1, PERSISTENT=1),
+                                 dict(BLOCK_N=8, BLOCK_K=512, WPT=2, num_warps=1, PERSISTENT=16),
+                                 dict(BLOCK_N=16, BLOCK_K=2048, WPT=4, num_warps=2, PERSISTENT=3)])
 def test_gv_tails_scales_and_fallback(cfg):
     """The paired-fp16 GEMV: K not a multiple of its step (masked chunks), split-K slices, N tails, M > 1, bias,
-    the codes through a shared-memory ring (STAGES), SwiGLU in the epilogue (the bits of product + silu_and_mul),
+    the codes through a shared-memory ring (STAGES), the persistent grid (PERSISTENT: equal runs of (row block,
+    step) units per program, row blocks split between programs and added up in the kernel), SwiGLU in the epilogue (the bits of product + silu_and_mul),
     per channel / group 64 / 128, symmetric and not, a 2-byte-offset x view (copied first); x of 1e-3 (fp16
     subnormal products) and of 3e4 (no lane may overflow). bf16 x and group 32 take the fallback. Against the
     reference."""
@@ -597,6 +601,27 @@ def test_gv_config_checked():
     kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gv", BLOCK_N=8, BLOCK_K=2048, WPT=4, num_warps=2), 3, 100,
                                               4160, 4, 128, True, True, True)
     assert grid == (13, 1, 3) and split == 1 and cx["SWIGLU"] and not cx["EVEN_K"] and cx["HAS_BIAS"]
+
+
+def test_gv_persistent_plan():
+    """gv's PERSISTENT: PERSISTENT programs per SM (no more than there are (row block, step) units), an fp32 slot
+    of BLOCK_N per unit and a counter per row block for each x row; with split-K, a ring or a count below 1 it is
+    refused with the config named; codes of 2**31 bytes or more (its int32 offsets) take gv's own grid."""
+    cfg = dict(path="gv", BLOCK_N=8, BLOCK_K=1024, WPT=4, num_warps=1, PERSISTENT=16)
+    kernel, grid, split, cx, scratch = WO.launch._plan(cfg, 2, 28672, 4096, 4, 128, False, True, False, 132)
+    assert kernel.fn.__name__ == "_wo_gvp_kernel" and grid == (132 * 16, 1, 2) and split == 1
+    assert scratch == (2 * 3584 * 4 * 8, 2 * 3584, 0) and "PERSISTENT" not in cx and "SPLIT_K" not in cx
+    _, grid, _, _, _ = WO.launch._plan(cfg, 1, 200, 1024, 4, 128, False, True, False, 132)
+    assert grid == (25, 1, 1)                                   # 25 units: one each
+    _, _, _, cx, _ = WO.launch._plan(dict(cfg, BLOCK_N=16), 1, 200, 4160, 4, 64, True, True, True, 132)
+    assert cx["SWIGLU"] and not cx["EVEN_K"] and cx["HAS_BIAS"]
+    kernel, grid, _, _, _ = WO.launch._plan(cfg, 1, 1 << 20, 4096, 4, 128, False, True, False, 132)
+    assert kernel.fn.__name__ == "_wo_gv_kernel" and grid == ((1 << 20) // 8, 1, 1)
+    for bad in (dict(PERSISTENT=0), dict(SPLIT_K=2), dict(STAGES=3), dict(MIN_PROGRAMS=1024)):
+        with pytest.raises(RuntimeError, match=r"gv PERSISTENT takes .*'PERSISTENT'"):
+            WO.launch._plan(dict(cfg, **bad), 1, 64, 4096, 4, 128, False, True, False, 132)
+    with pytest.raises(RuntimeError, match=r"PERSISTENT .* is a gv config key"):
+        WO.launch._plan(dict(path="gvt", TILES=1, WPT=8, num_warps=1, PERSISTENT=4), 1, 64, 4096, 4, 128, False, True)
 
 
 @gpu

@@ -23,6 +23,11 @@ and WPT consecutive words of a chunk; x is read as [NC, 8, 2] words of fp16 pair
 The next step's codes, (scale, zero) words and x are loaded a step ahead. Hopper: programmatic dependent launch,
 the first step's codes and scales fetched before the wait. SPLIT_K > 1: the slices' fp32 partials are added by
 the last program of each output tile (gluon_shared._splitk_fixup).
+
+_wo_gvp_kernel runs the same steps on a persistent grid (config key PERSISTENT): every program an equal run of
+(row block, step) units, so no wave of programs ends part full; row blocks split between programs are added up in
+the kernel (_gvp_fixup). In the decode chain it moved no more bytes per second than the grid above on the served
+shapes (docs/design.md, "The persistent GEMV"); the tuner keeps it among its M = 1 candidates.
 """
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
@@ -88,6 +93,18 @@ def _x_layout(WPT, num_warps):
 def _halves_f32(w, SHIFT: gl.constexpr):
     """The fp16 in bits SHIFT .. SHIFT + 15 of each word, as fp32."""
     return ((w >> SHIFT) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+
+
+@gluon.jit
+def _x_ptrs(x_ptr, m, stride_xm, NC: gl.constexpr, xl: gl.constexpr):
+    """x row m's words (fp16 pairs) of a step at k = 0, [NC, 8, 2] in layout xl, and the chunk index [NC]."""
+    xc = gl.arange(0, NC, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
+    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
+    xe = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
+    x_p = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + m.to(gl.int64) * (stride_xm // 2)
+           + gl.expand_dims(gl.expand_dims(xc * 32, 1) + gl.expand_dims(xi * 2, 0), 2)
+           + gl.expand_dims(gl.expand_dims(xe, 0), 1))
+    return xc, x_p
 
 
 @gluon.jit
@@ -194,12 +211,7 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
            + gl.expand_dims(gl.expand_dims(rn, 1) * gl.multiple_of(stride_wn // 4, 4) + gl.expand_dims(c, 0) * 8, 2)
            + gl.expand_dims(gl.expand_dims(i, 0), 0))
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + gl.expand_dims(rn, 1) * stride_sn
-    xc = gl.arange(0, NC, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))
-    xi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))
-    xe = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))
-    x_p = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + m.to(gl.int64) * (stride_xm // 2)
-           + gl.expand_dims(gl.expand_dims(xc * 32, 1) + gl.expand_dims(xi * 2, 0), 2)
-           + gl.expand_dims(gl.expand_dims(xe, 0), 1))
+    xc, x_p = _x_ptrs(x_ptr, m, stride_xm, NC, xl)
 
     k_lo, k_hi = _k_slice(K, BLOCK_K, SPLIT_K)      # slices of whole steps
     acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
@@ -269,3 +281,121 @@ def _gv_store(out, bias_ptr, out_row, pid_n, rows, rn, N, HAS_BIAS: gl.constexpr
         gl.store(out_row + cols, h, mask=cols < N // 2)
     else:
         gl.store(out_row + rows, out.to(ty), mask=rows < N)
+
+
+@gluon.jit
+def _gvp_rows(r, ar, N, BLOCK_N: gl.constexpr, SWIGLU: gl.constexpr):
+    """Row block r of the persistent grid: its tile rows and the weight rows they read (past N the last row: in
+    bounds, not stored; SWIGLU: gate c, up c, gate c + 1, ...)."""
+    rows = r * BLOCK_N + ar
+    if SWIGLU:
+        rn = gl.minimum(rows // 2, N // 2 - 1) + (rows % 2) * (N // 2)
+    else:
+        rn = gl.minimum(rows, N - 1)
+    return rows, rn
+
+
+@gluon.jit
+def _gvp_load(w_ptr, sz_ptr, rn, k0, K, c, i, stride_wn, stride_sn, GROUP: gl.constexpr, EVEN_K: gl.constexpr):
+    """One unit's code words [BLOCK_N, NC, 8] and (scale, zero) words [BLOCK_N, NC] for weight rows rn from k0.
+    Offsets in int32 words (the launcher keeps the codes under 2**31 bytes): one wide multiply-add per row and
+    pointer instead of 64-bit arithmetic."""
+    w_p = (w_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+           + gl.expand_dims(gl.expand_dims(rn * (stride_wn // 4) + k0 // 8, 1) + gl.expand_dims(c, 0) * 8, 2)
+           + gl.expand_dims(gl.expand_dims(i, 0), 0))
+    s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + gl.expand_dims(rn * stride_sn, 1)
+    w = _load_w(w_p, 0, K - k0, c, EVEN_K)
+    if GROUP == PER_CHANNEL:
+        sz = gl.load(s_p + gl.expand_dims(c * 0, 0))
+    else:
+        sz = _load_sz(s_p, k0, K, c, 0, GROUP, EVEN_K)
+    return w, sz
+
+
+@gluon.jit
+def _gvp_fixup(out, ws_ptr, cnt_ptr, m, r, R, s0, n, S, U, P, ar, BLOCK_N: gl.constexpr):
+    """A row block r whose units are split between programs: this program's piece (units s0 .. s0 + n - 1 of the
+    block) stores its fp32 sums [BLOCK_N] to slot s0 of the block's workspace [S, BLOCK_N] (of x row m), then adds
+    n to the block's counter (acq_rel, zero between launches); the program that completes the count adds the slots
+    where a piece starts (the block's first unit, or some program's first unit), in slot order (deterministic), and
+    resets the counter. Returns (the sum, whether this program is the one: only then is the sum complete)."""
+    blk = m.to(gl.int64) * R + r
+    base = ws_ptr + blk * S * BLOCK_N + ar
+    gl.store(base + s0 * BLOCK_N, out)
+    gl.thread_barrier()     # the whole piece is stored before the counter says so
+    done = gl.atomic_add(cnt_ptr + blk, n, sem="acq_rel", scope="gpu")
+    last = done + n == S
+    if last:
+        out = gl.zeros_like(out)
+        for s in range(0, S):
+            v = r.to(gl.int64) * S + s
+            q = (v * P + U - 1) // U            # the first program starting at or after unit v
+            if (s == 0) | ((q * U) // P == v):
+                out += gl.load(base + s * BLOCK_N, cache_modifier=".cg")
+        gl.atomic_xchg(cnt_ptr + blk, 0, sem="relaxed", scope="gpu")
+    return out, last
+
+
+@gluon.jit
+def _wo_gvp_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
+                   stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
+                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                   WPT: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False):
+    """_wo_gv_kernel on a persistent grid (path "gv" with PERSISTENT): the work of one x row is R x S units (row
+    block of BLOCK_N rows, step of BLOCK_K k; unit u = r S + s), and program p of the P in grid dimension 0 takes
+    units [p U / P, (p + 1) U / P): every program the same bytes (one unit more or less), so no wave of programs
+    ends part full; the launcher sizes P to the programs the GPU holds at once. A row block wholly inside one
+    program's range is stored directly; one split between programs goes through _gvp_fixup (ws_ptr [M, R, S,
+    BLOCK_N] fp32, cnt_ptr one int32 counter per (x row, row block)). The next unit's codes, (scale, zero) words
+    and x are loaded a unit ahead, across row blocks."""
+    W: gl.constexpr = gl.num_warps()
+    NC: gl.constexpr = BLOCK_K // CHUNK_K
+    cl: gl.constexpr = _code_layout(BLOCK_N, WPT, W)
+    xl: gl.constexpr = _x_layout(WPT, W)
+    rl: gl.constexpr = gl.SliceLayout(2, cl)
+    xsl: gl.constexpr = gl.SliceLayout(0, cl)
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+
+    p = gl.program_id(0).to(gl.int64)
+    P = gl.num_programs(0).to(gl.int64)
+    m = gl.program_id(2)
+    R = gl.cdiv(N, BLOCK_N)
+    S = gl.cdiv(K, BLOCK_K)
+    U = R.to(gl.int64) * S
+    u0 = (p * U // P).to(gl.int32)
+    u1 = ((p + 1) * U // P).to(gl.int32)
+    ar = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rl))
+    c = gl.arange(0, NC, layout=gl.SliceLayout(0, rl))
+    i = gl.arange(0, 8, layout=gl.SliceLayout(0, xsl))
+    xc, x_p = _x_ptrs(x_ptr, m, stride_xm, NC, xl)
+    out_row = out_ptr + m.to(gl.int64) * stride_om
+
+    nr = u0 // S                             # the next unit's row block and step, carried (no division per unit)
+    ns = u0 - nr * S
+    nrows, nrn = _gvp_rows(nr, ar, N, BLOCK_N, SWIGLU)
+    nw, nsz = _gvp_load(w_ptr, sz_ptr, nrn, ns * BLOCK_K, K, c, i, stride_wn, stride_sn, GROUP, EVEN_K)
+    _pdl_wait(PDL)
+    nx0, nx1, nx2, nx3, nxs = _load_x(x_p, ns * BLOCK_K, K, xc, xsl, rl, EVEN_K)
+    acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
+    for u in range(u0, u1):
+        r, s, rows, rn = nr, ns, nrows, nrn
+        cw, sz, x0, x1, x2, x3, xs = nw, nsz, nx0, nx1, nx2, nx3, nxs
+        # the next unit a unit ahead (past the range's end too: its rows clamp to the last, in bounds, unused)
+        ns = s + 1
+        nr = gl.where(ns == S, r + 1, r)
+        ns = gl.where(ns == S, 0, ns)
+        nrows, nrn = _gvp_rows(nr, ar, N, BLOCK_N, SWIGLU)
+        nw, nsz = _gvp_load(w_ptr, sz_ptr, nrn, ns * BLOCK_K, K, c, i, stride_wn, stride_sn, GROUP, EVEN_K)
+        nx0, nx1, nx2, nx3, nxs = _load_x(x_p, ns * BLOCK_K, K, xc, xsl, rl, EVEN_K)
+        acc = _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st)
+        if (s == S - 1) | (u == u1 - 1):    # the row block, or this program's range, ends with this unit
+            out = gl.sum(acc, axis=1) * 64.0
+            first = gl.maximum(u0, r * S)   # this program's first unit of the block
+            if (first == r * S) & (s == S - 1):
+                _gv_store(out, bias_ptr, out_row, r, rows, rn, N, HAS_BIAS, SWIGLU)
+            else:
+                out, last = _gvp_fixup(out, ws_ptr, cnt_ptr, m, r, R, first - r * S, u - first + 1, S, U, P, ar,
+                                       BLOCK_N)
+                if last:
+                    _gv_store(out, bias_ptr, out_row, r, rows, rn, N, HAS_BIAS, SWIGLU)
+            acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)

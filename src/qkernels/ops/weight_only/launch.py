@@ -21,14 +21,15 @@ def _kernels(name: str):
 # (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms) -> (cfg, launch plan); cfg kept alive: ids
 # stay unique
 _PLANS: dict = {}
+_GVP_MAX_BYTES = 2 ** 31     # the persistent GEMV's int32 word offsets: codes below this; larger weights take gv's grid
 
 
 def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool,
           swiglu: bool = False, sms: int = 0):
     """kernel, grid, split, constexprs and scratch of a launch: worked out once per shape and config, so an eager
     call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu). scratch: None,
-    or the split-K workspace's fp32 elements, its tile counters and the first split program (wg's TAIL: sms, the
-    device's SM count, sizes the last wave)."""
+    or the split-K workspace's fp32 elements, its tile counters and the first split program (sms, the device's SM
+    count: wg's TAIL sizes the last wave with it, gv's PERSISTENT its grid)."""
     key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms)
     hit = _PLANS.get(key)
     if hit is not None:
@@ -39,13 +40,30 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     if cfg["path"] not in SUPPORTED and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
+    if cfg["path"] != "gv" and "PERSISTENT" in p:
+        raise RuntimeError(f"PERSISTENT (a grid of programs that each take an equal run of the work) is a gv config "
+                           f"key: {cfg}")
     if cfg["path"] == "gv":
-        # one x row per program column, as the GEMV; K split as the GEMV splits it
-        split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
         # a thread holds WPT words of a chunk, 8 / WPT threads a chunk, so one step spans 4 WPT chunks per warp
         if p["WPT"] not in (1, 2, 4, 8) or p["BLOCK_K"] % (4 * p["WPT"] * p["num_warps"] * GV_K):
             raise RuntimeError(f"gv config needs WPT in (1, 2, 4, 8) and BLOCK_K a multiple of 256 x WPT x num_warps: "
                                f"{cfg}")
+        per_sm = int(p.pop("PERSISTENT", 0))
+        if "PERSISTENT" in cfg and (per_sm < 1 or split != 1 or "STAGES" in p or "MIN_PROGRAMS" in p):
+            raise RuntimeError(f"gv PERSISTENT takes a number of programs per SM >= 1 and no SPLIT_K, MIN_PROGRAMS "
+                               f"or STAGES: {cfg}")
+        if per_sm and N * (K // 2) < _GVP_MAX_BYTES:
+            # PERSISTENT programs per SM, each an equal run of the (row block, step) units (_wo_gvp_kernel); scratch:
+            # an fp32 slot of BLOCK_N per unit and a counter per row block, per x row
+            units = cdiv(N, p["BLOCK_N"]) * cdiv(K, p["BLOCK_K"])
+            constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, EVEN_K=K % p["BLOCK_K"] == 0, **p)
+            if swiglu:
+                constexprs["SWIGLU"] = True
+            programs = min(units, sms * per_sm) if sms else units
+            return _keep_plan(key, cfg, (_kernels("gv")._wo_gvp_kernel, (programs, 1, M), 1, constexprs),
+                              (M * units * p["BLOCK_N"], M * cdiv(N, p["BLOCK_N"]), 0))
+        # one x row per program column, as the GEMV; K split as the GEMV splits it
+        split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
         constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % p["BLOCK_K"] == 0, **p)
         if swiglu:
             constexprs["SWIGLU"] = True
@@ -150,7 +168,10 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     M, K = x2.shape
     N = qweight.shape[0]
     kernel, grid, _, constexprs, scratch = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu,
-                                                 num_sms(x2.device) if "TAIL" in cfg else 0)
+                                                 num_sms(x2.device) if "TAIL" in cfg or "PERSISTENT" in cfg else 0)
+    if "PERSISTENT" in cfg and N * qweight.stride(0) >= _GVP_MAX_BYTES and N * (K // 2) < _GVP_MAX_BYTES:
+        raise RuntimeError(f"gv PERSISTENT addresses the codes with int32 offsets: rows of {qweight.stride(0)} bytes "
+                           f"(K / 2 = {K // 2} expected) put {N} rows past 2**31 bytes")
     bias_arg = bias if bias is not None else scale_zero
     if scratch is not None:
         ws, cnt = splitk_scratch(x2.device, scratch[0], scratch[1])
