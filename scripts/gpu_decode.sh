@@ -11,7 +11,9 @@
 #   codes, then the W8A8 linears at M <= 16, the GEMVs quantizing x against quantize + the GEMM just tuned);
 #   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100): the
 #   weight-only sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
-#   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too): the decode-GEMV rows measured, merged into the committed file.
+#   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too): the decode-GEMV rows measured, merged into the committed file;
+#   after the sweeps the table before and after them in the runtime's decode step (scripts/table_ab.py; AB_SCHEMES
+#   "w4a16 w8a8", SKIP_AB=1 to skip: about 2 minutes): keep only what the step confirms.
 # Writes OUTDIR/decode.log (everything), OUTDIR/<gpu>.json (the config table after the sweeps) and
 # OUTDIR/<gpu>/{decode_gemv,host}.json (benchmarks/results/<gpu>/'s, the new rows merged in).
 set -uo pipefail
@@ -29,12 +31,19 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     -p no:cacheprovider $WORKERS 2>&1 | tee -a "$LOG" | tail -8
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then
+  mkdir -p "$OUT/table_before" && cp "src/qkernels/configs/$SLUG.json" "$OUT/table_before/"
   echo "sweeping the decode configs first (minutes; SKIP_TUNE=1 benches the tables as they are)" | tee -a "$LOG"
   python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets 16 1 --chain 2>&1 | tee -a "$LOG" \
     | grep -E "==>|failed" | head -40
   python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
     --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
   cp "src/qkernels/configs/$SLUG.json" "$OUT/"
+  if [ -z "${SKIP_AB:-}" ]; then
+    # a chain times one shape's calls back to back; the decode step is what the table serves (docs/design.md, "A
+    # decode-chain sweep that misled"): both tables in the runtime's step, before anything is kept
+    python3 scripts/table_ab.py --table "$OUT/table_before" --table shipped --schemes ${AB_SCHEMES:-w4a16 w8a8} \
+      --batches 1 8 32 2>&1 | tee -a "$LOG" | tail -8
+  fi
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   # into the working tree's results, so the rows of the models named replace theirs and the others stay
