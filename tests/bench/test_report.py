@@ -89,7 +89,7 @@ def test_rows_measured_with_another_config_table_are_pointed_out(tmp_path):
             "their kinds: rerun to refresh them.")
     assert line in report.build(root)       # no kind digests of the old table: the w4a16 row judged by the whole table
     # with them: the w4a16 row ran today's w4a16 configs (not stale), the w8a8 row other int8 configs (stale)
-    merged["config_tables"]["0123456789ab"] = dict(kinds, int8="fedcba987654")
+    merged["config_tables"]["0123456789ab"] = dict(kinds, **{k: "fedcba987654" for k in kinds if k.startswith("int8")})
     merged["rows"].append(dict(w8a8, config_table="0123456789ab"))
     (root / "h100" / "host.json").write_text(json.dumps(merged))
     assert line.replace("of the 2", "of the 3") in report.build(root)
@@ -98,6 +98,29 @@ def test_rows_measured_with_another_config_table_are_pointed_out(tmp_path):
     gone = harness.merge_results(merged, new, lambda r: r["config_table"] == "0123456789ab")
     assert set(gone["config_tables"]) == {now}
 
+
+
+def test_a_row_is_judged_by_its_m_bucket_where_bucket_digests_were_recorded(tmp_path):
+    """With bucket digests ("<kind>@<bucket>", configs.kind_digests) a row of one M is stale only where the bucket
+    its M takes changed, or where its M takes another bucket now than then (a bucket added since); a row without
+    one M (the runtime's) is judged by the whole kind."""
+    from qkernels import configs
+    now_kinds, table = configs.kind_digests("h100"), configs.load("h100")["w4a16"]
+    big, bigger = sorted({int(k.split(":")[0]) for k in table})[-2:]
+    assert now_kinds[f"w4a16@{bigger}"] != now_kinds[f"w4a16@{big}"]
+    root = tmp_path / "results"
+    row = dict(op="linear_host", provider="QuantizedLinear w4a16", scheme="w4a16", M=1, N=8, K=8, median_us=10.0,
+               **{"x_F.linear": 1.0})
+    rows = [row, dict(row, M=bigger), dict(row, M=big), dict(row, M=None)]
+    line = "- {} of the 4 rows of ours ran configs that differ from the shipped"
+    then = dict(now_kinds, w4a16="0" * 12, **{f"w4a16@{bigger}": "f" * 12})     # the largest bucket changed since
+    _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": then})
+    assert line.format(2) in report.build(root)      # M = bigger and the row without one M
+    then = {k: v for k, v in now_kinds.items() if k != f"w4a16@{big}"}       # no `big` bucket then: M = big ran `bigger`
+    _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": then})
+    assert line.format(1) in report.build(root)
+    _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": now_kinds})
+    assert "rows of ours" not in report.build(root)
 
 def test_missing_peers_count_as_targets_not_measured(tmp_path):
     """A run without a peer installed says so as a target line, and the summary lists it among those not met."""

@@ -228,8 +228,9 @@ def _row_kinds(row: dict) -> tuple | None:
 def _table_note(d: dict, slug: str) -> list[str]:
     """A line where rows of ours were measured with another config table than the one shipped now (the digest
     their run recorded, harness.environment; rows from before digests were recorded are not judged). Where the
-    file has that table's kind digests (config_tables), a row is judged by the kinds its provider runs only."""
-    now, now_kinds = configs.table_digest(slug), configs.kind_digests(slug)
+    file has that table's kind digests (config_tables), a row is judged by the kinds its provider runs only, and by
+    its M's bucket of them where bucket digests were recorded too (_kind_stale)."""
+    now, now_kinds, shipped = configs.table_digest(slug), configs.kind_digests(slug), configs.load(slug) or {}
     ours = stale = 0
     for r in d["rows"]:
         kinds, table = _row_kinds(r), r.get("config_table", d.get("config_table"))
@@ -240,9 +241,21 @@ def _table_note(d: dict, slug: str) -> list[str]:
         if kinds is None or then is None:
             stale += table != now
         else:
-            stale += any(then.get(k) != now_kinds.get(k) for k in kinds)
+            stale += any(_kind_stale(then, now_kinds, shipped, k, r.get("M")) for k in kinds)
     return [f"- {stale} of the {ours} rows of ours ran configs that differ from the shipped `configs/{slug}.json` "
             f"({now or 'none'}) for their kinds: rerun to refresh them.", ""] if stale else []
+
+
+def _kind_stale(then: dict, now: dict, shipped: dict, kind: str, M) -> bool:
+    """Whether a row ran other `kind` configs than the shipped table holds: by its M's bucket where the row has one M
+    and its run recorded bucket digests ("<kind>@<bucket>", configs.kind_digests), the bucket chosen in each table as
+    the kernels choose it (a bucket added since, e.g. 2048, makes the row stale); else by the whole kind."""
+    then_buckets = [k.split("@", 1)[1] for k in then if k.startswith(f"{kind}@")]
+    if M is None or not then_buckets or kind not in shipped:
+        return then.get(kind) != now.get(kind)
+    b_then = configs.bucket_key(dict.fromkeys(then_buckets), int(M))
+    b_now = configs.bucket_key(shipped[kind], int(M))
+    return b_then != b_now or then.get(f"{kind}@{b_then}") != now.get(f"{kind}@{b_now}")
 
 
 def _decode_gemv(rows: list[dict]) -> list[str]:

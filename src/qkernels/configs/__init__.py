@@ -81,9 +81,16 @@ def _digest(obj) -> str:
 
 
 def kind_digests(slug: str) -> dict[str, str]:
-    """A digest per kind of configs/<slug>.json ("w4a16", "int8", ...; {} without that file): a results row
-    judged against the kinds its provider runs (bench.report) is not called stale when another kind changed."""
-    return {kind: _digest(tab) for kind, tab in (load(slug) or {}).items()}
+    """A digest per kind of configs/<slug>.json ("w4a16", "int8", ...; {} without that file), and per kind and M
+    bucket ("w4a16@16": the bucket's config and its shape overrides): a results row judged against the kinds its
+    provider runs (bench.report) is not called stale when another kind changed, nor, where it has one M, when another
+    bucket of its kinds did."""
+    out = {}
+    for kind, tab in (load(slug) or {}).items():
+        out[kind] = _digest(tab)
+        for b in sorted({k.split(":")[0] for k in tab}):
+            out[f"{kind}@{b}"] = _digest({k: v for k, v in tab.items() if k.split(":")[0] == b})
+    return out
 
 
 def shipped() -> list[str]:
