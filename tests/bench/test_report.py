@@ -116,7 +116,8 @@ def test_a_row_is_judged_by_its_m_bucket_where_bucket_digests_were_recorded(tmp_
     then = dict(now_kinds, w4a16="0" * 12, **{f"w4a16@{bigger}": "f" * 12})     # the largest bucket changed since
     _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": then})
     assert line.format(2) in report.build(root)      # M = bigger and the row without one M
-    then = {k: v for k, v in now_kinds.items() if k != f"w4a16@{big}"}       # no `big` bucket then: M = big ran `bigger`
+    # no `big` bucket then: the M = big row ran `bigger`'s configs
+    then = {k: v for k, v in now_kinds.items() if k != f"w4a16@{big}"}
     _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": then})
     assert line.format(1) in report.build(root)
     _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": now_kinds})
