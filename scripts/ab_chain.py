@@ -13,17 +13,20 @@ W8A8 linears take no weight-only config). --swiglu: the weight-only calls as a m
 applied in the call (what a fused MLP runs: QuantizedLinear.forward_swiglu). --maxnreg N [N ...] (with --table): also
 each shape's table config with its registers per thread capped at N (ptxas spills the rest), where more programs per
 SM might hide more latency. --fp16: also fp16 `F.linear` on copies of an fp16 weight spanning >= 256 MB (the baseline
-the decode-GEMV bench divides by), PDL not applying. Without a GPU it runs eagerly under the interpreter (TRITON_INTERPRET=1,
-small shapes): a check of the script, not a timing.
+the decode-GEMV bench divides by), PDL not applying. --timeline (GPU): under each line, per shape, one replay of the
+chain under torch.profiler: the median kernel duration, period and gap between kernels (bench.decode_gemv.
+chain_timeline), so a per-call cost inside the kernels is told from one between them. Without a GPU it runs eagerly
+under the interpreter (TRITON_INTERPRET=1, small shapes): a check of the script, not a timing.
 """
 import argparse
+import contextlib
 import json
 
 import torch
 
 import qkernels as qk
 from qkernels._runtime import pdl
-from qkernels.bench.decode_gemv import _nbytes, chain_copies, chain_us
+from qkernels.bench.decode_gemv import _nbytes, chain_copies, chain_timeline, chain_us
 from qkernels.ops import weight_only as WO
 
 
@@ -60,6 +63,8 @@ def main():
     ap.add_argument("--scheme", choices=("w4a16", "w8a16", "w8a8", "w8a8-fp8"),
                     help="QuantizedLinear layers of this scheme through the table (with --table, no --config)")
     ap.add_argument("--fp16", action="store_true", help="also fp16 F.linear in the same chain method (a baseline)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="GPU: per line and shape the kernels' median duration, period and gap in one profiled replay")
     a = ap.parse_args()
     if not a.config and not a.table:
         ap.error("name at least one --config, or --table")
@@ -82,21 +87,37 @@ def main():
     cfgs = [json.loads(c) for c in a.config] + ([None] if a.table else []) + a.maxnreg
     print(f"{a.scheme or f'w{a.bits}a16'}{' with SwiGLU' if a.swiglu else ''}, µs per call, shapes "
           f"{' '.join(a.shapes)}", flush=True)
+    def measure(calls, lines):
+        """µs per call of the chain, and with --timeline on a GPU its kernels' timeline (appended to `lines`)."""
+        t = chain_us(calls, gpu)
+        if a.timeline and gpu:
+            tl = chain_timeline(calls)
+            lines.append(f"{tl['kernel_us']:.2f}/{tl['period_us']:.2f}/{tl['gap_us']:.2f}"
+                         + (f" x{tl['kernels_per_call']:g}" if tl["kernels_per_call"] != 1 else ""))
+        return t
+
+    def show(head, times, name, lines):
+        print(f"M={m:3d} {head} {' '.join(f'{t:8.2f}' for t in times)}  {name}", flush=True)
+        if lines:
+            print(f"       kernel/period/gap µs: {'  '.join(lines)}", flush=True)
+
+    if a.timeline and not gpu:
+        print("--timeline: no GPU, no profile (times only)", flush=True)
     for m in a.ms:
         if a.fp16:
-            times = []
+            times, lines = [], []
             for n, k in shapes:
                 w = torch.randn(n, k, device=dev, dtype=torch.float16) / k ** 0.5
                 copies = [w] + [w.clone() for _ in range(chain_copies(w.nbytes) - 1 if gpu else 1)]
                 x = torch.randn(m, k, device=dev, dtype=torch.float16)
-                times.append(chain_us([lambda c=c: torch.nn.functional.linear(x, c) for c in copies], gpu))
+                times.append(measure([lambda c=c: torch.nn.functional.linear(x, c) for c in copies], lines))
                 del w, copies
-            print(f"M={m:3d} fp16   {' '.join(f'{t:8.2f}' for t in times)}  F.linear", flush=True)
+            show("fp16  ", times, "F.linear", lines)
         for cfg in cfgs:
             if isinstance(cfg, dict) and cfg.get("path") in ("wg", "tc") and cfg.get("BLOCK_M", m) < m:
                 cfg = dict(cfg, BLOCK_M=m)
             for on in (True, False):
-                times = []
+                times, lines = [], []
                 for (n, k), fns in ws.items():
                     x = torch.randn(m, k, device=dev, dtype=torch.float16)
                     calls = [lambda f=f: f(x) for f in fns]
@@ -106,16 +127,10 @@ def main():
                         if base is None:
                             raise SystemExit(f"--maxnreg: no config table for {n}x{k} at M={m} on this GPU")
                         run = dict(base, maxnreg=cfg)
-                    with pdl(on):
-                        if run is None:
-                            times.append(chain_us(calls, gpu))
-                        else:
-                            with WO.use_config(run):
-                                times.append(chain_us(calls, gpu))
+                    with pdl(on), (WO.use_config(run) if run is not None else contextlib.nullcontext()):
+                        times.append(measure(calls, lines))
                 name = "table" if cfg is None else f"table, maxnreg={cfg}" if isinstance(cfg, int) else json.dumps(cfg)
-                print(f"M={m:3d} {'PDL   ' if on else 'no PDL'} {' '.join(f'{t:8.2f}' for t in times)}  {name}",
-                      flush=True)
-
+                show("PDL   " if on else "no PDL", times, name, lines)
 
 if __name__ == "__main__":
     main()

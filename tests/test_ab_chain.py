@@ -13,13 +13,14 @@ def test_ab_chain_prints_each_config_with_and_without_pdl():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     cfg = '{"path": "mm", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_N": 8, "num_warps": 4, "num_stages": 1}'
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_chain.py"), "--bits", "8", "--ms", "2",
-                          "--shapes", "64x256", "32x128", "--config", cfg, "--table", "--fp16"],
+                          "--shapes", "64x256", "32x128", "--config", cfg, "--table", "--fp16", "--timeline"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     fp16 = [l for l in run.stdout.splitlines() if l.startswith("M=") and l.endswith("F.linear")]
     assert len(fp16) == 1 and all(float(t) > 0 for t in fp16[0].split()[3:5]), run.stdout    # --fp16: the baseline
     lines = [l for l in run.stdout.splitlines() if l.startswith("M=") and l not in fp16]
     assert len(lines) == 4, run.stdout               # (config, table) x (PDL, no PDL)
+    assert "--timeline: no GPU" in run.stdout and "kernel/period/gap" not in run.stdout     # a GPU's profile only
     for line in lines:
         words = line.split()
         times = words[words.index("PDL") + 1:][:2]        # one per shape, after "PDL" / "no PDL"

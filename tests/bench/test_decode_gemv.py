@@ -45,3 +45,17 @@ def test_bench_decode_gemv_part_merges_into_earlier_results(tmp_path):
         bd.run(str(tmp_path), shapes=["1x1"])
     with pytest.raises(ValueError, match=r"models must be among .* got \['nope'\]"):
         bd.run(str(tmp_path), models=["nope"])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a profile of CUDA kernels: GPU only")
+def test_chain_timeline_sees_every_kernel_of_the_chain():
+    """chain_timeline: one profiled replay of a chain of fp16 linears sees one kernel per call, each with a duration
+    and a period; a gap is finite (negative where kernels overlap)."""
+    import math
+
+    import torch
+    w = [torch.randn(256, 512, device="cuda", dtype=torch.float16) for _ in range(6)]
+    x = torch.randn(1, 512, device="cuda", dtype=torch.float16)
+    tl = bd.chain_timeline([lambda c=c: torch.nn.functional.linear(x, c) for c in w])
+    assert tl["kernels_per_call"] >= 1 and tl["kernel_us"] > 0 and tl["period_us"] > 0, tl
+    assert math.isfinite(tl["gap_us"]), tl

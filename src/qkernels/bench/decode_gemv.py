@@ -51,17 +51,9 @@ def chain_copies(nbytes: int) -> int:
     return max(2, math.ceil(SPAN / nbytes))
 
 
-def chain_us(calls: list, gpu: bool) -> float:
-    """Time per call of `calls` run back to back, captured in one CUDA graph (GPU) or eager (CPU)."""
-    import time
-    for c in calls:
-        c()
-    if not gpu:
-        t0 = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - t0) * 1e6 / len(calls)
-    import triton.testing
+def chain_graph(calls: list):
+    """`calls` run back to back, captured in one CUDA graph (after a run on a side stream: lazy allocations and
+    compilations outside the capture)."""
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -74,7 +66,46 @@ def chain_us(calls: list, gpu: bool) -> float:
         for c in calls:
             c()
     torch.cuda.synchronize()
+    return g
+
+
+def chain_us(calls: list, gpu: bool) -> float:
+    """Time per call of `calls` run back to back, captured in one CUDA graph (GPU) or eager (CPU)."""
+    import time
+    for c in calls:
+        c()
+    if not gpu:
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        return (time.perf_counter() - t0) * 1e6 / len(calls)
+    import triton.testing
+    g = chain_graph(calls)
     return triton.testing.do_bench(g.replay, warmup=20, rep=80, return_mode="median") * 1e3 / len(calls)
+
+
+def chain_timeline(calls: list) -> dict:
+    """One replay of the chain's graph under torch.profiler (GPU): medians over its kernels of their duration (start
+    to end), of the period (start to the next kernel's start) and of the gap (end to the next start: negative where
+    the next started before this one ended, under programmatic dependent launch), in µs, and the kernels per call.
+    Tells a per-call cost inside the kernels (duration ~ period) from one between them (gap > 0)."""
+    import statistics
+    from torch.profiler import ProfilerActivity, profile
+    g = chain_graph(calls)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    ks = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if len(ks) < 2:
+        raise RuntimeError(f"the profiler saw {len(ks)} kernels in the chain's replay: no timeline")
+    return dict(kernel_us=statistics.median(e - s for s, e in ks),
+                period_us=statistics.median(b[0] - a[0] for a, b in zip(ks, ks[1:])),
+                gap_us=statistics.median(b[0] - a[1] for a, b in zip(ks, ks[1:])),
+                kernels_per_call=len(ks) / len(calls))
 
 
 def _call(prov: str, w, x, xb):
