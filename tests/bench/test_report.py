@@ -76,13 +76,14 @@ def test_rows_measured_with_another_config_table_are_pointed_out(tmp_path):
     _write(root, "h100", "host", [row])                        # before digests were recorded: not judged
     assert "rows of ours" not in report.build(root)
     peer = dict(row, provider="F.linear fp16", scheme="fp16")
+    ours_fp16 = dict(row, provider="qkernels runtime", scheme="fp16")     # no config-table kind: never judged
     w8a8 = dict(row, provider="w8a8_linear int8", scheme="w8a8")
     old = dict(gpu="GPU X", date="2026-01-01T00:00", torch="2.x", triton="3.y", config_table="0123456789ab",
-               rows=[row, peer, dict(row, provider="QuantizedLinear w8a16", scheme="w8a16")])
+               rows=[row, peer, ours_fp16, dict(row, provider="QuantizedLinear w8a16", scheme="w8a16")])
     new = dict(gpu="GPU X", date="2026-01-02T00:00", torch="2.x", triton="3.y", config_table=now,
                config_tables={now: kinds}, rows=[dict(row, provider="QuantizedLinear w8a16", scheme="w8a16")])
     merged = harness.merge_results(old, new, lambda r: r["scheme"] == "w8a16")
-    assert [r["config_table"] for r in merged["rows"]] == ["0123456789ab", "0123456789ab", now]
+    assert [r["config_table"] for r in merged["rows"]] == ["0123456789ab", "0123456789ab", "0123456789ab", now]
     assert merged["config_tables"] == {now: kinds}
     (root / "h100" / "host.json").write_text(json.dumps(merged))
     line = (f"- 1 of the 2 rows of ours ran configs that differ from the shipped `configs/h100.json` ({now}) for "
