@@ -142,13 +142,14 @@ def _load_sz(s_p, k0, K, c, sz, GROUP: gl.constexpr, EVEN_K: gl.constexpr):
 
 
 @gluon.jit
-def _copy_w(slot, w_p, k0, K, c, EVEN_K: gl.constexpr):
+def _copy_w(slot, w_p, k0, K, c, live, EVEN_K: gl.constexpr):
     """One step's code words into a shared-memory slot by async copies (16-byte pieces, each thread its own);
-    not EVEN_K: chunks past K as zeros."""
+    not EVEN_K: chunks past K as zeros; live false: nothing copied (a step past the slice's end; the group is
+    still committed)."""
     if EVEN_K:
-        async_copy.async_copy_global_to_shared(slot, w_p + k0 // 8, cache_modifier=".cg")
+        async_copy.async_copy_global_to_shared(slot, w_p + k0 // 8, mask=live, cache_modifier=".cg")
     else:
-        ok = gl.expand_dims(gl.expand_dims(k0 + c * CHUNK_K < K, 0), 2)
+        ok = gl.expand_dims(gl.expand_dims(k0 + c * CHUNK_K < K, 0), 2) & live
         async_copy.async_copy_global_to_shared(slot, w_p + k0 // 8, mask=ok, cache_modifier=".cg")
     async_copy.commit_group()
 
@@ -226,28 +227,36 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                                          gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         for j in gl.static_range(STAGES - 1):
             kj = k_lo + j * BLOCK_K
-            _copy_w(ring.index(j), w_p, gl.where(kj < k_hi, kj, k_lo), K, c, EVEN_K)
+            _copy_w(ring.index(j), w_p, gl.where(kj < k_hi, kj, k_lo), K, c, kj < k_hi, EVEN_K)
     nsz = sz
     _pdl_wait(PDL)
     nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k_lo, K, xc, xsl, rl, EVEN_K)
-    # the next step's codes, (scale, zero) words and x a step ahead; past the slice's end the first step again
-    # (in bounds, unused)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    # every step but the last loads the next one's codes, (scale, zero) words and x (the ring: copies STAGES - 1
+    # steps ahead, none past the slice's end); the last step loads nothing, so no load is in flight when the
+    # program ends (one would hold its exit up by a round trip)
+    for k0 in range(k_lo, k_hi - BLOCK_K, BLOCK_K):
         sz, x0, x1, x2, x3, xs = nsz, nx0, nx1, nx2, nx3, nxs
         k1 = k0 + BLOCK_K
-        k1 = gl.where(k1 < k_hi, k1, k_lo)
         if STAGES == 1:
             cw = nw
             nw = _load_w(w_p, k1, K, c, EVEN_K)
         else:
             it = (k0 - k_lo) // BLOCK_K
             kf = k0 + (STAGES - 1) * BLOCK_K
-            _copy_w(ring.index((it + STAGES - 1) % STAGES), w_p, gl.where(kf < k_hi, kf, k_lo), K, c, EVEN_K)
+            _copy_w(ring.index((it + STAGES - 1) % STAGES), w_p, gl.where(kf < k_hi, kf, k_lo), K, c, kf < k_hi,
+                    EVEN_K)
             async_copy.wait_group(STAGES - 1)
             cw = ring.index(it % STAGES).load(cl)
         nsz = _load_sz(s_p, k1, K, c, sz, GROUP, EVEN_K)
         nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k1, K, xc, xsl, rl, EVEN_K)
         acc = _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st)
+    if k_lo < k_hi:
+        if STAGES == 1:
+            cw = nw
+        else:
+            async_copy.wait_group(0)
+            cw = ring.index(((k_hi - k_lo - 1) // BLOCK_K) % STAGES).load(cl)
+        acc = _gv_step(acc, cw, nsz, nx0, nx1, nx2, nx3, nxs, st)
     if STAGES > 1:
         async_copy.wait_group(0)
 
