@@ -1,8 +1,9 @@
-"""The decode chain's ceiling for a 4-bit weight: how many bytes per second can a kernel that only READS the codes of
-an N x 4096 weight (N x 2048 bytes: no scales, no dequantization, no products) move, timed as `bench decode-gemv`
-times a provider (one CUDA graph calling it on copies spanning >= 256 MB), against fp16 `F.linear` on the N x 4096
-fp16 weight (4x the bytes) in the same run? The ratio bounds the "share of fp16's bytes/s" any W4A16 GEMV can reach
-on that shape with this method (docs/design.md, "The M = 1 ceiling").
+"""Readers of a 4-bit weight in the decode chain: how many bytes per second do kernels that only READ the codes of an
+N x 4096 weight (N x 2048 bytes: no scales, no dequantization, no products) move, timed as `bench decode-gemv` times a
+provider (one CUDA graph calling it on copies spanning >= 256 MB), against fp16 `F.linear` on the N x 4096 fp16
+weight (4x the bytes) in the same run? The ratio is what these load schemes reach on that shape, a yardstick for a
+W4A16 GEMV's "share of fp16's bytes/s", not a bound: a GEMV with another grid can read faster (docs/design.md, "The
+M = 1 GEMV's loads").
 
 Readers (one program per block of rows, each reading its rows whole, a step of ROWS x SEG bytes at a time):
   - `ld`: per-thread loads, the next step in registers a step ahead (how our GEMVs load), 16 rows x 128 bytes per
@@ -33,11 +34,19 @@ ROWS_DEFAULT = [1024, 4096, 6144, 14336, 28672, 57344, 128256]
 
 
 @triton.jit
+def _work(v, WORK: tl.constexpr):
+    for _ in tl.static_range(WORK):
+        v = v * 1664525 + 1013904223
+    return v
+
+
+@triton.jit
 def _read_kernel(w_ptr, out_ptr, KB: tl.constexpr, ROWS: tl.constexpr, SEG: tl.constexpr, PDL: tl.constexpr,
                  TILED: tl.constexpr = False, WORK: tl.constexpr = 0):
     """Rows [pid ROWS, (pid + 1) ROWS) of a [N, KB] byte matrix read as int32 words, SEG bytes per row and step, the
-    next step's words loaded a step ahead; an XOR of them stored (so no load is dead). TILED: the program's bytes
-    stored step after step ([KB / SEG, ROWS, SEG] each); WORK: dependent multiply-adds per word."""
+    next step's words loaded a step ahead (none past the last step: a load in flight holds the program's exit up);
+    an XOR of them stored (so no load is dead). TILED: the program's bytes stored step after step ([KB / SEG, ROWS,
+    SEG] each); WORK: dependent multiply-adds per word."""
     pid = tl.program_id(0)
     r = tl.arange(0, ROWS)[:, None]
     c = tl.arange(0, SEG // 4)[None, :]
@@ -53,12 +62,11 @@ def _read_kernel(w_ptr, out_ptr, KB: tl.constexpr, ROWS: tl.constexpr, SEG: tl.c
         gdc_wait()
         gdc_launch_dependents()
     acc = tl.zeros([ROWS, SEG // 4], tl.int32)
-    for s in range(KB // SEG):
+    for s in range(1, KB // SEG):
         cur = nxt
-        nxt = tl.load(p + ((s + 1) % (KB // SEG)) * ss, cache_modifier=".cg")   # wraps: in bounds
-        for _ in tl.static_range(WORK):
-            cur = cur * 1664525 + 1013904223
-        acc ^= cur
+        nxt = tl.load(p + s * ss, cache_modifier=".cg")
+        acc ^= _work(cur, WORK)
+    acc ^= _work(nxt, WORK)
     tl.store(out_ptr + pid * ROWS * (SEG // 4) + r * (SEG // 4) + c, acc)
 
 
