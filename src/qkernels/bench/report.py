@@ -209,9 +209,8 @@ def _runs_note(d: dict, key: str, label: str = "") -> list[str]:
             sorted(kept.items())] + ([""] if kept else [])
 
 
-# the config-table kinds a row of ours runs, by the scheme its provider names (longest names first)
-# the first match in the provider and scheme wins; ours in fp16 (the runtime's fp16 model: cuBLAS linears, fused
-# kernels with tiles of their own) run no kind of the config table
+# the config-table kinds a row of ours runs, by the scheme its provider names: the first match wins (longest names
+# first); ours in fp16 (the runtime's fp16 model: cuBLAS linears, fused kernels with tiles of their own) run none
 _SCHEME_KINDS = (("w8a8-fp8", ("fp8", "w8a8-fp8")), ("w8a8 fp8", ("fp8", "w8a8-fp8")), ("w8a8", ("int8", "w8a8")),
                  ("w4a16", ("w4a16",)), ("w8a16", ("w8a16",)), ("int8", ("int8",)), ("fp8", ("fp8",)),
                  ("fp16", ()))
