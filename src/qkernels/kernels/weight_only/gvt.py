@@ -158,22 +158,38 @@ def _axis(n: gl.constexpr, dim: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _load_codes(p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
-    """One step's code words of one row set (16-byte loads, streamed past L1); not EVEN_K: 64-k units past K as 0."""
-    if EVEN_K:
-        return gl.load(p + k0 // (32 // BITS), cache_modifier=".cg")
-    return gl.load(p + k0 // (32 // BITS), mask=k0 + okc < K, other=0, cache_modifier=".cg")
+def _step_mask(in_k, live, EVEN_K: gl.constexpr):
+    """A step's load mask: in_k (the elements before K) unless EVEN_K, and live (a scalar) unless None."""
+    if live is None:
+        ok = in_k
+    elif EVEN_K:
+        ok = live
+    else:
+        ok = in_k & live
+    return ok
 
 
 @gluon.jit
-def _copy_codes(slot, p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
+def _load_codes(p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr, live=None):
+    """One step's code words of one row set (16-byte loads, streamed past L1); not EVEN_K: 64-k units past K as 0.
+    live (a scalar): False for a step past the slice's end, whose address wraps in bounds and which loads nothing."""
+    if EVEN_K and live is None:
+        w = gl.load(p + k0 // (32 // BITS), cache_modifier=".cg")
+    else:
+        w = gl.load(p + k0 // (32 // BITS), mask=_step_mask(k0 + okc < K, live, EVEN_K), other=0,
+                    cache_modifier=".cg")
+    return w
+
+
+@gluon.jit
+def _copy_codes(slot, p, k0, K, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr, live=None):
     """_load_codes into a shared-memory slot by async copies (each thread its own 16 bytes; not EVEN_K: 64-k units
-    past K as zeros); the caller commits the group."""
-    if EVEN_K:
+    past K as zeros; not live: nothing copied); the caller commits the group."""
+    if EVEN_K and live is None:
         async_copy.async_copy_global_to_shared(slot, p + k0 // (32 // BITS), cache_modifier=".cg")
     else:
-        async_copy.async_copy_global_to_shared(slot, p + k0 // (32 // BITS), mask=k0 + okc < K,
-                                               cache_modifier=".cg")
+        async_copy.async_copy_global_to_shared(slot, p + k0 // (32 // BITS),
+                                               mask=_step_mask(k0 + okc < K, live, EVEN_K), cache_modifier=".cg")
 
 
 @gluon.constexpr_function
@@ -185,23 +201,27 @@ def _ring_layout():
 
 
 @gluon.jit
-def _load_sz(p, k0, K, blk, BLOCK: gl.constexpr, GROUP: gl.constexpr, EVEN_K: gl.constexpr):
+def _load_sz(p, k0, K, blk, BLOCK: gl.constexpr, GROUP: gl.constexpr, EVEN_K: gl.constexpr, live=None):
     """The (scale, zero) words of one row set for the step's blocks [.., NB, 1]; not EVEN_K: blocks past K (whose
-    group may lie past the row's last) as 0 (scale 0: their codes and x are masked to 0 too)."""
+    group may lie past the row's last) as 0 (scale 0: their codes and x are masked to 0 too); not live: nothing."""
     k = k0 + blk * BLOCK
-    if EVEN_K:
-        return gl.load(p + k // GROUP)
-    return gl.load(p + k // GROUP, mask=k < K, other=0)
+    if EVEN_K and live is None:
+        sz = gl.load(p + k // GROUP)
+    else:
+        sz = gl.load(p + k // GROUP, mask=_step_mask(k < K, live, EVEN_K), other=0)
+    return sz
 
 
 @gluon.jit
-def _load_x(p, k0, K, xm, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr):
+def _load_x(p, k0, K, xm, okc, BITS: gl.constexpr, EVEN_K: gl.constexpr, live=None):
     """One x tile's B registers for a step: 4 int32 tensors [1, 8, 4, NB, 4] (4-bit: b0 j0, b1 j0, b0 j1, b1 j1;
     8-bit: b0, b1, and the same again). xm: the lane group's x row exists; not EVEN_K: 64-k units past K read as
-    zeros."""
+    zeros; not live: nothing read."""
     ok = xm
     if not EVEN_K:
         ok = ok & (k0 + okc < K)
+    if live is not None:
+        ok = ok & live
     lo = gl.load(p + k0 // 4, mask=ok, other=0)            # x[k .. k + 3], 8 bytes (4-bit: and x[k + 32 .. k + 35])
     lo1 = (lo >> 32).to(gl.int32)
     lo = lo.to(gl.int32)
@@ -235,27 +255,27 @@ def _scales(sz, st: gl.constexpr):
 
 @gluon.jit
 def _fetch(wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb, BITS: gl.constexpr,
-           BLOCK: gl.constexpr, GROUP: gl.constexpr, MT: gl.constexpr, EVEN_K: gl.constexpr):
+           BLOCK: gl.constexpr, GROUP: gl.constexpr, MT: gl.constexpr, EVEN_K: gl.constexpr, live=None):
     """One step's operands: the code words of both row sets, their (scale, zero) words (per channel: sa, sb as
-    they are) and the B registers of each x tile (MT == 1: the first tile's twice)."""
-    wa = _load_codes(wa_p, k0, K, okc, BITS, EVEN_K)
-    wb = _load_codes(wb_p, k0, K, okc, BITS, EVEN_K)
+    they are) and the B registers of each x tile (MT == 1: the first tile's twice). Not live: nothing loaded."""
+    wa = _load_codes(wa_p, k0, K, okc, BITS, EVEN_K, live)
+    wb = _load_codes(wb_p, k0, K, okc, BITS, EVEN_K, live)
     sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = _fetch_sx(sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb,
-                                                       BITS, BLOCK, GROUP, MT, EVEN_K)
+                                                       BITS, BLOCK, GROUP, MT, EVEN_K, live)
     return wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3
 
 
 @gluon.jit
 def _fetch_sx(sa_p, sb_p, x0_p, x1_p, k0, K, okc, blk, xm0, xm1, sa, sb, BITS: gl.constexpr, BLOCK: gl.constexpr,
-              GROUP: gl.constexpr, MT: gl.constexpr, EVEN_K: gl.constexpr):
+              GROUP: gl.constexpr, MT: gl.constexpr, EVEN_K: gl.constexpr, live=None):
     """_fetch without the code words (the ring brings them)."""
     if GROUP != PER_CHANNEL:
-        sa = _load_sz(sa_p, k0, K, blk, BLOCK, GROUP, EVEN_K)
-        sb = _load_sz(sb_p, k0, K, blk, BLOCK, GROUP, EVEN_K)
-    x0, x1, x2, x3 = _load_x(x0_p, k0, K, xm0, okc, BITS, EVEN_K)
+        sa = _load_sz(sa_p, k0, K, blk, BLOCK, GROUP, EVEN_K, live)
+        sb = _load_sz(sb_p, k0, K, blk, BLOCK, GROUP, EVEN_K, live)
+    x0, x1, x2, x3 = _load_x(x0_p, k0, K, xm0, okc, BITS, EVEN_K, live)
     y0, y1, y2, y3 = x0, x1, x2, x3
     if MT == 2:
-        y0, y1, y2, y3 = _load_x(x1_p, k0, K, xm1, okc, BITS, EVEN_K)
+        y0, y1, y2, y3 = _load_x(x1_p, k0, K, xm1, okc, BITS, EVEN_K, live)
     return sa, sb, x0, x1, x2, x3, y0, y1, y2, y3
 
 
@@ -353,15 +373,17 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     acc0 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
     acc1 = acc0                                                       # MT == 2: the second x tile's
     # each step's operands are loaded a step ahead of its MMAs (STAGES > 1: the codes STAGES - 1 steps ahead, in
-    # the ring; past the slice's end the first step again, in bounds and unused)
+    # the ring). A step past the slice's end loads nothing: its loads are masked off (live), their addresses those
+    # of the first step (in bounds). Stopping the loop a step short instead, as gv does, costs gvt ~70 registers.
     if STAGES > 1:
         ring_a = gl.allocate_shared_memory(gl.int32, [STAGES, TILES, 8, 4, NB, 4], _ring_layout())
         ring_b = gl.allocate_shared_memory(gl.int32, [STAGES, TILES, 8, 4, NB, 4], _ring_layout())
         for j in gl.static_range(STAGES - 1):
             kj = k_lo + j * STEP
-            kj = gl.where(kj < k_hi, kj, k_lo)
-            _copy_codes(ring_a.index(j), wa_p, kj, K, okc, BITS, EVEN_K)
-            _copy_codes(ring_b.index(j), wb_p, kj, K, okc, BITS, EVEN_K)
+            live = kj < k_hi
+            kj = gl.where(live, kj, k_lo)
+            _copy_codes(ring_a.index(j), wa_p, kj, K, okc, BITS, EVEN_K, live)
+            _copy_codes(ring_b.index(j), wb_p, kj, K, okc, BITS, EVEN_K, live)
             async_copy.commit_group()
     else:
         wa, wb = _load_codes(wa_p, k_lo, K, okc, BITS, EVEN_K), _load_codes(wb_p, k_lo, K, okc, BITS, EVEN_K)
@@ -381,14 +403,17 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         for k0 in range(k_lo, k_hi, 2 * STEP):
             kb = k0 + STEP
             b_ok = kb < k_hi
-            kb = gl.where(b_ok, kb, k_lo)          # past the slice's end: the first step again (in bounds, unused)
+            kb = gl.where(b_ok, kb, k_lo)
             wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
-                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, kb, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K)
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, kb, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K,
+                b_ok)
             acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             ka = k0 + 2 * STEP
-            ka = gl.where(ka < k_hi, ka, k_lo)
+            a_ok = ka < k_hi
+            ka = gl.where(a_ok, ka, k_lo)
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = _fetch(
-                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, ka, K, okc, blk, xm0, xm1, sa2, sb2, BITS, BLOCK, GROUP, MT, EVEN_K)
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, ka, K, okc, blk, xm0, xm1, sa2, sb2, BITS, BLOCK, GROUP, MT, EVEN_K,
+                a_ok)
             if b_ok:
                 acc0, acc1 = _mma_step(acc0, acc1, wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3, e, st, BITS,
                                        MT)
@@ -396,26 +421,30 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         for k0 in range(k_lo, k_hi, STEP):
             it = (k0 - k_lo) // STEP
             kf = k0 + (STAGES - 1) * STEP
-            kf = gl.where(kf < k_hi, kf, k_lo)
-            _copy_codes(ring_a.index((it + STAGES - 1) % STAGES), wa_p, kf, K, okc, BITS, EVEN_K)
-            _copy_codes(ring_b.index((it + STAGES - 1) % STAGES), wb_p, kf, K, okc, BITS, EVEN_K)
+            f_ok = kf < k_hi
+            kf = gl.where(f_ok, kf, k_lo)
+            _copy_codes(ring_a.index((it + STAGES - 1) % STAGES), wa_p, kf, K, okc, BITS, EVEN_K, f_ok)
+            _copy_codes(ring_b.index((it + STAGES - 1) % STAGES), wb_p, kf, K, okc, BITS, EVEN_K, f_ok)
             async_copy.commit_group()
             async_copy.wait_group(STAGES - 1)
             wa = ring_a.index(it % STAGES).load(L)
             wb = ring_b.index(it % STAGES).load(L)
             k1 = k0 + STEP
-            k1 = gl.where(k1 < k_hi, k1, k_lo)
+            live = k1 < k_hi
+            k1 = gl.where(live, k1, k_lo)
             sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch_sx(
-                sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K)
+                sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K, live)
             acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
         async_copy.wait_group(0)
     else:
         for k0 in range(k_lo, k_hi, STEP):
             k1 = k0 + STEP
-            k1 = gl.where(k1 < k_hi, k1, k_lo)     # past the slice's end: the first step again (in bounds, unused)
+            live = k1 < k_hi
+            k1 = gl.where(live, k1, k_lo)
             wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
-                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K)
+                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K,
+                live)
             acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
 
