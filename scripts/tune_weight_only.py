@@ -112,6 +112,8 @@ def candidates(m: int) -> list[dict]:
             # at the same time) share it in L1; more tiles per warp or per program spread that over more weights
             c += [gvt(t, wpt, w, sp, mp) for t, w in [(4, 2), (8, 4), (8, 8)] for wpt in (4, 8)
                   for sp, mp in [(1, 0), (4, 2048)]]
+            # the code ring with several tiles per program (6144x4096 at M = 16 on the H100: design.md)
+            c += [gvt(t, wpt, w, 4, 2048, stages=3) for t, wpt, w in [(2, 4, 1), (4, 4, 2), (2, 8, 1), (4, 4, 1)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:
