@@ -124,7 +124,9 @@ def candidates(m: int) -> list[dict]:
                                      (4, 4096, 8, 1)] for mp in (0, 1024, 2048)]
         # the paired-fp16 GEMV: the configs that won somewhere in the H100 / H200 decode-chain sweeps
         c += [gv(8, 1024, 4, 1), gv(8, 1024, 4, 1, stages=3), gv(16, 1024, 4, 1), gv(8, 2048, 2, 4), gv(8, 4096, 4, 4),
-              gv(16, 2048, 4, 2), gv(8, 1024, 2, 2), gv(8, 1024, 4, 1, split=4, min_programs=1024)]
+              gv(16, 2048, 4, 2), gv(8, 1024, 2, 2), gv(8, 1024, 4, 1, split=4, min_programs=1024),
+              # two warps of WPT 4 on 2048 k (the H100's 6144 / 28672-row entries, the lm_head with a 2-stage ring)
+              gv(8, 2048, 4, 2), gv(8, 2048, 4, 2, stages=2), gv(4, 512, 2, 1)]
         # the same on a persistent grid (no wave ends part full): level with the tables' configs on the served shapes
         # in the H100 decode chain, ahead on weights the tables have no override for (design.md, "The persistent GEMV")
         c += [gv(bn, bk, wpt, w, persistent=p) for bn, bk, wpt, w, p in
