@@ -107,6 +107,7 @@ def test_a_row_is_judged_by_its_m_bucket_where_bucket_digests_were_recorded(tmp_
     one M (the runtime's) is judged by the whole kind."""
     from qkernels import configs
     now_kinds, table = configs.kind_digests("h100"), configs.load("h100")["w4a16"]
+    buckets = {k: v for k, v in now_kinds.items() if ":" not in k}     # a run that recorded no entry digests
     big, bigger = sorted({int(k.split(":")[0]) for k in table})[-2:]
     assert now_kinds[f"w4a16@{bigger}"] != now_kinds[f"w4a16@{big}"]
     root = tmp_path / "results"
@@ -114,15 +115,48 @@ def test_a_row_is_judged_by_its_m_bucket_where_bucket_digests_were_recorded(tmp_
                **{"x_F.linear": 1.0})
     rows = [row, dict(row, M=bigger), dict(row, M=big), dict(row, M=None)]
     line = "- {} of the 4 rows of ours ran configs that differ from the shipped"
-    then = dict(now_kinds, w4a16="0" * 12, **{f"w4a16@{bigger}": "f" * 12})     # the largest bucket changed since
+    then = dict(buckets, w4a16="0" * 12, **{f"w4a16@{bigger}": "f" * 12})     # the largest bucket changed since
     _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": then})
     assert line.format(2) in report.build(root)      # M = bigger and the row without one M
     # no `big` bucket then: the M = big row ran `bigger`'s configs
-    then = {k: v for k, v in now_kinds.items() if k != f"w4a16@{big}"}
+    then = {k: v for k, v in buckets.items() if k != f"w4a16@{big}"}
     _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": then})
     assert line.format(1) in report.build(root)
     _write(root, "h100", "host", rows, config_table="0123456789ab", config_tables={"0123456789ab": now_kinds})
     assert "rows of ours" not in report.build(root)
+
+def test_a_row_of_one_shape_is_judged_by_its_entry_where_entry_digests_were_recorded(tmp_path):
+    """With entry digests (configs.kind_digests: a bucket's own config "<kind>@<bucket>:*" and each shape override)
+    a row of one M and one shape is stale only where the config its entry holds changed: not for another entry of
+    its bucket, and not for an override added since that holds the config the row ran."""
+    from qkernels import configs
+    now_kinds, table = configs.kind_digests("h100"), configs.load("h100")["w4a16"]
+    over = next(k for k in table if ":" in k and k.split(":")[0] == "1")    # a shape override of the M = 1 bucket
+    N, K = (int(f[1:]) for f in over.split(":")[1:])
+    assert configs.lookup_key(table, 1, N, K) == over and configs.lookup_key(table, 1, 8, 8) == "1"
+    assert now_kinds[f"w4a16@{over}"] != now_kinds["w4a16@1:*"]
+    root = tmp_path / "results"
+    shaped = dict(op="linear_host", provider="QuantizedLinear w4a16", scheme="w4a16", M=1, N=N, K=K, median_us=10.0,
+                  **{"x_F.linear": 1.0})
+    plain = dict(shaped, N=8, K=8)                         # no override: the bucket's own config
+
+    def stale(row, then):
+        _write(root, "h100", "host", [row], config_table="0123456789ab", config_tables={"0123456789ab": then})
+        return "- 1 of the 1 rows of ours ran configs that differ" in report.build(root)
+
+    override_changed = dict(now_kinds, **{"w4a16@1": "f" * 12, f"w4a16@{over}": "f" * 12})
+    assert stale(shaped, override_changed) and not stale(plain, override_changed)
+    bucket_changed = dict(now_kinds, **{"w4a16@1": "f" * 12, "w4a16@1:*": "f" * 12})
+    assert stale(plain, bucket_changed) and not stale(shaped, bucket_changed)
+    # no override for the shape then: the row ran the bucket's config, stale unless the override holds the same
+    no_override = {k: v for k, v in now_kinds.items() if k != f"w4a16@{over}"}
+    assert stale(shaped, no_override)
+    assert not stale(shaped, dict(no_override, **{"w4a16@1:*": now_kinds[f"w4a16@{over}"]}))
+    assert not stale(shaped, now_kinds) and not stale(plain, now_kinds)
+    # a run with bucket digests only: judged by the bucket, as before
+    buckets_only = {k: v for k, v in override_changed.items() if k.count(":") == 0}
+    assert stale(plain, buckets_only)
+
 
 def test_missing_peers_count_as_targets_not_measured(tmp_path):
     """A run without a peer installed says so as a target line, and the summary lists it among those not met."""

@@ -243,19 +243,25 @@ def _table_note(d: dict, slug: str) -> list[str]:
         if kinds is None or then is None:
             stale += table != now
         else:
-            stale += any(_kind_stale(then, now_kinds, shipped, k, r.get("M")) for k in kinds)
+            stale += any(_kind_stale(then, now_kinds, shipped, k, r.get("M"), r.get("N"), r.get("K")) for k in kinds)
     return [f"- {stale} of the {ours} rows of ours ran configs that differ from the shipped `configs/{slug}.json` "
             f"({now or 'none'}) for their kinds: rerun to refresh them.", ""] if stale else []
 
 
-def _kind_stale(then: dict, now: dict, shipped: dict, kind: str, M) -> bool:
-    """Whether a row ran other `kind` configs than the shipped table holds: by its M's bucket where the row has one M
-    and its run recorded bucket digests ("<kind>@<bucket>", configs.kind_digests), the bucket chosen in each table as
-    the kernels choose it (a bucket added since, e.g. 2048, makes the row stale); else by the whole kind."""
-    then_buckets = [k.split("@", 1)[1] for k in then if k.startswith(f"{kind}@")]
-    if M is None or not then_buckets or kind not in shipped:
+def _kind_stale(then: dict, now: dict, shipped: dict, kind: str, M, N=None, K=None) -> bool:
+    """Whether a row ran other `kind` configs than the shipped table holds: by the entry its M and shape take where
+    the row has one M and one shape and its run recorded entry digests (configs.kind_digests; a config of the same
+    digest is not stale, whichever entry holds it); else by its M's bucket where the row has one M and its run
+    recorded bucket digests ("<kind>@<bucket>"), the bucket chosen in each table as the kernels choose it (a bucket
+    added since, e.g. 2048, makes the row stale); else by the whole kind."""
+    then_keys = [k.split("@", 1)[1] for k in then if k.startswith(f"{kind}@")]
+    if M is None or not then_keys or kind not in shipped:
         return then.get(kind) != now.get(kind)
-    b_then = configs.bucket_key(dict.fromkeys(then_buckets), int(M))
+    b_then = configs.bucket_key(dict.fromkeys(then_keys), int(M))
+    if N is not None and K is not None and configs.entry_name(b_then) in then_keys:
+        e_then = configs.lookup_key(dict.fromkeys(then_keys), int(M), int(N), int(K))
+        e_now = configs.lookup_key(shipped[kind], int(M), int(N), int(K))
+        return then[f"{kind}@{configs.entry_name(e_then)}"] != now.get(f"{kind}@{configs.entry_name(e_now)}")
     b_now = configs.bucket_key(shipped[kind], int(M))
     return b_then != b_now or then.get(f"{kind}@{b_then}") != now.get(f"{kind}@{b_now}")
 

@@ -81,16 +81,31 @@ def _digest(obj) -> str:
 
 
 def kind_digests(slug: str) -> dict[str, str]:
-    """A digest per kind of configs/<slug>.json ("w4a16", "int8", ...; {} without that file), and per kind and M
-    bucket ("w4a16@16": the bucket's config and its shape overrides): a results row judged against the kinds its
-    provider runs (bench.report) is not called stale when another kind changed, nor, where it has one M, when another
-    bucket of its kinds did."""
+    """A digest per kind of configs/<slug>.json ("w4a16", "int8", ...; {} without that file), per kind and M
+    bucket ("w4a16@16": the bucket's config and its shape overrides), and per entry (ENTRY_OF: the bucket's own
+    config, each shape override): a results row judged against the kinds its provider runs (bench.report) is not
+    called stale when another kind changed, nor, where it has one M, when another bucket of its kinds did, nor,
+    where it has one shape too, when another entry of its bucket did."""
     out = {}
     for kind, tab in (load(slug) or {}).items():
         out[kind] = _digest(tab)
         for b in sorted({k.split(":")[0] for k in tab}):
             out[f"{kind}@{b}"] = _digest({k: v for k, v in tab.items() if k.split(":")[0] == b})
+        for k, v in tab.items():
+            out[f"{kind}@{entry_name(k)}"] = _digest(v)
     return out
+
+
+def entry_name(key: str) -> str:
+    """An entry's name among kind_digests' per-entry digests: a shape override's own key ("16:N4096:K4096"), a
+    bucket's config "<bucket>:*" (its plain key names the bucket with its overrides)."""
+    return key if ":" in key else f"{key}:*"
+
+
+def lookup_key(table: dict, M: int, N: int, K: int) -> str:
+    """The key of the entry lookup(table, M, N, K) returns (table: a kind's entries, or only their keys)."""
+    key = bucket_key(table, M)
+    return f"{key}:N{N}:K{K}" if f"{key}:N{N}:K{K}" in table else key
 
 
 def shipped() -> list[str]:
@@ -131,8 +146,7 @@ def pick(table: dict, M: int) -> dict:
 def lookup(table: dict, M: int, N: int, K: int) -> dict:
     """Config for an [M, K] x [K, N] product: the shape override "<bucket>:N<N>:K<K>" where the tuner found
     one clearly better for that shape than the bucket's config, else the bucket's config."""
-    key = bucket_key(table, M)
-    return table.get(f"{key}:N{N}:K{K}") or table[key]
+    return table[lookup_key(table, M, N, K)]
 
 
 # ---------------------------------------------------------------------------------------------
