@@ -82,7 +82,7 @@ def _digest(obj) -> str:
 
 def kind_digests(slug: str) -> dict[str, str]:
     """A digest per kind of configs/<slug>.json ("w4a16", "int8", ...; {} without that file), per kind and M
-    bucket ("w4a16@16": the bucket's config and its shape overrides), and per entry (ENTRY_OF: the bucket's own
+    bucket ("w4a16@16": the bucket's config and its shape overrides), and per entry (entry_name: the bucket's own
     config, each shape override): a results row judged against the kinds its provider runs (bench.report) is not
     called stale when another kind changed, nor, where it has one M, when another bucket of its kinds did, nor,
     where it has one shape too, when another entry of its bucket did."""
