@@ -77,7 +77,8 @@ def _splitk_fixup(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, pid_k, SPLIT_K: tl
     (cnt_ptr: an int32 counter per tile, zero between launches, acq_rel) adds them in slice order
     (deterministic: the bits do not depend on which program finished last) and resets the counter for the next
     launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
-    tl.store(ws_ptr + pid_k.to(tl.int64) * MN + offs, acc, mask=mask)
+    # evict_last: the scratch stays in L2 while the weights stream past it (gluon_shared._splitk_fixup_at)
+    tl.store(ws_ptr + pid_k.to(tl.int64) * MN + offs, acc, mask=mask, eviction_policy="evict_last")
     tl.debug_barrier()      # the whole tile is stored before the counter says so
     done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
     last = done == SPLIT_K - 1

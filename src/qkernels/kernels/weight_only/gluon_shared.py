@@ -53,7 +53,9 @@ def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, SPLIT_K: gl.con
     ws_ptr [SPLIT_K, M, N]; the last of a tile's SPLIT_K programs to finish (cnt_ptr: an int32 counter per tile,
     zero between launches, acq_rel) adds them in slice order (deterministic) and resets the counter for the next
     launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
-    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * MN + offs, acc, mask=mask)
+    # evict_last: the scratch stays in L2 while the weights stream past it, instead of going to DRAM and back each
+    # call (benchmarks/logs/ab_trees_splitk_evict_last_h100.log)
+    gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * MN + offs, acc, mask=mask, eviction_policy="evict_last")
     gl.thread_barrier()     # the whole tile is stored before the counter says so
     done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
     last = done == SPLIT_K - 1
