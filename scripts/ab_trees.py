@@ -29,6 +29,8 @@ def one(schemes: list, ms: list, shapes: list) -> None:
     from ab_chain import layers
     from qkernels._runtime import pdl
     from qkernels.bench.decode_gemv import chain_us
+    import qkernels
+    print(json.dumps({"package": str(Path(qkernels.__file__).resolve().parent)}), flush=True)
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
     for scheme in schemes:
@@ -79,6 +81,10 @@ def main():
             for line in run.stdout.splitlines():
                 if line.startswith("{"):
                     r = json.loads(line)
+                    if "package" in r:       # the child imported this tree's package, not another on its path
+                        if Path(r["package"]) != (p / "qkernels").resolve():
+                            sys.exit(f"tree {a.tree[i]}: the timing imported qkernels from {r['package']}")
+                        continue
                     if r["case"] not in cases:
                         cases.append(r["case"])
                     times.setdefault((i, r["case"]), []).append(r["us"])
