@@ -10,9 +10,10 @@ the fix-up and the stores), nofix (SPLIT_K's fix-up skipped: every slice stores 
 
 Usage: PYTHONPATH=src python3 scripts/ablate_gvt.py --variants base nomma nocodes+nox+nosz noloop nofix \\
            --shapes 14336x4096 4096x14336 [--ms 16] [--config JSON ...]
-Each shape runs the H100 / H200 table's config at each M (where it is gvt) and every --config given (a gvt config;
-MIN_PROGRAMS decides whether SPLIT_K applies, as in the table). Variants are Python modules written next to the
-kernel's source in a temporary directory (the Gluon compiler reads a kernel's source file). GPU only (Gluon).
+W4A16 (random 4-bit g128 weights, copies spanning >= 256 MB). Each shape runs the table's config at each M (where
+it is gvt) and every --config given (a gvt config; MIN_PROGRAMS decides whether SPLIT_K applies, as in the table).
+Variants are Python modules written to a temporary directory (the Gluon compiler reads a kernel's source from its
+file). GPU only (Gluon).
 """
 import argparse
 import copy
