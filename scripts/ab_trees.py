@@ -63,6 +63,8 @@ def main():
         ap.error(f"--shapes: expected N x K pairs such as 4096x4096, got {a.shapes}")
     if a.one:
         return one(a.schemes, a.ms, shapes)
+    if a.rounds < 1 or min(a.ms) < 1:
+        ap.error(f"--rounds and --ms: expected positive integers, got {a.rounds} and {a.ms}")
     if len(a.tree) < 2:
         ap.error("name at least two --tree (a directory holding qkernels/, or 'here')")
     paths = [HERE if t == "here" else Path(t).resolve() for t in a.tree]
