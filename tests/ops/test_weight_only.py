@@ -603,6 +603,27 @@ def test_gv_config_checked():
     assert grid == (13, 1, 3) and split == 1 and cx["SWIGLU"] and not cx["EVEN_K"] and cx["HAS_BIAS"]
 
 
+@pytest.mark.parametrize("ch", [1, 2, 4])
+def test_gv_chain_constants(ch):
+    """gv's asm for a chain of ch code words: its paired-fma constants turn every nibble's magic-number fp16
+    (1024 + u low, 1024 + 16 u high) into u / (64 ch) exactly (one rounding, as fma), no lane of 4 ch products can
+    overflow for any finite fp16 x, and the asm takes ch words and four x pairs per word."""
+    import re
+    import numpy as np
+    from qkernels.kernels.weight_only.gv import _dot_asm
+    asm = _dot_asm(ch)
+    half = {n: np.uint16(int(v, 16) & 0xFFFF).view(np.float16) for n, v in re.findall(r"mov.b32 (\w+), (0x\w+);", asm)}
+    assert all(re.search(rf"mov.b32 {n}, 0x([0-9A-F]{{4}})\1;", asm) for n in ("sl", "bl", "sh", "bh"))
+    for u in range(16):
+        lo = np.uint16(0x6400 | u).view(np.float16)
+        hi = np.uint16(0x6400 | u << 4).view(np.float16)
+        for a, m, b in ((lo, half["sl"], half["bl"]), (hi, half["sh"], half["bh"])):
+            assert np.float16(float(a) * float(m) + float(b)) == u / (64 * ch)
+    assert 4 * ch * np.float64(15 / (64 * ch)) * 65504 < 65504
+    assert max(int(i) for i in re.findall(r"\$(\d+)", asm)) == 5 * ch
+    assert asm.count("mul.rn.f16x2") == 1 and asm.count("cvt.f32.f16") == 2
+
+
 def test_gv_persistent_plan():
     """gv's PERSISTENT: PERSISTENT programs per SM (no more than there are (row block, step) units), an fp32 slot
     of BLOCK_N per unit and a counter per row block for each x row; with split-K, a ring or a count below 1 it is
