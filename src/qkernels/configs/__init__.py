@@ -36,21 +36,25 @@ DEFAULT_WEIGHT_ONLY = {
     "256": dict(path="mm", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_N=8, num_warps=8, num_stages=3),
     "65536": dict(path="dequant", BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=1),
 }
+# The Triton interpreter (CPU): its cost is per program, so the tables' tiles are 64 output columns wide (a W8A8
+# 256 x 128 linear at M = 1: 1.5 s with 8-column tiles, 0.14 s; tests/nn/test_hf.py 164 -> 38 s). Shapes with N > 64
+# still run several column tiles and odd N a masked tail; small K steps and SPLIT_K 2 keep the loops and the split-K
+# fix-up running.
 INTERPRETER_WEIGHT_ONLY = {
-    "1": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
-    "64": dict(path="mm", BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, GROUP_N=4, num_warps=4, num_stages=1),
+    "1": dict(path="gemv", BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=1),
+    "64": dict(path="mm", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_N=4, num_warps=4, num_stages=1),
     "65536": dict(path="dequant", BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=1),
 }
 # the tile kernel, K split in two whenever it spans two steps (so the CPU suite runs the split-K fix-up everywhere)
-_INTERPRETER_MMA = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1, SPLIT_K=2,
+_INTERPRETER_MMA = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1, SPLIT_K=2,
                         MIN_PROGRAMS=1 << 30)
 # M = 1: the int8 / fp8 GEMV, K split whenever it spans two steps (int4 runs its fallback)
-INTERPRETER_GEMM = {"1": dict(path="gemv", BLOCK_N=16, BLOCK_K=64, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=1 << 30,
+INTERPRETER_GEMM = {"1": dict(path="gemv", BLOCK_N=64, BLOCK_K=64, num_warps=4, SPLIT_K=2, MIN_PROGRAMS=1 << 30,
                               fallback=_INTERPRETER_MMA),
                     "65536": _INTERPRETER_MMA}
 # W8A8 with dynamic per-token activations ("w8a8" / "w8a8-fp8" kinds): "gemv", the 8-bit GEMV quantizing x itself
 # (one launch, the gemv parameters as above); "quantize", the quantize kernel then the int8 / fp8 GEMM's own table
-INTERPRETER_W8A8 = {"1": dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, SPLIT_K=2, MIN_PROGRAMS=1 << 30),
+INTERPRETER_W8A8 = {"1": dict(path="gemv", BLOCK_N=64, BLOCK_K=64, num_warps=2, SPLIT_K=2, MIN_PROGRAMS=1 << 30),
                     "65536": dict(path="quantize")}
 
 
