@@ -78,7 +78,7 @@ def w4a16_gvt_ring(stages=3, wpt=8, tiles=1):
 
 def w4a16_gv():
     """The Gluon paired-fp16 GEMV, 4-bit, g128: 8 rows x 1024 k per step, WPT 4, one warp, a ring of 3 stages (the
-    H200 table's M = 1 entry on 28672x4096 and the lm_head)."""
+    H200 table's M = 1 entry on 14336x4096 and the lm_head)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qkernels.kernels.weight_only.gv import _wo_gv_kernel as k

@@ -75,7 +75,8 @@ def _dot_asm(ch: int) -> str:
     return "\n".join(head + body + tail)
 
 
-# chains of 1, 2 or 4 words (CH = min(WPT, 4)): sl, bl / sh, bh: 1 / (64 CH), -16 / CH / 1 / (1024 CH), -1 / CH
+# chains of CH = 1, 2 or 4 words (min(WPT, 4)); the constants sl, bl (low nibbles): 1 / (64 CH), -16 / CH;
+# sh, bh (high nibbles): 1 / (1024 CH), -1 / CH
 _DOT1: gl.constexpr = gl.constexpr(_dot_asm(1))
 _DOT2: gl.constexpr = gl.constexpr(_dot_asm(2))
 _DOT4: gl.constexpr = gl.constexpr(_dot_asm(4))
@@ -122,7 +123,7 @@ def _x_ptrs(x_ptr, m, stride_xm, NC: gl.constexpr, xl: gl.constexpr):
 @gluon.jit
 def _load_x(x_p, k0, K, xc, sl: gl.constexpr, rl: gl.constexpr, EVEN_K: gl.constexpr, CH: gl.constexpr):
     """One step's x: the four pair tiles [NC, 8] in slice layout sl (the code tile's, less the row axis), and
-    the sum of x over each chunk [NC] (fp32, / 64) in rl's slice along the rows. xc: the chunks; not EVEN_K:
+    the sum of x over each chunk [NC] (fp32, / (64 CH)) in rl's slice along the rows. xc: the chunks; not EVEN_K:
     chunks past K read as zeros."""
     if EVEN_K:
         lo = gl.load(x_p + k0 // 2, eviction_policy="evict_last")
