@@ -5,9 +5,9 @@ by opcode (the largest, where there are several), and its instruction count divi
 loads per iteration. Registers per thread from cuobjdump. A kernel whose count per byte nears the GPU's issue rate over its memory bandwidth (about 9
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
-Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gvp | w4a16-gvt | w4a16-wg |
-       w4a16-wg-swiglu | w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 |
-       w8a8-gvt | w8a8-gvt-fp8
+Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
+       w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-swiglu | w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring |
+       w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -90,6 +90,14 @@ def w4a16_gv():
     return k, types, cx, 1, GluonASTSource, 8 * 1024 // 2 // 32
 
 
+def w4a16_gv_wpt2():
+    """w4a16-gv as the tables' M = 1 bucket default runs it: 8 rows x 2048 k, WPT 2 (chains of two code words), four
+    warps, no ring."""
+    k, types, cx, _, source, _ = w4a16_gv()
+    cx.update(BLOCK_K=2048, WPT=2, STAGES=1)
+    return k, types, cx, 4, source, 8 * 2048 // 2 // 128
+
+
 def w4a16_gvp():
     """w4a16-gv on the persistent grid (PERSISTENT: each program a contiguous run of (row block, step) units), 8 rows
     x 1024 k per unit, WPT 4, one warp, registers a unit ahead."""
@@ -160,7 +168,7 @@ def w4a16_wg_tail():
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
-         "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
+         "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
          "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
