@@ -2,9 +2,11 @@
 into src/qkernels/configs/<gpu>.json ("w4a16" / "w8a16"). Each candidate is timed with CUDA-graph
 replay on the three Llama-3-8B shapes; the score is the geometric mean of time / best time per shape.
 Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]
+           [--chain [--models llama3-8b qwen3-1.7b]] [--paths gv gvt ...]
 
 --chain (decode buckets, M <= 64: batched decode included): each candidate is timed as a decode step runs it
-instead, on Llama-3-8B's decode shapes, separate (a Hugging Face model's) and merged (the runtime's): one CUDA graph
+instead, on the decode shapes of --models (Llama-3-8B's by default; its lm_head aside), separate (a Hugging Face
+model's) and merged (the runtime's): one CUDA graph
 calling it on weight copies spanning >= 256 MB (bench.decode_gemv's method: no weight is in L2 when its call runs,
 and a call overlaps the previous one's tail under programmatic dependent launch). One-call graphs time a
 cold start after an L2 flush and pick other configs there. A chain of one shape's calls still misses how a kernel
@@ -30,7 +32,21 @@ from qkernels.ops import weight_only as WO
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048, 4096]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
-CHAIN_SHAPES = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
+
+
+def chain_shapes(models: list) -> list:
+    """The shapes --chain times: each model's decode layers (bench.decode_gemv.SHAPES) but its lm_head, in order,
+    each shape once."""
+    from qkernels.bench.decode_gemv import SHAPES as DECODE
+    out = []
+    for model in models:
+        if model not in DECODE:
+            raise ValueError(f"models: expected names of bench.decode_gemv.SHAPES ({', '.join(DECODE)}), got {model!r}")
+        out += [(n, k) for n, k, layer in DECODE[model] if layer != "lm_head" and (n, k) not in out]
+    return out
+
+
+CHAIN_SHAPES = chain_shapes(["llama3-8b"])
 
 
 def gemv(bn, bk, w, s, min_programs=0):
@@ -198,19 +214,23 @@ def candidates(m: int) -> list[dict]:
     return c
 
 
-def from_log(log: Path, table: dict, bits_list: list) -> None:
+def from_log(log: Path, table: dict, bits_list: list, chain_set: list = CHAIN_SHAPES) -> None:
     """Shape overrides from an earlier sweep's log (per-shape times), against the table's bucket configs. A line
-    with a time per CHAIN_SHAPES is a --chain sweep's: its overrides take that sweep's gain."""
+    with a time per shape of chain_set (the sweep's --models) is a --chain sweep's: its overrides take that sweep's
+    gain; one with a time per SHAPES is a plain sweep's."""
     pat = re.compile(r"^(w\da16) M=\s*(\d+) (\{.*\}) (\[.*\])$")
     runs = {False: {}, True: {}}       # by whether the line is a --chain sweep's
     for line in log.read_text().splitlines():
         mt = pat.match(line.strip())
         if mt and int(mt.group(1)[1]) in bits_list:
             times = [float(t) for t in ast.literal_eval(mt.group(4))]
-            chain = len(times) == len(CHAIN_SHAPES)
+            if len(times) not in (len(SHAPES), len(chain_set)):
+                raise ValueError(f"{log}: a line times {len(times)} shapes, expected {len(SHAPES)} (a plain sweep) or "
+                                 f"{len(chain_set)} (a --chain sweep of these --models): {line.strip()[:120]}")
+            chain = len(times) == len(chain_set)
             runs[chain].setdefault((mt.group(1), int(mt.group(2))), []).append((times, ast.literal_eval(mt.group(3))))
     configs.overrides_from_runs(table, runs[False], SHAPES, log.name)
-    configs.overrides_from_runs(table, runs[True], CHAIN_SHAPES, log.name, configs.CHAIN_OVERRIDE_GAIN)
+    configs.overrides_from_runs(table, runs[True], chain_set, log.name, configs.CHAIN_OVERRIDE_GAIN)
     for kind in [k for k in ("w4a16", "w8a16") if k in table]:
         tab = table[kind]      # the overrides take their bucket's fallback (or the bucket's config itself)
         for bucket in [k for k in tab if ":" not in k]:
@@ -238,15 +258,22 @@ def main():
     ap.add_argument("--chain", action="store_true",
                     help="decode buckets (M <= 64: batched decode too) timed over weight copies as a decode step runs "
                          "them (above)")
+    ap.add_argument("--models", nargs="+", default=["llama3-8b"],
+                    help="--chain (or --from-log of such a sweep): the decode shapes of these models but their "
+                         "lm_heads (bench.decode_gemv.SHAPES); the bucket configs are chosen over all of them")
     args = ap.parse_args()
     if args.chain and (args.from_log or max(args.buckets) > 64):
         ap.error("--chain times decode buckets (--buckets of 64 or less) and cannot replay logs (--from-log)")
-    shapes = CHAIN_SHAPES if args.chain else SHAPES
+    try:
+        chain_set = chain_shapes(args.models)
+    except ValueError as e:
+        ap.error(str(e))
+    shapes = chain_set if args.chain else SHAPES
     if args.from_log:
         path = Path(configs.__file__).parent / f"{args.gpu}.json"
         table = json.loads(path.read_text())
         for log in args.from_log:
-            from_log(log, table, args.bits)
+            from_log(log, table, args.bits, chain_set)
         for kind in table:
             table[kind] = dict(sorted(table[kind].items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))
         path.write_text(json.dumps(table, indent=1) + "\n")

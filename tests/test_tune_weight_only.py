@@ -1,0 +1,49 @@
+"""scripts/tune_weight_only.py without a GPU: the decode shapes its --chain sweeps time for --models, and the shape
+overrides it replays from a sweep's log (--from-log) for those models."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tune():
+    spec = importlib.util.spec_from_file_location("tune_weight_only", ROOT / "scripts" / "tune_weight_only.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_chain_shapes_of_models(tune):
+    llama = [(1024, 4096), (4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096), (4096, 14336)]
+    assert tune.CHAIN_SHAPES == tune.chain_shapes(["llama3-8b"]) == llama
+    both = tune.chain_shapes(["llama3-8b", "qwen3-1.7b"])
+    assert both[:6] == llama and len(both) == 12 and (2048, 6144) in both and (151936, 2048) not in both
+    assert tune.chain_shapes(["llama3-8b", "llama3-8b"]) == llama
+    with pytest.raises(ValueError, match=r"models: expected names of .*llama3-8b.*got 'gpt2'"):
+        tune.chain_shapes(["gpt2"])
+
+
+def _line(cfg: dict, times: list) -> str:
+    return f"w8a16 M=    1 {cfg} {['%.2f' % t for t in times]}"
+
+
+def test_from_log_of_a_two_model_chain_sweep(tune, tmp_path):
+    shapes = tune.chain_shapes(["llama3-8b", "qwen3-1.7b"])
+    a = dict(path="gemv", BLOCK_N=4, BLOCK_K=4096, num_warps=8, num_stages=1)
+    b = dict(path="gemv", BLOCK_N=2, BLOCK_K=2048, num_warps=2, num_stages=1)
+    ta = [10.0] * len(shapes)
+    tb = [10.1] * 6 + [5.0] * 6                  # b: level on Llama's shapes, twice as fast on Qwen3's
+    log = tmp_path / "sweep.log"
+    log.write_text("\n".join([_line(a, ta), _line(b, tb)]) + "\n")
+    table = {"w8a16": {"1": dict(a), "1:N4096:K4096": dict(b)}}
+    tune.from_log(log, table, [8], shapes)
+    tab = table["w8a16"]
+    assert tab["1"] == a
+    assert all(tab[f"1:N{n}:K{k}"] == b for n, k in shapes[6:])          # Qwen3's shapes take b
+    assert not any(f"1:N{n}:K{k}" in tab for n, k in shapes[:6])        # level on Llama's: stale overrides dropped
+    # the same log read as a one-model sweep names the mismatch instead of pairing times with the wrong shapes
+    with pytest.raises(ValueError, match=r"times 12 shapes, expected 3 \(a plain sweep\) or 6"):
+        tune.from_log(log, {"w8a16": {"1": dict(a)}}, [8])
