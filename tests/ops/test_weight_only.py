@@ -2,7 +2,9 @@
 weight). Each of the three paths (gemv, mm, dequant+cuBLAS) is forced at every M tested, besides
 the M-dispatched default."""
 import contextlib
+import re
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -608,18 +610,19 @@ def test_gv_chain_constants(ch):
     """gv's asm for a chain of ch code words: its paired-fma constants turn every nibble's magic-number fp16
     (1024 + u low, 1024 + 16 u high) into u / (64 ch) exactly (one rounding, as fma), no lane of 4 ch products can
     overflow for any finite fp16 x, and the asm takes ch words and four x pairs per word."""
-    import re
-    import numpy as np
     from qkernels.kernels.weight_only.gv import _dot_asm
     asm = _dot_asm(ch)
     half = {n: np.uint16(int(v, 16) & 0xFFFF).view(np.float16) for n, v in re.findall(r"mov.b32 (\w+), (0x\w+);", asm)}
     assert all(re.search(rf"mov.b32 {n}, 0x([0-9A-F]{{4}})\1;", asm) for n in ("sl", "bl", "sh", "bh"))
+    weights = []
     for u in range(16):
         lo = np.uint16(0x6400 | u).view(np.float16)
         hi = np.uint16(0x6400 | u << 4).view(np.float16)
         for a, m, b in ((lo, half["sl"], half["bl"]), (hi, half["sh"], half["bh"])):
-            assert np.float16(float(a) * float(m) + float(b)) == u / (64 * ch)
-    assert 4 * ch * np.float64(15 / (64 * ch)) * 65504 < 65504
+            weights.append(np.float16(float(a) * float(m) + float(b)))
+            assert weights[-1] == u / (64 * ch)
+    products = len(re.findall(r"^(mul|fma)\.rn\.f16x2 c0, a\d", asm, re.M))      # per fp16 lane
+    assert products == 4 * ch and products * max(weights) * 65504 < 65504
     assert max(int(i) for i in re.findall(r"\$(\d+)", asm)) == 5 * ch
     assert asm.count("mul.rn.f16x2") == 1 and asm.count("cvt.f32.f16") == 2
 
