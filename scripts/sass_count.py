@@ -6,8 +6,8 @@ loads per iteration. Registers per thread from cuobjdump. A kernel whose count p
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
-       w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-swiglu | w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring |
-       w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
+       w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-swiglu | w4a16-wg-tail |
+       w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -98,6 +98,13 @@ def w4a16_gv_wpt2():
     return k, types, cx, 4, source, 8 * 2048 // 2 // 128
 
 
+def w4a16_gv_intz(wpt2=False):
+    """w4a16-gv (or, wpt2, w4a16-gv-wpt2) for integer zero points (INT_Z: the zero point taken out in the
+    dequantizing fmas, no x sums)."""
+    k, types, cx, warps, source, nbytes = w4a16_gv_wpt2() if wpt2 else w4a16_gv()
+    return k, types, dict(cx, INT_Z=True), warps, source, nbytes
+
+
 def w4a16_gvp():
     """w4a16-gv on the persistent grid (PERSISTENT: each program a contiguous run of (row block, step) units), 8 rows
     x 1024 k per unit, WPT 4, one warp, registers a unit ahead."""
@@ -168,7 +175,9 @@ def w4a16_wg_tail():
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
-         "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt, "w8a8-gvt": w8a8_gvt,
+         "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gv-intz": w4a16_gv_intz,
+         "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
+         "w8a8-gvt": w8a8_gvt,
          "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
          "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,

@@ -317,10 +317,11 @@ def _check_gemv_case(cfg, M, N, k, group_size, sym, scale):
     if scale != 1.0:
         x = (x.float() * scale).clamp(-6e4, 6e4).half()
     bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
-    with qk.poison_outputs():
-        got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, pw.int_zeros, cfg)
-    assert torch.isfinite(got).all()
-    _check(got, _ref(x, pw, bias), torch.float16)
+    for int_zeros in sorted({pw.int_zeros, False}):     # integer zero points taken as such, and as floats
+        with qk.poison_outputs():
+            got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, 4, pw.group_size, int_zeros, cfg)
+        assert torch.isfinite(got).all()
+        _check(got, _ref(x, pw, bias), torch.float16)
     return pw
 
 
@@ -337,14 +338,15 @@ def test_gv_tails_scales_and_fallback(cfg):
     """The paired-fp16 GEMV: K not a multiple of its step (masked chunks), split-K slices, N tails, M > 1, bias,
     the codes through a shared-memory ring (STAGES), the persistent grid (PERSISTENT: equal runs of (row block,
     step) units per program, row blocks split between programs and added up in the kernel), SwiGLU in the epilogue (the bits of product + silu_and_mul),
-    per channel / group 64 / 128, symmetric and not, a 2-byte-offset x view (copied first); x of 1e-3 (fp16
-    subnormal products) and of 3e4 (no lane may overflow). bf16 x and group 32 take the fallback. Against the
-    reference."""
+    per channel / group 64 / 128, symmetric and not, integer zero points taken out in the dequantizing fmas (INT_Z)
+    or as floats, a 2-byte-offset x view (copied first); x of 1e-3 (fp16 subnormal products) and of 3e4 (no lane
+    may overflow). bf16 x and group 32 take the fallback. Against the reference."""
     cfg = dict(path="gv", **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "gemv", 4, 200, 320, DEVICE)
     for M, N, k, group_size, sym, scale in ((1, 200, 4160, 64, True, 1.0), (3, 77, 2048, 128, False, 1.0),
                                             (1, 300, 4096, -1, False, 1e-3), (2, 64, 1536, 128, True, 3e4),
-                                            (1, 1000, 14336, 128, False, 1.0), (5, 72, 384, 32, False, 1.0)):
+                                            (1, 1000, 14336, 128, False, 1.0), (5, 72, 384, 32, False, 1.0),
+                                            (1, 64, 1024, 128, False, 3e4)):
         pw = _check_gemv_case(cfg, M, N, k, group_size, sym, scale)
         assert WO.gv_supported(4, k, group_size, pw.qweight, torch.float16) == (group_size != 32)
     pw = _weight(2 * 72, 2048, 4, 128, False)                   # SwiGLU in the epilogue: the bits of product + silu
@@ -625,6 +627,35 @@ def test_gv_chain_constants(ch):
     assert products == 4 * ch and products * max(weights) * 65504 < 65504
     assert max(int(i) for i in re.findall(r"\$(\d+)", asm)) == 5 * ch
     assert asm.count("mul.rn.f16x2") == 1 and asm.count("cvt.f32.f16") == 2
+
+
+@pytest.mark.parametrize("ch", [1, 2, 4])
+def test_gv_int_zero_constants(ch):
+    """gv's asm for integer zero points: the bias words _int_z_bias builds from each zero point z in [0, 16] (two
+    integer multiply-adds on the bits of z + 2**23), with the asm's paired-fma factors, turn every nibble's
+    magic-number fp16 into (u - z) / (128 ch) exactly; no lane of 4 ch products can pass half of |x|'s largest
+    value; the asm takes ch code words, the two bias words, then four x pairs per word."""
+    from qkernels.kernels.weight_only.gv import _dot_asm, _int_z_consts, _unit
+    asm = _dot_asm(ch, True)
+    half = {n: np.uint16(int(v, 16) & 0xFFFF).view(np.float16) for n, v in re.findall(r"mov.b32 (\w+), (0x\w+);", asm)}
+    assert set(half) == {"sl", "sh"} and _unit(ch, True) == 128 * ch
+    zl, zh = _int_z_consts(ch)
+    weights = []
+    for z in range(17):
+        b = int(np.float32(z + 2**23).view(np.uint32))
+        bl, bh = (np.array([(b * f + c) % 2**32], np.uint32).view(np.float16) for f, c in ((0x10001, zl),
+                                                                                           (0x100010, zh)))
+        assert bl[0] == bl[1] and bh[0] == bh[1]
+        for u in range(16):
+            lo = np.uint16(0x6400 | u).view(np.float16)
+            hi = np.uint16(0x6400 | u << 4).view(np.float16)
+            for a, m, c in ((lo, half["sl"], bl[0]), (hi, half["sh"], bh[0])):
+                weights.append(abs(np.float16(float(a) * float(m) + float(c))))
+                assert np.float16(float(a) * float(m) + float(c)) == (u - z) / (128 * ch)
+    products = len(re.findall(r"^(mul|fma)\.rn\.f16x2 c0, a\d", asm, re.M))
+    assert products == 4 * ch and products * max(weights) <= 0.5
+    assert re.search(rf"fma.rn.f16x2 a0, a0, sl, \${1 + ch};", asm) and re.search(rf"a3, sh, \${2 + ch};", asm)
+    assert max(int(i) for i in re.findall(r"\$(\d+)", asm)) == 5 * ch + 2
 
 
 def test_gv_persistent_plan():

@@ -13,8 +13,14 @@ weight in the whole loop at WPT 4, with x, the scales and the sums):
   - four paired fp16 fmas per word multiply by x, two k per lane and word, the products of the chain's words
     accumulated in the same two fp16 lanes (4 CH products each); the two lanes are then added in fp32.
     |u / (64 CH)| < 1 / (4 CH), so no lane can overflow for any finite fp16 x;
-  - the zero point leaves the products: sum_k (u_k - z) x_k = sum_k u_k x_k - z sum_k x_k, the x sums taken
-    once per run for all rows, in fp32; the scale is applied once per run and row, in fp32.
+  - float zero points (HQQ): the zero point leaves the products: sum_k (u_k - z) x_k = sum_k u_k x_k - z sum_k x_k,
+    the x sums taken once per run for all rows, in fp32; the scale is applied once per run and row, in fp32;
+  - integer zero points (INT_Z: from_float, GPTQ, AWQ; z in [0, 16]): the paired fma subtracts (1024 + z) / (128 CH)
+    instead, its bias pairs built from z by two integer multiply-adds per row and chunk, so each weight is (u - z) /
+    (128 CH) exactly and no x sums are needed; |u - z| / (128 CH) <= 1 / (8 CH), so a lane's exact sum stays within
+    half of x's largest magnitude. The fp32 sum of each chain is scaled per row and chunk in place, and the lanes
+    of a chunk are added across threads once, after the loop. 12-18% fewer loop instructions than the float path
+    (sm_90: 717 -> 630 per step at WPT 4, 444 -> 362 at WPT 2).
 Products and the lanes' running sums are rounded to fp16 (a relative 2**-11 each; below 2**-14 in magnitude,
 fp16's subnormal spacing) where the Triton GEMV keeps them exact: within the tests' tolerance (|x| @ |W|.T
 relative), not bit-identical. Chains of 4 words cut the loop's instructions by 11% against one word per chain
@@ -50,29 +56,56 @@ def _f16_pair(v: float) -> str:
     return f"0x{h:04X}{h:04X}"
 
 
-def _dot_asm(ch: int) -> str:
+def _dot_asm(ch: int, int_z: bool = False) -> str:
     """PTX: $1 .. $ch code words, then four x pair words per code word: (k, k + 1), (k + 2, k + 3), (k + 32, k + 33),
     (k + 34, k + 35) -> $0: the sum over the ch words' 8 ch codes of u x / (64 ch), in fp32 (a chunk's low and high
     nibbles share a group). The products of all ch words are chained in each fp16 lane (4 ch per lane) and the two
-    lanes added in fp32 once: |u / (64 ch)| < 1 / (4 ch), so no lane can overflow for any finite fp16 x."""
-    sig = 1.0 / (64 * ch)
+    lanes added in fp32 once: |u / (64 ch)| < 1 / (4 ch), so no lane can overflow for any finite fp16 x.
+    int_z (integer zero points z in [0, 16]): two more words after the code words, the row's fp16 pairs
+    -(1024 + z) / (128 ch) and -(1024 + 16 z) / (2048 ch) (_int_z_bias), which the dequantizing fmas add instead of
+    constants, with 1 / (128 ch) and 1 / (2048 ch) for factors: the sum is of (u - z) x / (128 ch), each weight exact
+    (1024 + u and 1024 + z are integers below 2048 in fp16), |u - z| / (128 ch) <= 1 / (8 ch), so a lane's exact
+    sum stays within half of x's largest magnitude."""
+    sig = 1.0 / (_unit(ch, int_z))
     sl, bl, sh, bh = (_f16_pair(v) for v in (sig, -1024 * sig, sig / 16, -64 * sig))
+    xa = 1 + ch + (2 if int_z else 0)          # the first x word
+    cl, ch_ = (f"${1 + ch}", f"${2 + ch}") if int_z else ("bl", "bh")
     body = []
     for j in range(ch):
-        w, xs = f"${1 + j}", [f"${1 + ch + 4 * j + q}" for q in range(4)]
+        w, xs = f"${1 + j}", [f"${xa + 4 * j + q}" for q in range(4)]
         body += [f"prmt.b32 t0, {w}, z, 0x4140;", f"prmt.b32 t1, {w}, z, 0x4342;",
                  "lop3.b32 a0, t0, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 a1, t1, 0x000F000F, 0x64006400, 0xEA;",
                  "lop3.b32 a2, t0, 0x00F000F0, 0x64006400, 0xEA;", "lop3.b32 a3, t1, 0x00F000F0, 0x64006400, 0xEA;",
-                 "fma.rn.f16x2 a0, a0, sl, bl;", "fma.rn.f16x2 a1, a1, sl, bl;",
-                 "fma.rn.f16x2 a2, a2, sh, bh;", "fma.rn.f16x2 a3, a3, sh, bh;",
+                 f"fma.rn.f16x2 a0, a0, sl, {cl};", f"fma.rn.f16x2 a1, a1, sl, {cl};",
+                 f"fma.rn.f16x2 a2, a2, sh, {ch_};", f"fma.rn.f16x2 a3, a3, sh, {ch_};",
                  f"mul.rn.f16x2 c0, a0, {xs[0]};" if j == 0 else f"fma.rn.f16x2 c0, a0, {xs[0]}, c0;",
                  f"fma.rn.f16x2 c0, a1, {xs[1]}, c0;", f"fma.rn.f16x2 c0, a2, {xs[2]}, c0;",
                  f"fma.rn.f16x2 c0, a3, {xs[3]}, c0;"]
     head = ["{", ".reg .b32 t0, t1, a0, a1, a2, a3, c0, z, sl, bl, sh, bh;", ".reg .f16 h0, h1;", ".reg .f32 f0, f1;",
-            "mov.b32 z, 0;", f"mov.b32 sl, {sl};", f"mov.b32 bl, {bl};", f"mov.b32 sh, {sh};",
-            f"mov.b32 bh, {bh};"]
+            "mov.b32 z, 0;", f"mov.b32 sl, {sl};", f"mov.b32 sh, {sh};"]
+    if not int_z:
+        head += [f"mov.b32 bl, {bl};", f"mov.b32 bh, {bh};"]
     tail = ["mov.b32 {h0, h1}, c0;", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 $0, f0, f1;", "}"]
     return "\n".join(head + body + tail)
+
+
+@gluon.constexpr_function
+def _unit(ch: int, int_z: bool) -> int:
+    """The asm's weights are (u - z) / unit: 64 ch (float zero points, z = 0 in the asm), 128 ch (integer ones)."""
+    return (128 if int_z else 64) * ch
+
+
+def _int_z_consts(ch: int) -> tuple:
+    """(the int32 words C_l, C_h) such that for the fp32 word b = bits(z + 2**23) of an integer zero point z in
+    [0, 64): b * 0x10001 + C_l and b * 0x100010 + C_h (mod 2**32) are the fp16 pairs -(1024 + z) / (128 ch) and
+    -(1024 + 16 z) / (2048 ch). fp16 bits: 0x6400 + v is 1024 + v (v < 1024); dividing by 2**e takes e << 10 off the
+    exponent; 0x8000 is the sign. bits(z + 2**23) = 0x4B000000 + z, whose products with 0x10001 and 0x100010 leave
+    0x4B000000 and 0xB0000000 (mod 2**32) beside the wanted z * 0x10001 and 16 z * 0x10001."""
+    lg = ch.bit_length() - 1
+    lo = 0x8000 | (0x6400 - ((7 + lg) << 10))       # -(1024) / (128 ch)
+    hi = 0x8000 | (0x6400 - ((11 + lg) << 10))      # -(1024) / (2048 ch)
+    wrap = lambda v: (v + 2**31) % 2**32 - 2**31    # noqa: E731  (as int32)
+    return wrap(lo * 0x10001 - 0x4B000000), wrap(hi * 0x10001 - 0xB0000000)
 
 
 # chains of CH = 1, 2 or 4 words (min(WPT, 4)); the constants sl, bl (low nibbles): 1 / (64 CH), -16 / CH;
@@ -80,6 +113,15 @@ def _dot_asm(ch: int) -> str:
 _DOT1: gl.constexpr = gl.constexpr(_dot_asm(1))
 _DOT2: gl.constexpr = gl.constexpr(_dot_asm(2))
 _DOT4: gl.constexpr = gl.constexpr(_dot_asm(4))
+_DOT1Z: gl.constexpr = gl.constexpr(_dot_asm(1, True))
+_DOT2Z: gl.constexpr = gl.constexpr(_dot_asm(2, True))
+_DOT4Z: gl.constexpr = gl.constexpr(_dot_asm(4, True))
+_ZL1: gl.constexpr = gl.constexpr(_int_z_consts(1)[0])
+_ZH1: gl.constexpr = gl.constexpr(_int_z_consts(1)[1])
+_ZL2: gl.constexpr = gl.constexpr(_int_z_consts(2)[0])
+_ZH2: gl.constexpr = gl.constexpr(_int_z_consts(2)[1])
+_ZL4: gl.constexpr = gl.constexpr(_int_z_consts(4)[0])
+_ZH4: gl.constexpr = gl.constexpr(_int_z_consts(4)[1])
 
 
 @gluon.constexpr_function
@@ -121,10 +163,11 @@ def _x_ptrs(x_ptr, m, stride_xm, NC: gl.constexpr, xl: gl.constexpr):
 
 
 @gluon.jit
-def _load_x(x_p, k0, K, xc, sl: gl.constexpr, rl: gl.constexpr, EVEN_K: gl.constexpr, CH: gl.constexpr):
+def _load_x(x_p, k0, K, xc, sl: gl.constexpr, rl: gl.constexpr, EVEN_K: gl.constexpr, CH: gl.constexpr,
+            INT_Z: gl.constexpr = False):
     """One step's x: the four pair tiles [NC, 8] in slice layout sl (the code tile's, less the row axis), and
-    the sum of x over each chunk [NC] (fp32, / (64 CH)) in rl's slice along the rows. xc: the chunks; not EVEN_K:
-    chunks past K read as zeros."""
+    the sum of x over each chunk [NC] (fp32, / (64 CH)) in rl's slice along the rows (INT_Z: zeros, not needed).
+    xc: the chunks; not EVEN_K: chunks past K read as zeros."""
     if EVEN_K:
         lo = gl.load(x_p + k0 // 2, eviction_policy="evict_last")
         hi = gl.load(x_p + k0 // 2 + 16, eviction_policy="evict_last")
@@ -134,8 +177,11 @@ def _load_x(x_p, k0, K, xc, sl: gl.constexpr, rl: gl.constexpr, EVEN_K: gl.const
         hi = gl.load(x_p + k0 // 2 + 16, mask=ok, other=0, eviction_policy="evict_last")
     x0, x1 = gl.split(lo)
     x2, x3 = gl.split(hi)
-    s = _halves_f32(lo, 0) + _halves_f32(lo, 16) + _halves_f32(hi, 0) + _halves_f32(hi, 16)
-    xs = gl.sum(gl.sum(s, axis=2), axis=1) * (1.0 / (64 * CH))
+    if INT_Z:
+        xs = gl.zeros_like(xc).to(gl.float32)
+    else:
+        s = _halves_f32(lo, 0) + _halves_f32(lo, 16) + _halves_f32(hi, 0) + _halves_f32(hi, 16)
+        xs = gl.sum(gl.sum(s, axis=2), axis=1) * (1.0 / (64 * CH))
     return (gl.convert_layout(x0, sl, assert_trivial=True), gl.convert_layout(x1, sl, assert_trivial=True),
             gl.convert_layout(x2, sl, assert_trivial=True), gl.convert_layout(x3, sl, assert_trivial=True),
             gl.convert_layout(xs, gl.SliceLayout(0, rl), assert_trivial=True))
@@ -203,13 +249,40 @@ def _x_words(x, cw, CH: gl.constexpr):
 
 
 @gluon.jit
-def _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st: gl.constexpr, CH: gl.constexpr):
-    """acc + s (sum u x - z sum x) / (64 CH) over each chunk and row of one step; the products of CH words of a
-    thread chained in one asm."""
+def _int_z_bias(z, cw, CH: gl.constexpr):
+    """The dequantizing fmas' bias words of integer zero points z [BLOCK_N, NC] (fp32), broadcast to the code tile
+    cw and cut as _words: two integer multiply-adds per row and chunk (_int_z_consts)."""
     if CH == 1:
-        p = gl.inline_asm_elementwise(asm=_DOT1, constraints="=r" + ",r" * 5,
-                                      args=[cw, gl.expand_dims(x0, 0), gl.expand_dims(x1, 0), gl.expand_dims(x2, 0),
-                                            gl.expand_dims(x3, 0)], dtype=gl.float32, is_pure=True, pack=1)
+        ZL: gl.constexpr = _ZL1
+        ZH: gl.constexpr = _ZH1
+    elif CH == 2:
+        ZL: gl.constexpr = _ZL2
+        ZH: gl.constexpr = _ZH2
+    else:
+        ZL: gl.constexpr = _ZL4
+        ZH: gl.constexpr = _ZH4
+    b = (z + 8388608.0).to(gl.int32, bitcast=True)
+    return _pieces(b * 0x10001 + ZL, cw, CH), _pieces(b * 0x100010 + ZH, cw, CH)
+
+
+@gluon.jit
+def _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st: gl.constexpr, CH: gl.constexpr, INT_Z: gl.constexpr = False):
+    """acc + s (sum u x - z sum x) / (64 CH) over each chunk and row of one step (INT_Z: s sum (u - z) x / (64 CH),
+    the zero point taken out in the dequantizing fmas); the products of CH words of a thread chained in one asm."""
+    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+    if CH == 1:
+        if INT_Z:
+            bl, bh = _int_z_bias(z, cw, CH)
+            p = gl.inline_asm_elementwise(asm=_DOT1Z, constraints="=r" + ",r" * 7,
+                                          args=[cw, bl, bh, gl.expand_dims(x0, 0), gl.expand_dims(x1, 0),
+                                                gl.expand_dims(x2, 0), gl.expand_dims(x3, 0)],
+                                          dtype=gl.float32, is_pure=True, pack=1)
+        else:
+            p = gl.inline_asm_elementwise(asm=_DOT1, constraints="=r" + ",r" * 5,
+                                          args=[cw, gl.expand_dims(x0, 0), gl.expand_dims(x1, 0),
+                                                gl.expand_dims(x2, 0), gl.expand_dims(x3, 0)],
+                                          dtype=gl.float32, is_pure=True, pack=1)
     else:
         w0, w1, w2, w3 = _words(cw, CH)
         a0, a1, a2, a3 = _x_words(x0, cw, CH)
@@ -217,17 +290,61 @@ def _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st: gl.constexpr, CH: gl.constexpr
         c0, c1, c2, c3 = _x_words(x2, cw, CH)
         d0, d1, d2, d3 = _x_words(x3, cw, CH)
         if CH == 2:
-            p = gl.inline_asm_elementwise(asm=_DOT2, constraints="=r" + ",r" * 10,
-                                          args=[w0, w1, a0, b0, c0, d0, a1, b1, c1, d1], dtype=gl.float32,
-                                          is_pure=True, pack=1)
+            xw = [a0, b0, c0, d0, a1, b1, c1, d1]
+            if INT_Z:
+                bl, bh = _int_z_bias(z, cw, CH)
+                p = gl.inline_asm_elementwise(asm=_DOT2Z, constraints="=r" + ",r" * 12, args=[w0, w1, bl, bh] + xw,
+                                              dtype=gl.float32, is_pure=True, pack=1)
+            else:
+                p = gl.inline_asm_elementwise(asm=_DOT2, constraints="=r" + ",r" * 10, args=[w0, w1] + xw,
+                                              dtype=gl.float32, is_pure=True, pack=1)
         else:
-            p = gl.inline_asm_elementwise(asm=_DOT4, constraints="=r" + ",r" * 20,
-                                          args=[w0, w1, w2, w3, a0, b0, c0, d0, a1, b1, c1, d1, a2, b2, c2, d2,
-                                                a3, b3, c3, d3], dtype=gl.float32, is_pure=True, pack=1)
-    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-    psum = gl.convert_layout(gl.sum(p, axis=2), acc.type.layout, assert_trivial=True)
-    return acc + s * (psum - z * gl.expand_dims(xs, 0))
+            xw = [a0, b0, c0, d0, a1, b1, c1, d1, a2, b2, c2, d2, a3, b3, c3, d3]
+            if INT_Z:
+                bl, bh = _int_z_bias(z, cw, CH)
+                p = gl.inline_asm_elementwise(asm=_DOT4Z, constraints="=r" + ",r" * 22,
+                                              args=[w0, w1, w2, w3, bl, bh] + xw, dtype=gl.float32, is_pure=True,
+                                              pack=1)
+            else:
+                p = gl.inline_asm_elementwise(asm=_DOT4, constraints="=r" + ",r" * 20, args=[w0, w1, w2, w3] + xw,
+                                              dtype=gl.float32, is_pure=True, pack=1)
+    if INT_Z:    # acc per thread and piece: its lanes are added once, at the end (_acc_rows)
+        return acc + _pieces(s, cw, CH) * p
+    else:
+        psum = gl.convert_layout(gl.sum(p, axis=2), acc.type.layout, assert_trivial=True)
+        return acc + s * (psum - z * gl.expand_dims(xs, 0))
+
+
+@gluon.jit
+def _pieces(v, cw, CH: gl.constexpr):
+    """v [BLOCK_N, NC] (per row and chunk) broadcast to the code tile cw and cut as _words' first piece (the
+    shape and layout of a chained asm's result; no instructions)."""
+    vb, _ = gl.broadcast(gl.expand_dims(v, 2), cw)
+    if CH == 1:
+        return vb
+    else:
+        v0, _, _, _ = _words(vb, CH)
+        return v0
+
+
+@gluon.jit
+def _acc_zeros(BLOCK_N: gl.constexpr, NC: gl.constexpr, cl: gl.constexpr, CH: gl.constexpr, INT_Z: gl.constexpr):
+    """The running sums: [BLOCK_N, NC] per row and chunk (layout cl less the words), or with INT_Z one per chained
+    asm of a thread ([BLOCK_N, NC, 8 / CH], the asm's result), so the steps add no cross-lane sums."""
+    if INT_Z:
+        return _pieces(gl.zeros([BLOCK_N, NC], gl.float32, layout=gl.SliceLayout(2, cl)),
+                       gl.zeros([BLOCK_N, NC, 8], gl.int32, layout=cl), CH)
+    else:
+        return gl.zeros([BLOCK_N, NC], gl.float32, layout=gl.SliceLayout(2, cl))
+
+
+@gluon.jit
+def _acc_rows(acc, rl: gl.constexpr):
+    """The running sums added up per row [BLOCK_N], in rl's slice along the chunks."""
+    if len(acc.shape) == 3:
+        return gl.convert_layout(gl.sum(gl.sum(acc, axis=2), axis=1), gl.SliceLayout(1, rl))
+    else:
+        return gl.sum(acc, axis=1)
 
 
 @gluon.jit
@@ -235,7 +352,7 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                   WPT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, STAGES: gl.constexpr = 1,
-                  SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False):
+                  SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False, INT_Z: gl.constexpr = False):
     """W4A16, fp16 x, K a multiple of 64 (EVEN_K: of BLOCK_K), GROUP PER_CHANNEL or a multiple of 64. Program
     (n, k-slice, m): BLOCK_N weight rows, one x row. SPLIT_K > 1: program column z covers slice z of K (whole
     steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last program adds them up (cnt_ptr:
@@ -269,7 +386,7 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     xc, x_p = _x_ptrs(x_ptr, m, stride_xm, NC, xl)
 
     k_lo, k_hi = _k_slice(K, BLOCK_K, SPLIT_K)      # slices of whole steps
-    acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
+    acc = _acc_zeros(BLOCK_N, NC, cl, CH, INT_Z)
     if GROUP == PER_CHANNEL:
         sz = gl.load(s_p + gl.expand_dims(c * 0, 0))  # the one word per row, for every step
     else:
@@ -284,7 +401,7 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             _copy_w(ring.index(j), w_p, gl.where(kj < k_hi, kj, k_lo), K, c, kj < k_hi, EVEN_K)
     nsz = sz
     _pdl_wait(PDL)
-    nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k_lo, K, xc, xsl, rl, EVEN_K, CH)
+    nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k_lo, K, xc, xsl, rl, EVEN_K, CH, INT_Z)
     # every step but the last loads the next one's codes, (scale, zero) words and x (the ring: copies STAGES - 1
     # steps ahead, none past the slice's end); the last step loads nothing, so no load is in flight when the
     # program ends (one would hold its exit up by a round trip)
@@ -302,19 +419,19 @@ def _wo_gv_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             async_copy.wait_group(STAGES - 1)
             cw = ring.index(it % STAGES).load(cl)
         nsz = _load_sz(s_p, k1, K, c, sz, GROUP, EVEN_K)
-        nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k1, K, xc, xsl, rl, EVEN_K, CH)
-        acc = _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st, CH)
+        nx0, nx1, nx2, nx3, nxs = _load_x(x_p, k1, K, xc, xsl, rl, EVEN_K, CH, INT_Z)
+        acc = _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st, CH, INT_Z)
     if k_lo < k_hi:
         if STAGES == 1:
             cw = nw
         else:
             async_copy.wait_group(0)
             cw = ring.index(((k_hi - k_lo - 1) // BLOCK_K) % STAGES).load(cl)
-        acc = _gv_step(acc, cw, nsz, nx0, nx1, nx2, nx3, nxs, st, CH)
+        acc = _gv_step(acc, cw, nsz, nx0, nx1, nx2, nx3, nxs, st, CH, INT_Z)
     if STAGES > 1:
         async_copy.wait_group(0)
 
-    out = gl.sum(acc, axis=1) * (64.0 * CH)
+    out = _acc_rows(acc, rl) * _unit(CH, INT_Z)
     if SPLIT_K > 1:    # the fix-up works on [BLOCK_N, 1] tiles (its Gluon twin is shared with tc)
         om = m + gl.arange(0, 1, layout=gl.SliceLayout(0, rl))
         mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(om < M, 0)
@@ -403,7 +520,8 @@ def _gvp_fixup(out, ws_ptr, cnt_ptr, m, r, R, s0, n, S, U, P, ar, BLOCK_N: gl.co
 def _wo_gvp_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                    stride_xm, stride_wn, stride_sn, stride_om, ws_ptr, cnt_ptr,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                   WPT: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False):
+                   WPT: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False,
+                   INT_Z: gl.constexpr = False):
     """_wo_gv_kernel on a persistent grid (path "gv" with PERSISTENT): the work of one x row is R x S units (row
     block of BLOCK_N rows, step of BLOCK_K k; unit u = r S + s), and program p of the P in grid dimension 0 takes
     units [p U / P, (p + 1) U / P): every program the same bytes (one unit more or less), so no wave of programs
@@ -439,8 +557,8 @@ def _wo_gvp_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     nrows, nrn = _gvp_rows(nr, ar, N, BLOCK_N, SWIGLU)
     nw, nsz = _gvp_load(w_ptr, sz_ptr, nrn, ns * BLOCK_K, K, c, i, stride_wn, stride_sn, GROUP, EVEN_K)
     _pdl_wait(PDL)
-    nx0, nx1, nx2, nx3, nxs = _load_x(x_p, ns * BLOCK_K, K, xc, xsl, rl, EVEN_K, CH)
-    acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
+    nx0, nx1, nx2, nx3, nxs = _load_x(x_p, ns * BLOCK_K, K, xc, xsl, rl, EVEN_K, CH, INT_Z)
+    acc = _acc_zeros(BLOCK_N, NC, cl, CH, INT_Z)
     for u in range(u0, u1):
         r, s, rows, rn = nr, ns, nrows, nrn
         cw, sz, x0, x1, x2, x3, xs = nw, nsz, nx0, nx1, nx2, nx3, nxs
@@ -450,10 +568,10 @@ def _wo_gvp_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         ns = gl.where(ns == S, 0, ns)
         nrows, nrn = _gvp_rows(nr, ar, N, BLOCK_N, SWIGLU)
         nw, nsz = _gvp_load(w_ptr, sz_ptr, nrn, ns * BLOCK_K, K, c, i, stride_wn, stride_sn, GROUP, EVEN_K)
-        nx0, nx1, nx2, nx3, nxs = _load_x(x_p, ns * BLOCK_K, K, xc, xsl, rl, EVEN_K, CH)
-        acc = _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st, CH)
+        nx0, nx1, nx2, nx3, nxs = _load_x(x_p, ns * BLOCK_K, K, xc, xsl, rl, EVEN_K, CH, INT_Z)
+        acc = _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st, CH, INT_Z)
         if (s == S - 1) | (u == u1 - 1):    # the row block, or this program's range, ends with this unit
-            out = gl.sum(acc, axis=1) * (64.0 * CH)
+            out = _acc_rows(acc, rl) * _unit(CH, INT_Z)
             first = gl.maximum(u0, r * S)   # this program's first unit of the block
             if (first == r * S) & (s == S - 1):
                 _gv_store(out, bias_ptr, out_row, r, rows, rn, N, HAS_BIAS, SWIGLU)
@@ -462,4 +580,4 @@ def _wo_gvp_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                                        BLOCK_N)
                 if last:
                     _gv_store(out, bias_ptr, out_row, r, rows, rn, N, HAS_BIAS, SWIGLU)
-            acc = gl.zeros([BLOCK_N, NC], gl.float32, layout=rl)
+            acc = _acc_zeros(BLOCK_N, NC, cl, CH, INT_Z)

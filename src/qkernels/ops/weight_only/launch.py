@@ -56,7 +56,7 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
             # PERSISTENT programs per SM, each an equal run of the (row block, step) units (_wo_gvp_kernel); scratch:
             # an fp32 slot of BLOCK_N per unit and a counter per row block, per x row
             units = cdiv(N, p["BLOCK_N"]) * cdiv(K, p["BLOCK_K"])
-            constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, EVEN_K=K % p["BLOCK_K"] == 0, **p)
+            constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, EVEN_K=K % p["BLOCK_K"] == 0, INT_Z=int_zeros, **p)
             if swiglu:
                 constexprs["SWIGLU"] = True
             programs = min(units, sms * per_sm) if sms else units
@@ -64,7 +64,8 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
                               (M * units * p["BLOCK_N"], M * cdiv(N, p["BLOCK_N"]), 0))
         # one x row per program column, as the GEMV; K split as the GEMV splits it
         split = k_splits(split, cdiv(K, p["BLOCK_K"]), cdiv(N, p["BLOCK_N"]) * M, int(p.pop("MIN_PROGRAMS", 0)))
-        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % p["BLOCK_K"] == 0, **p)
+        constexprs = dict(GROUP=group_size, HAS_BIAS=has_bias, SPLIT_K=split, EVEN_K=K % p["BLOCK_K"] == 0,
+                          INT_Z=int_zeros, **p)
         if swiglu:
             constexprs["SWIGLU"] = True
         return _keep_plan(key, cfg, (_kernels("gv")._wo_gv_kernel, (cdiv(N, p["BLOCK_N"]), split, M), split,
