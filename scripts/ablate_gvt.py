@@ -6,7 +6,11 @@ reorder around the gap.
 Variants (joined with "+", e.g. nocodes+nox): base (the kernel as it is), nocodes (the code words made from their
 addresses instead of loaded), nox (x's B registers likewise), nosz (the (scale, zero) words likewise), nomma (the
 dequantization and MMA asm replaced by an XOR of its inputs), noloop (no step runs: launch, the first step's loads,
-the fix-up and the stores), nofix (SPLIT_K's fix-up skipped: every slice stores its partial sums as the output).
+the fix-up and the stores), nofix (SPLIT_K's fix-up skipped: every slice stores its partial sums as the output),
+unmasked (EVEN_K: the code, (scale, zero) and x loads unpredicated, so the step past a slice's end re-reads its
+first one, whose address the kernel already wraps to, and x rows past M read row M - 1, their output columns never
+stored; its outputs stay right: no zeros written ahead of predicated loads, which Triton emits with or without
+`other`).
 
 Usage: PYTHONPATH=src python3 scripts/ablate_gvt.py --variants base nomma nocodes+nox+nosz noloop nofix \\
            --shapes 14336x4096 4096x14336 [--ms 16] [--config JSON ...]
@@ -35,7 +39,7 @@ from qkernels.ops import weight_only as WO  # noqa: E402
 from qkernels.ops.weight_only import launch  # noqa: E402
 import qkernels.kernels.weight_only.gvt as GVT  # noqa: E402
 
-PARTS = ("base", "nocodes", "nox", "nosz", "nomma", "noloop", "nofix")
+PARTS = ("base", "nocodes", "nox", "nosz", "nomma", "noloop", "nofix", "unmasked")
 
 
 def _xor_asm(mt: int) -> str:
@@ -79,6 +83,20 @@ def variant_source(parts: list) -> str:
                        + "_MMA1_C: gl.constexpr", part)
         elif part == "noloop":
             src = _sub(src, r"for k0 in range\(k_lo, k_hi,", "for k0 in range(k_lo, k_lo,", part)
+        elif part == "unmasked":
+            for load in ('w = gl.load(p + k0 // (32 // BITS), cache_modifier=".cg")', "sz = gl.load(p + k // GROUP)"):
+                src = _sub(src, re.escape(f"if EVEN_K and live is None:\n        {load}"),
+                           f"if EVEN_K:\n        {load}", part)
+            # x: rows past M read row M - 1 (their output columns are never stored), unpredicated
+            for t in ("", "8 + "):
+                src = _sub(src, re.escape(f"x64 + (m0 + {t}g).to(gl.int64)"), f"x64 + gl.minimum(m0 + {t}g, M - 1)"
+                           ".to(gl.int64)", part)
+            src = _sub(src, re.escape("    lo = gl.load(p + k0 // 4, mask=ok, other=0)"),
+                       "    if EVEN_K:\n        lo = gl.load(p + k0 // 4)\n        hi = gl.load(p + k0 // 4 + 8)\n"
+                       "    else:\n        lo = gl.load(p + k0 // 4, mask=ok, other=0)\n"
+                       "        hi = gl.load(p + k0 // 4 + 8, mask=ok, other=0)", part)
+            src = _sub(src, re.escape("_x_regs(lo, lo1, gl.load(p + k0 // 4 + 8, mask=ok, other=0))"),
+                       "_x_regs(lo, lo1, hi)", part)
         elif part == "nofix":
             call = "_tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT, "
             src = _sub(src, re.escape(call + "SPLIT_K)"), call + "1)", part)
