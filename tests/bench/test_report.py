@@ -58,6 +58,28 @@ def test_decode_gemv_table_and_targets(tmp_path):
     assert "not measured" not in text
 
 
+def test_decode_gemv_fixed_cost_and_streaming_rate(tmp_path):
+    """Each provider's µs per call over a model's shapes, fitted as fixed µs + bytes / rate: the fit recovers a
+    line's intercept and rate, and the rate as a share of fp16's; a model with fewer than three sizes has no line."""
+    root = tmp_path / "results"
+    row = lambda p, model, n, M, us, nbytes: dict(  # noqa: E731
+        op="decode_linear", provider=p, mode="graph-chain", model=model, layer="x", shape=f"{n}x4096", M=M, N=n,
+        K=4096, median_us=us, weight_bytes=nbytes, weight_gbps=1e-3 * nbytes / us, speedup_vs_fp16=1.0,
+        share_of_fp16_bw=1.0, kernels_per_call=1.0)
+    rows = []
+    for n in (1024, 4096, 14336):
+        b16 = 2 * n * 4096
+        rows += [row("fp16 F.linear", "m", n, 1, 6.0 + b16 / 4e6, b16),              # 4000 GB/s, 6 µs fixed
+                 row("qkernels w4a16", "m", n, 1, 2.5 + b16 / 4 / 3.2e6, b16 // 4)]   # 3200 GB/s: 80%
+        if n != 14336:
+            rows.append(row("fp16 F.linear", "small", n, 1, 5.0, b16))
+    _write(root, "h100", "decode_gemv", rows)
+    text = report.build(root)
+    assert "| m | 1 | fp16 F.linear | 3 | 6.00 | 4000 | 100% |" in text
+    assert "| m | 1 | qkernels w4a16 | 3 | 2.50 | 3200 | 80% |" in text
+    assert "| small | 1 |" not in text
+
+
 def test_rows_measured_with_another_config_table_are_pointed_out(tmp_path):
     """A results file records the config table its run used (harness.environment, stamped on merged rows) and that
     table's digest per kind; the report says how many rows of ours ran configs that differ from the shipped table's

@@ -309,7 +309,45 @@ def _decode_gemv(rows: list[dict]) -> list[str]:
         if ones:
             out.append(f"- {p}, one kernel per call at M = 1: {_fmt(max(ones))} at most — "
                        f"{'met' if max(ones) <= 1 else '**not met**'}")
-    return out + [""]
+    return out + [""] + _stream_fit(rows)
+
+
+def _line_fit(xs: list, ys: list) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys against xs."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def _stream_fit(rows: list[dict]) -> list[str]:
+    """Each provider's time per call over a model's shapes at one M, fitted as fixed µs + weight bytes / rate: what
+    a call costs whatever its size (launch, first loads, the last wave's tail) apart from how fast it streams. A
+    share of fp16's bytes/s below the target with the rate close to fp16's points at fixed costs; with a lower
+    rate, at the loop. Models with at least three shapes of distinct sizes; the largest (an lm_head) weighs most."""
+    groups: dict = {}
+    for r in rows:
+        if r.get("weight_bytes"):
+            groups.setdefault((r["model"], r["M"], r["provider"]), []).append(r)
+    models, provs = (list(dict.fromkeys(r[k] for r in rows)) for k in ("model", "provider"))
+    body = []
+    for (model, M, p), rs in sorted(groups.items(), key=lambda kv: (models.index(kv[0][0]), kv[0][1],
+                                                                   provs.index(kv[0][2]))):
+        if len({r["weight_bytes"] for r in rs}) < 3:
+            continue
+        fixed, slope = _line_fit([r["weight_bytes"] for r in rs], [r["median_us"] for r in rs])
+        f = groups.get((model, M, next((q for q in provs if q.startswith("fp16")), None)))
+        rate = 1e-3 / slope if slope > 0 else float("nan")      # bytes per µs / 1e3 = GB/s
+        share = ""
+        if f and len({r["weight_bytes"] for r in f}) >= 3:
+            f_slope = _line_fit([r["weight_bytes"] for r in f], [r["median_us"] for r in f])[1]
+            share = f"{100 * f_slope / slope:.0f}%" if slope > 0 and f_slope > 0 else ""
+        body.append([model, M, p, len(rs), f"{fixed:.2f}", _fmt(rate), share])
+    if not body:
+        return []
+    return (["Fixed cost and streaming rate (a line fitted to each provider's µs per call against its weight bytes "
+             "over a model's shapes):", ""]
+            + _table(["model", "M", "provider", "shapes", "fixed µs", "GB/s streamed", "of fp16's rate"], body)
+            + [""])
 
 
 def _host(rows: list[dict]) -> list[str]:
