@@ -109,7 +109,8 @@ def _int_z_consts(ch: int) -> tuple:
 
 
 # chains of CH = 1, 2 or 4 words (min(WPT, 4)); the constants sl, bl (low nibbles): 1 / (64 CH), -16 / CH;
-# sh, bh (high nibbles): 1 / (1024 CH), -1 / CH
+# sh, bh (high nibbles): 1 / (1024 CH), -1 / CH. The Z variants (integer zero points): factors 1 / (128 CH) and
+# 1 / (2048 CH), the biases per row from _ZL* / _ZH* (_int_z_consts)
 _DOT1: gl.constexpr = gl.constexpr(_dot_asm(1))
 _DOT2: gl.constexpr = gl.constexpr(_dot_asm(2))
 _DOT4: gl.constexpr = gl.constexpr(_dot_asm(4))
@@ -267,8 +268,9 @@ def _int_z_bias(z, cw, CH: gl.constexpr):
 
 @gluon.jit
 def _gv_step(acc, cw, sz, x0, x1, x2, x3, xs, st: gl.constexpr, CH: gl.constexpr, INT_Z: gl.constexpr = False):
-    """acc + s (sum u x - z sum x) / (64 CH) over each chunk and row of one step (INT_Z: s sum (u - z) x / (64 CH),
-    the zero point taken out in the dequantizing fmas); the products of CH words of a thread chained in one asm."""
+    """acc + s (sum u x - z sum x) / (64 CH) over each chunk and row of one step (INT_Z: s sum (u - z) x / (128 CH)
+    per chained asm, the zero point taken out in the dequantizing fmas); the products of CH words of a thread
+    chained in one asm."""
     s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
     z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
     if CH == 1:
