@@ -328,20 +328,17 @@ def _stream_fit(rows: list[dict]) -> list[str]:
     for r in rows:
         if r.get("weight_bytes"):
             groups.setdefault((r["model"], r["M"], r["provider"]), []).append(r)
+    fits = {key: _line_fit([r["weight_bytes"] for r in rs], [r["median_us"] for r in rs])
+            for key, rs in groups.items() if len({r["weight_bytes"] for r in rs}) >= 3}
     models, provs = (list(dict.fromkeys(r[k] for r in rows)) for k in ("model", "provider"))
+    fp16 = next((q for q in provs if q.startswith("fp16")), None)
     body = []
-    for (model, M, p), rs in sorted(groups.items(), key=lambda kv: (models.index(kv[0][0]), kv[0][1],
-                                                                   provs.index(kv[0][2]))):
-        if len({r["weight_bytes"] for r in rs}) < 3:
-            continue
-        fixed, slope = _line_fit([r["weight_bytes"] for r in rs], [r["median_us"] for r in rs])
-        f = groups.get((model, M, next((q for q in provs if q.startswith("fp16")), None)))
+    for (model, M, p), (fixed, slope) in sorted(fits.items(), key=lambda kv: (models.index(kv[0][0]), kv[0][1],
+                                                                             provs.index(kv[0][2]))):
         rate = 1e-3 / slope if slope > 0 else float("nan")      # bytes per µs / 1e3 = GB/s
-        share = ""
-        if f and len({r["weight_bytes"] for r in f}) >= 3:
-            f_slope = _line_fit([r["weight_bytes"] for r in f], [r["median_us"] for r in f])[1]
-            share = f"{100 * f_slope / slope:.0f}%" if slope > 0 and f_slope > 0 else ""
-        body.append([model, M, p, len(rs), f"{fixed:.2f}", _fmt(rate), share])
+        f_slope = fits.get((model, M, fp16), (0.0, 0.0))[1]
+        share = f"{100 * f_slope / slope:.0f}%" if slope > 0 and f_slope > 0 else ""
+        body.append([model, M, p, len(groups[model, M, p]), f"{fixed:.2f}", _fmt(rate), share])
     if not body:
         return []
     return (["Fixed cost and streaming rate (a line fitted to each provider's µs per call against its weight bytes "

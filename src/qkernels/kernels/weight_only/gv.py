@@ -95,6 +95,7 @@ def _unit(ch: int, int_z: bool) -> int:
     return (128 if int_z else 64) * ch
 
 
+@gluon.constexpr_function
 def _int_z_consts(ch: int) -> tuple:
     """(the int32 words C_l, C_h) such that for the fp32 word b = bits(z + 2**23) of an integer zero point z in
     [0, 64): b * 0x10001 + C_l and b * 0x100010 + C_h (mod 2**32) are the fp16 pairs -(1024 + z) / (128 ch) and
@@ -110,19 +111,13 @@ def _int_z_consts(ch: int) -> tuple:
 
 # chains of CH = 1, 2 or 4 words (min(WPT, 4)); the constants sl, bl (low nibbles): 1 / (64 CH), -16 / CH;
 # sh, bh (high nibbles): 1 / (1024 CH), -1 / CH. The Z variants (integer zero points): factors 1 / (128 CH) and
-# 1 / (2048 CH), the biases per row from _ZL* / _ZH* (_int_z_consts)
+# 1 / (2048 CH), the biases per row from _int_z_consts
 _DOT1: gl.constexpr = gl.constexpr(_dot_asm(1))
 _DOT2: gl.constexpr = gl.constexpr(_dot_asm(2))
 _DOT4: gl.constexpr = gl.constexpr(_dot_asm(4))
 _DOT1Z: gl.constexpr = gl.constexpr(_dot_asm(1, True))
 _DOT2Z: gl.constexpr = gl.constexpr(_dot_asm(2, True))
 _DOT4Z: gl.constexpr = gl.constexpr(_dot_asm(4, True))
-_ZL1: gl.constexpr = gl.constexpr(_int_z_consts(1)[0])
-_ZH1: gl.constexpr = gl.constexpr(_int_z_consts(1)[1])
-_ZL2: gl.constexpr = gl.constexpr(_int_z_consts(2)[0])
-_ZH2: gl.constexpr = gl.constexpr(_int_z_consts(2)[1])
-_ZL4: gl.constexpr = gl.constexpr(_int_z_consts(4)[0])
-_ZH4: gl.constexpr = gl.constexpr(_int_z_consts(4)[1])
 
 
 @gluon.constexpr_function
@@ -253,15 +248,8 @@ def _x_words(x, cw, CH: gl.constexpr):
 def _int_z_bias(z, cw, CH: gl.constexpr):
     """The dequantizing fmas' bias words of integer zero points z [BLOCK_N, NC] (fp32), broadcast to the code tile
     cw and cut as _words: two integer multiply-adds per row and chunk (_int_z_consts)."""
-    if CH == 1:
-        ZL: gl.constexpr = _ZL1
-        ZH: gl.constexpr = _ZH1
-    elif CH == 2:
-        ZL: gl.constexpr = _ZL2
-        ZH: gl.constexpr = _ZH2
-    else:
-        ZL: gl.constexpr = _ZL4
-        ZH: gl.constexpr = _ZH4
+    ZL: gl.constexpr = _int_z_consts(CH)[0]
+    ZH: gl.constexpr = _int_z_consts(CH)[1]
     b = (z + 8388608.0).to(gl.int32, bitcast=True)
     return _pieces(b * 0x10001 + ZL, cw, CH), _pieces(b * 0x100010 + ZH, cw, CH)
 
