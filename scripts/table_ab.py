@@ -25,6 +25,8 @@ def one(model: str, schemes: list, batches: list) -> None:
     from qkernels.bench.model import hf_model, model_configs
     from qkernels.bench.runtime import CTX, runtime_decode
     from qkernels.models import from_pretrained
+    import qkernels
+    print(json.dumps({"package": str(os.path.dirname(os.path.abspath(qkernels.__file__)))}), flush=True)
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
     cfg = model_configs(tiny=False)[model] if gpu else next(iter(model_configs(tiny=True).values()))
@@ -72,7 +74,7 @@ def main():
         if run.returncode != 0:
             sys.exit(f"table {t}: the step failed\n{run.stderr[-3000:]}")
         for line in run.stdout.splitlines():
-            if line.startswith("{"):
+            if line.startswith("{") and "package" not in line:
                 r = json.loads(line)
                 results[(t, r["scheme"], r["batch"])] = r["us"]
     print(f"{a.model}, µs per decode step" + ("" if _gpu() else " (interpreter, eager: not a timing)"))

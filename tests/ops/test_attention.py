@@ -61,6 +61,23 @@ def test_decode_attention_matches_reference(B, H, HKV, D, S, dtype):
     torch.testing.assert_close(decode_attention(q, kc2, vc2, lengths), out, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("H,HKV,D", [(8, 2, 128), (6, 3, 32), (4, 4, 64)])
+def test_decode_attention_many_splits(monkeypatch, H, HKV, D):
+    """One split per key tile (as a long cache at batch 1 takes on a GPU: up to two waves of programs), most of
+    them empty at short lengths; the combine takes every split's log-sum-exp."""
+    S, block = 40 * 16, 16
+    monkeypatch.setattr(A, "_splits", lambda B, n_kv, S_, block_s, device: (-(-S_ // block), block))
+    g = torch.Generator().manual_seed(H + D)
+    kc = torch.randn(2, HKV, S, D, generator=g).to(DEV, torch.float16)
+    vc = torch.randn(2, HKV, S, D, generator=g).to(DEV, torch.float16)
+    for lens in ([1, S], [block, block + 1], [S - 5, 3 * block]):
+        q = torch.randn(2, H, D, generator=g).to(DEV, torch.float16)
+        lengths = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        with qk.poison_outputs():
+            out = decode_attention(q, kc, vc, lengths)
+        torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, lengths, D ** -0.5), rtol=4e-3, atol=4e-3)
+
+
 def test_opcheck():
     """Schema, fake impl, mutation declaration (the caches) and autograd registration agree with the kernel."""
     B, T, H, HKV, D, S = 2, 3, 4, 2, 32, 16
