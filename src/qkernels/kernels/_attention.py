@@ -27,8 +27,9 @@ def _qkv_rope_cache_kernel(
     PDL: tl.constexpr = False,
 ):
     """One program per (BLOCK_T tokens, head of q | k | v) of the R = B * T tokens. q heads: rotate, write q_out
-    [R, H, D]; k heads: rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos]."""
-    _pdl_wait(PDL)
+    [R, H, D]; k heads: rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos].
+    The positions and the rotary tables are read before the programmatic-dependent-launch wait (the step's inputs
+    and constants: no kernel of this library writes them), qkv after it."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)     # token indices b * T + t
     head = tl.program_id(1)
     r_live = rows < R
@@ -38,6 +39,11 @@ def _qkv_rope_cache_kernel(
     live = offs < HALF
     m2 = r_live[:, None] & live[None, :]
     D: tl.constexpr = 2 * HALF
+    cs = pos[:, None] * stride_cos + offs[None, :]
+    turn = m2 & (head < N_HEADS + N_KV)                                # q and k heads rotate
+    c = tl.load(cos_ptr + cs, mask=turn, other=0.0)
+    s = tl.load(sin_ptr + cs, mask=turn, other=0.0)
+    _pdl_wait(PDL)
     src = qkv_ptr + rows[:, None] * stride_qkv_row + head * D + offs[None, :]
     x1 = tl.load(src, mask=m2, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=m2, other=0.0).to(tl.float32)
@@ -54,9 +60,6 @@ def _qkv_rope_cache_kernel(
         else:
             if K_NORM:
                 x1, x2 = _head_rms(x1, x2, kn_ptr, offs, live, eps, HALF)
-        cs = pos[:, None] * stride_cos + offs[None, :]
-        c = tl.load(cos_ptr + cs, mask=m2, other=0.0)
-        s = tl.load(sin_ptr + cs, mask=m2, other=0.0)
         o1 = x1 * c - x2 * s
         o2 = x2 * c + x1 * s
         if is_q:
@@ -81,13 +84,15 @@ def _decode_attention_split_kernel(
     """Flash-decoding, first pass. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
     share kv_head (GQA: each key / value tile is read once for all of them) over keys
     [split * chunk, min((split + 1) * chunk, length)), and writes their softmax-normalized partial output
-    o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range)."""
-    _pdl_wait(PDL)
+    o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range).
+    lengths are read before the programmatic-dependent-launch wait (the step's inputs: no kernel of this library
+    writes them); q, the keys and the values after it."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = bh // N_KV
     kvh = bh % N_KV
     length = tl.load(len_ptr + b)
+    _pdl_wait(PDL)
     start = split * chunk
     stop = tl.minimum(start + chunk, length)
     g = tl.arange(0, BLOCK_G)

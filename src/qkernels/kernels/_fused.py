@@ -43,11 +43,23 @@ def _load_h(x_ptr, r_ptr, offs_x, offs_r, mask, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def _affine(y, w_ptr, b_ptr, cols, cmask, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+def _load_affine(w_ptr, b_ptr, cols, cmask, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """The norm's weight and bias at cols, fp32 (zeros where absent)."""
+    w = tl.zeros(cols.shape, tl.float32)
+    b = tl.zeros(cols.shape, tl.float32)
     if HAS_W:
-        y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if HAS_B:
-        y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    return w, b
+
+
+@triton.jit
+def _affine(y, w, b, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    if HAS_W:
+        y = y * w[None, :]
+    if HAS_B:
+        y = y + b[None, :]
     return y
 
 
@@ -95,7 +107,8 @@ def _norm_chunk(x_ptr, r_ptr, w_ptr, b_ptr, row_x, row_r, rmask, start, N, mean,
     h = _load_h(x_ptr, r_ptr, row_x + cols[None, :], row_r + cols[None, :], mask, HAS_RES)
     if not RMS:
         h = h - mean[:, None]
-    yr = _cast(_affine(h * rstd[:, None], w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT).to(tl.float32)
+    w, b = _load_affine(w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B)
+    yr = _cast(_affine(h * rstd[:, None], w, b, HAS_W, HAS_B), DT).to(tl.float32)
     return yr, cols, mask
 
 
@@ -110,7 +123,10 @@ def _norm_kernel(
     PDL: tl.constexpr = False,
 ):
     """RMSNorm (RMS) or LayerNorm of h = x (+ residual) per row; writes y (or its codes and per-row
-    scales) and, with HAS_RES, the updated residual h."""
+    scales) and, with HAS_RES, the updated residual h. One block: the weight and bias are fetched before the
+    programmatic-dependent-launch wait (no kernel writes them), so a decode step's norm waits only on its rows."""
+    if ONE_BLOCK:
+        w, b = _load_affine(w_ptr, b_ptr, tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_N) < N, HAS_W, HAS_B)
     _pdl_wait(PDL)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -134,7 +150,7 @@ def _norm_kernel(
             d = tl.where(mask, h - mean[:, None], 0.0)
             d64 = d.to(tl.float64)
             y = d * _rstd(tl.sum(d64 * d64, axis=1), N, eps)[:, None]
-        yd = _cast(_affine(y, w_ptr, b_ptr, cols, cmask, HAS_W, HAS_B), DT)
+        yd = _cast(_affine(y, w, b, HAS_W, HAS_B), DT)
         _store_rows(y_ptr, s_ptr, rows, rmask, row_y + cols[None, :], mask, yd, QUANT, QMAX, IS_FP8, FP8_EMULATE,
                     BLOCK_M)
     else:
