@@ -4,6 +4,7 @@ import json
 import pytest
 
 from qkernels import configs
+from qkernels.ops import attention as A
 
 TABLE = {"16": {"id": "a"}, "128": {"id": "b"}, "4096": {"id": "c"}, "128:N14336:K4096": {"id": "b-wide"}}
 
@@ -28,6 +29,12 @@ def test_shipped_tables_are_well_formed(slug):
     for kind, tab in table.items():
         buckets = [k for k in tab if k.isdigit()]
         assert buckets, kind
+        if kind == "decode_attention":                 # per batch bucket, no shape overrides
+            for key, cfg in tab.items():
+                assert key.isdigit() and set(cfg) == set(A.ATTENTION_KEYS), (key, cfg)
+                with A.use_config(cfg):                # the launcher's own check
+                    pass
+            continue
         for key, cfg in tab.items():
             if not key.isdigit():                      # override: "<bucket>:N<N>:K<K>" of an existing bucket
                 b, n, k = key.split(":")

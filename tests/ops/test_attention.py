@@ -66,7 +66,7 @@ def test_decode_attention_many_splits(monkeypatch, H, HKV, D):
     """One split per key tile (as a long cache at batch 1 takes on a GPU: up to two waves of programs), most of
     them empty at short lengths; the combine takes every split's log-sum-exp."""
     S, block = 40 * 16, 16
-    monkeypatch.setattr(A, "_splits", lambda B, n_kv, S_, block_s, device: (-(-S_ // block), block))
+    monkeypatch.setattr(A, "_splits", lambda B, n_kv, S_, block_s, waves, device: (-(-S_ // block), block))
     g = torch.Generator().manual_seed(H + D)
     kc = torch.randn(2, HKV, S, D, generator=g).to(DEV, torch.float16)
     vc = torch.randn(2, HKV, S, D, generator=g).to(DEV, torch.float16)
@@ -76,6 +76,23 @@ def test_decode_attention_many_splits(monkeypatch, H, HKV, D):
         with qk.poison_outputs():
             out = decode_attention(q, kc, vc, lengths)
         torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, lengths, D ** -0.5), rtol=4e-3, atol=4e-3)
+
+
+def test_decode_attention_under_a_forced_config():
+    """use_config (what scripts/tune_attention.py times) reaches the kernel: 32-key tiles, one stage, two warps
+    give the reference's result; a malformed config is refused by name."""
+    g = torch.Generator().manual_seed(11)
+    B, H, HKV, D, S = 2, 8, 2, 64, 70
+    q = torch.randn(B, H, D, generator=g).to(DEV, torch.float16)
+    kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
+    vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
+    lengths = torch.tensor([S, 33], dtype=torch.int32, device=DEV)
+    with A.use_config(dict(BLOCK_S=32, num_warps=2, num_stages=1, WAVES=1)), qk.poison_outputs():
+        out = decode_attention(q, kc, vc, lengths)
+    torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, lengths, D ** -0.5), rtol=4e-3, atol=4e-3)
+    for bad in (dict(BLOCK_S=24, num_warps=4, num_stages=1, WAVES=1), dict(BLOCK_S=32, num_warps=4)):
+        with pytest.raises(ValueError, match="cfg must be a decode-attention config"):
+            A.use_config(bad)
 
 
 def test_opcheck():

@@ -17,9 +17,10 @@ import math
 
 import torch
 
+from .. import configs
 from .. import reference as ref
-from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, is_interpreter,
-                        launch, next_pow2, num_sms, pdl_options, register_twin)
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
+                        gpu_slug, is_interpreter, launch, next_pow2, num_sms, pdl_options, register_twin, scoped_value)
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ROPE_TOKENS = 16        # qkv_rope_cache: the most tokens one program takes
@@ -129,13 +130,41 @@ def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
 # decode attention
 
 
-def _splits(B: int, n_kv: int, S: int, block_s: int, device: torch.device) -> tuple[int, int]:
-    """(n_splits, chunk): enough programs for two waves on the GPU, each chunk a whole number of key tiles.
+_FORCED_CONFIG: list = [None]    # set only inside use_config()
+ATTENTION_KEYS = ("BLOCK_S", "num_warps", "num_stages", "WAVES")
+INTERPRETER_CONFIG = dict(BLOCK_S=16, num_warps=4, num_stages=1, WAVES=1)     # two splits there (_splits)
+
+
+def use_config(cfg: dict):
+    """Within the block, decode attention runs with cfg (BLOCK_S, num_warps, num_stages, WAVES: an entry of a config
+    table's "decode_attention" kind) instead of the table's: what scripts/tune_attention.py times."""
+    if not isinstance(cfg, dict) or set(cfg) != set(ATTENTION_KEYS) or cfg["BLOCK_S"] < 16 \
+            or cfg["BLOCK_S"] & (cfg["BLOCK_S"] - 1) or min(cfg["num_warps"], cfg["num_stages"], cfg["WAVES"]) < 1:
+        raise ValueError(f"cfg must be a decode-attention config {{{', '.join(ATTENTION_KEYS)}}} (BLOCK_S a power of "
+                         f"two >= 16, the others >= 1), got {cfg!r}")
+    return scoped_value(_FORCED_CONFIG, cfg)
+
+
+def _config(B: int, device: torch.device) -> dict:
+    if _FORCED_CONFIG[0] is not None:
+        return _FORCED_CONFIG[0]
+    return INTERPRETER_CONFIG if is_interpreter() else _table_config(next_pow2(max(B, 1)), device)
+
+
+@functools.cache
+def _table_config(b_bucket: int, device: torch.device) -> dict:
+    """The GPU's table entry for the batch bucket (the built-in default where its table has none), cached."""
+    table = configs.load(gpu_slug(device_name(device))).get("decode_attention") or configs.DEFAULT_DECODE_ATTENTION
+    return configs.pick(table, b_bucket)
+
+
+def _splits(B: int, n_kv: int, S: int, block_s: int, waves: int, device: torch.device) -> tuple[int, int]:
+    """(n_splits, chunk): about `waves` programs per SM over a full cache, each chunk a whole number of key tiles.
     Depends only on the cache's shape, so a captured decode step keeps one grid at every length."""
     if is_interpreter():
         target = 2
     else:
-        target = max(1, cdiv(2 * num_sms(device), B * n_kv))
+        target = max(1, cdiv(waves * num_sms(device), B * n_kv))
     n = max(1, min(target, cdiv(S, block_s)))
     chunk = cdiv(cdiv(S, n), block_s) * block_s
     return cdiv(S, chunk), chunk
@@ -149,8 +178,8 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if B == 0:
         return out
     ka = _ka()
-    block_s = 16 if is_interpreter() else 64
-    n_splits, chunk = _splits(B, n_kv, S, block_s, q.device)
+    block_s, warps, stages, waves = (_config(B, q.device)[k] for k in ATTENTION_KEYS)
+    n_splits, chunk = _splits(B, n_kv, S, block_s, waves, q.device)
     o_part = torch.empty((B, H, n_splits, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((B, H, n_splits), dtype=torch.float32, device=q.device)
     group = H // n_kv
@@ -158,7 +187,7 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     launch(ka._decode_attention_split_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse,
            *k_cache.stride()[:3], *v_cache.stride()[:3], chunk, n_splits, float(scale),
            N_KV=n_kv, GROUP=group, BLOCK_G=max(16, next_pow2(group)), D=D, BLOCK_D=block_d, BLOCK_S=block_s,
-           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
            **pdl_options(q.device))
     launch(ka._decode_attention_combine_kernel, (B * H,), o_part, lse, out, n_splits,
            D=D, BLOCK_D=block_d, BLOCK_SPLITS=max(2, next_pow2(n_splits)), num_warps=1, **pdl_options(q.device))
