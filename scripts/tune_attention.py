@@ -3,8 +3,9 @@
 a 128-token context, one CUDA graph, median replay time), where attention meets its neighbours under programmatic
 dependent launch, not alone. In that step attention costs 4 µs a layer at batch 1 and 14 at batch 32 on the H200,
 for about 4 µs of key and value bytes at batch 32 (logs/decode_step_knockout_h200.log): its grid and tiles, not its
-bytes. Candidates: BLOCK_S keys per tile, warps, the pipeline's stages (shared memory per program, so programs per
-SM), WAVES (a full cache's grid in programs per SM: how many splits a sequence's keys take).
+bytes. Candidates: BLOCK_S keys per tile, warps, the pipeline's stages, WAVES (a full cache's grid in programs per
+SM: how many splits a sequence's keys take), PREFETCH (the first key tile read before the PDL wait: the runtime
+allows it; it holds the tile in registers, so fewer programs fit an SM).
 
 Usage: PYTHONPATH=src python3 scripts/tune_attention.py [--model llama3-8b] [--scheme w4a16] [--batches 1 8 32]
            [--ctx 128] [--write]
@@ -17,9 +18,11 @@ import json
 
 import torch
 
-CANDIDATES = [dict(BLOCK_S=s, num_warps=w, num_stages=st, WAVES=v) for s, w, st, v in (
-    (64, 4, 2, 2), (32, 4, 2, 2), (32, 4, 1, 2), (64, 4, 1, 2), (64, 4, 3, 2), (64, 8, 2, 2), (64, 2, 2, 2),
-    (64, 4, 2, 1), (64, 4, 2, 4), (32, 4, 2, 4), (128, 4, 2, 2), (128, 8, 2, 2))]
+CANDIDATES = [dict(BLOCK_S=s, num_warps=w, num_stages=st, WAVES=v, PREFETCH=p) for s, w, st, v, p in (
+    (64, 4, 2, 2, False), (64, 4, 2, 2, True), (32, 4, 2, 2, False), (32, 4, 2, 2, True), (32, 4, 1, 2, False),
+    (64, 4, 1, 2, False), (64, 4, 3, 2, False), (64, 8, 2, 2, False), (64, 8, 2, 2, True), (64, 2, 2, 2, False),
+    (64, 4, 2, 1, False), (64, 4, 2, 1, True), (64, 4, 2, 4, False), (32, 4, 2, 4, False), (128, 4, 2, 2, False),
+    (128, 8, 2, 2, False))]
 GAIN = 0.99
 
 

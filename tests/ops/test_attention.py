@@ -78,6 +78,29 @@ def test_decode_attention_many_splits(monkeypatch, H, HKV, D):
         torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, lengths, D ** -0.5), rtol=4e-3, atol=4e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_decode_attention_prefetch_gives_the_same_result(dtype):
+    """prefetch=True (the first key tile's settled rows read before the PDL wait, the newest after it) changes
+    nothing: the same bits as without it, the newest row taken wherever it falls (first tile or later, the first
+    row, a split's last), lengths 1 and S included."""
+    g = torch.Generator().manual_seed(7)
+    B, H, HKV, D, S = 6, 8, 2, 64, 70
+    q = torch.randn(B, H, D, generator=g).to(DEV, dtype)
+    kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
+    vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
+    lengths = torch.tensor([1, 2, 16, 17, 40, S], dtype=torch.int32, device=DEV)
+    with qk.poison_outputs():
+        fetched = decode_attention(q, kc, vc, lengths, prefetch=True)       # the interpreter's config: PREFETCH
+    torch.testing.assert_close(fetched, decode_attention(q, kc, vc, lengths), rtol=0, atol=0)
+    for block in (16, 32):          # the newest row in the first tile or a later one; a config without PREFETCH
+        for early in (True, False):
+            with A.use_config(dict(BLOCK_S=block, num_warps=4, num_stages=1, WAVES=1, PREFETCH=early)):
+                torch.testing.assert_close(decode_attention(q, kc, vc, lengths, prefetch=True),
+                                           decode_attention(q, kc, vc, lengths), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="prefetch must be a bool"):
+        decode_attention(q, kc, vc, lengths, prefetch=1)
+
+
 def test_decode_attention_under_a_forced_config():
     """use_config (what scripts/tune_attention.py times) reaches the kernel: 32-key tiles, one stage, two warps
     give the reference's result; a malformed config is refused by name."""
@@ -87,10 +110,11 @@ def test_decode_attention_under_a_forced_config():
     kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
     vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
     lengths = torch.tensor([S, 33], dtype=torch.int32, device=DEV)
-    with A.use_config(dict(BLOCK_S=32, num_warps=2, num_stages=1, WAVES=1)), qk.poison_outputs():
+    with A.use_config(dict(BLOCK_S=32, num_warps=2, num_stages=1, WAVES=1, PREFETCH=False)), qk.poison_outputs():
         out = decode_attention(q, kc, vc, lengths)
     torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, lengths, D ** -0.5), rtol=4e-3, atol=4e-3)
-    for bad in (dict(BLOCK_S=24, num_warps=4, num_stages=1, WAVES=1), dict(BLOCK_S=32, num_warps=4)):
+    for bad in (dict(BLOCK_S=24, num_warps=4, num_stages=1, WAVES=1, PREFETCH=False), dict(BLOCK_S=32, num_warps=4),
+                dict(BLOCK_S=32, num_warps=4, num_stages=1, WAVES=1, PREFETCH=1)):
         with pytest.raises(ValueError, match="cfg must be a decode-attention config"):
             A.use_config(bad)
 
@@ -108,7 +132,8 @@ def test_opcheck():
         torch.library.opcheck(A._qkv_rope_cache_op, (qkv, pos, cos, sin, kc, vc, norm, norm, H, HKV, 1e-6))
     q = torch.randn(B, H, D, generator=g).to(DEV, torch.float16)
     lengths = torch.tensor([S, 5], dtype=torch.int32, device=DEV)
-    torch.library.opcheck(A._decode_attention_op, (q, kc, vc, lengths, D ** -0.5))
+    for prefetch in (False, True):
+        torch.library.opcheck(A._decode_attention_op, (q, kc, vc, lengths, D ** -0.5, prefetch))
 
 
 def test_bad_inputs_are_named():

@@ -36,9 +36,10 @@ DEFAULT_WEIGHT_ONLY = {
     "256": dict(path="mm", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_N=8, num_warps=8, num_stages=3),
     "65536": dict(path="dequant", BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=1),
 }
-# decode attention (ops/attention.py), per batch bucket: BLOCK_S keys per tile, warps, the pipeline's stages, and
-# WAVES: a full cache's grid holds about WAVES programs per SM (splits of each sequence's keys)
-DEFAULT_DECODE_ATTENTION = {"1": dict(BLOCK_S=64, num_warps=4, num_stages=2, WAVES=2)}
+# decode attention (ops/attention.py), per batch bucket: BLOCK_S keys per tile, warps, the pipeline's stages,
+# WAVES: a full cache's grid holds about WAVES programs per SM (splits of each sequence's keys), and PREFETCH: the
+# first key tile read before the PDL wait where the caller allows it (decode_attention's prefetch)
+DEFAULT_DECODE_ATTENTION = {"1": dict(BLOCK_S=64, num_warps=4, num_stages=2, WAVES=2, PREFETCH=False)}
 # The Triton interpreter (CPU): its cost is per program, so the tables' tiles are 64 output columns wide (a W8A8
 # 256 x 128 linear at M = 1: 1.5 s with 8-column tiles, 0.14 s; tests/nn/test_hf.py 164 -> 38 s). Shapes with N > 64
 # still run several column tiles and odd N a masked tail; small K steps and SPLIT_K 2 keep the loops and the split-K

@@ -74,11 +74,30 @@ def _qkv_rope_cache_kernel(
 
 
 @triton.jit
+def _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+    """One key tile of the online softmax: (m, l, acc) updated with keys k and values v [BLOCK_S, BLOCK_D] (rows
+    not s_live masked out) for the query heads q [BLOCK_G, BLOCK_D]."""
+    if INTERPRET:       # the interpreter's dot mis-handles bf16: fp32 there (same products, exact)
+        k = k.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale    # [BLOCK_G, BLOCK_S] fp32
+    scores = tl.where(s_live[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    if INTERPRET:
+        pv = tl.dot(_cast(p, v.dtype).to(tl.float32), v.to(tl.float32))
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _decode_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_ptr,
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, chunk, n_splits, scale,
     N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Flash-decoding, first pass. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
@@ -86,13 +105,14 @@ def _decode_attention_split_kernel(
     [split * chunk, min((split + 1) * chunk, length)), and writes their softmax-normalized partial output
     o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range).
     lengths are read before the programmatic-dependent-launch wait (the step's inputs: no kernel of this library
-    writes them); q, the keys and the values after it."""
+    writes them); q, the keys and the values after it. PREFETCH (the decode step's promise that the kernel just
+    before wrote no cache row but each sequence's newest, lengths[b] - 1): the first key / value tile's other rows
+    are read before the wait too, the newest after it."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = bh // N_KV
     kvh = bh % N_KV
     length = tl.load(len_ptr + b)
-    _pdl_wait(PDL)
     start = split * chunk
     stop = tl.minimum(start + chunk, length)
     g = tl.arange(0, BLOCK_G)
@@ -100,6 +120,17 @@ def _decode_attention_split_kernel(
     g_live = g < GROUP
     d_live = d < D
     tl.static_assert(BLOCK_G >= 16 and BLOCK_S >= 16 and BLOCK_D >= 16)     # tl.dot's minimum tile
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    s = start + tl.arange(0, BLOCK_S)                                 # the first key tile
+    s_live = s < stop
+    k_at = k_base + s[:, None].to(tl.int64) * stride_ks + d[None, :]
+    v_at = v_base + s[:, None].to(tl.int64) * stride_vs + d[None, :]
+    if PREFETCH:
+        settled = (s_live & (s < length - 1))[:, None] & d_live[None, :]
+        k = tl.load(k_at, mask=settled, other=0.0)
+        v = tl.load(v_at, mask=settled, other=0.0)
+    _pdl_wait(PDL)
     heads = kvh * GROUP + g                                           # [BLOCK_G] query heads
     q = tl.load(q_ptr + (b * N_KV * GROUP + heads)[:, None] * D + d[None, :],
                 mask=g_live[:, None] & d_live[None, :], other=0.0)
@@ -109,28 +140,25 @@ def _decode_attention_split_kernel(
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    for s0 in range(start, stop, BLOCK_S):
+    first = start
+    if PREFETCH:
+        # the newest row, lengths[b] - 1, where it falls in this tile
+        newest = s_live & (s == length - 1)
+        in_tile = d_live & (length - 1 >= start) & (length - 1 < stop) & (length - 1 < start + BLOCK_S)
+        k_row = tl.load(k_base + (length - 1).to(tl.int64) * stride_ks + d, mask=in_tile, other=0.0)
+        v_row = tl.load(v_base + (length - 1).to(tl.int64) * stride_vs + d, mask=in_tile, other=0.0)
+        k = tl.where(newest[:, None], k_row[None, :], k)
+        v = tl.where(newest[:, None], v_row[None, :], v)
+        if start < stop:
+            m, l, acc = _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION)
+        first = start + BLOCK_S
+    for s0 in range(first, stop, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         s_live = s < stop
         kv_mask = s_live[:, None] & d_live[None, :]
         k = tl.load(k_base + s[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
-        if INTERPRET:       # the interpreter's dot mis-handles bf16: fp32 there (same products, exact)
-            k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale    # [BLOCK_G, BLOCK_S] fp32
-        scores = tl.where(s_live[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + s[:, None].to(tl.int64) * stride_vs + d[None, :], mask=kv_mask, other=0.0)
-        if INTERPRET:
-            pv = tl.dot(_cast(p, v.dtype).to(tl.float32), v.to(tl.float32))
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, l, acc = _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION)
     empty = l == 0.0
     out = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))

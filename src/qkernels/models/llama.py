@@ -155,7 +155,8 @@ def _qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=None
 
 def _decode_attention(q, kc, vc, lengths, scale):
     from ..ops.attention import decode_attention
-    return decode_attention(q, kc, vc, lengths, scale)
+    # the kernel before (qkv_rope_cache) wrote each sequence's newest cache row only: the others load early
+    return decode_attention(q, kc, vc, lengths, scale, prefetch=True)
 
 
 class FeedForward(nn.Module):
