@@ -114,7 +114,8 @@ def test_decode_attention_under_a_forced_config():
         out = decode_attention(q, kc, vc, lengths)
     torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, lengths, D ** -0.5), rtol=4e-3, atol=4e-3)
     for bad in (dict(BLOCK_S=24, num_warps=4, num_stages=1, WAVES=1, PREFETCH=False), dict(BLOCK_S=32, num_warps=4),
-                dict(BLOCK_S=32, num_warps=4, num_stages=1, WAVES=1, PREFETCH=1)):
+                dict(BLOCK_S=32, num_warps=4, num_stages=1, WAVES=1, PREFETCH=1),
+                dict(BLOCK_S=32, num_warps=3, num_stages=1, WAVES=1, PREFETCH=False)):
         with pytest.raises(ValueError, match="cfg must be a decode-attention config"):
             A.use_config(bad)
 

@@ -139,10 +139,10 @@ def use_config(cfg: dict):
     """Within the block, decode attention runs with cfg (BLOCK_S, num_warps, num_stages, WAVES, PREFETCH: an entry of
     a config table's "decode_attention" kind) instead of the table's: what scripts/tune_attention.py times."""
     if not isinstance(cfg, dict) or set(cfg) != set(ATTENTION_KEYS) or not isinstance(cfg["PREFETCH"], bool) \
-            or cfg["BLOCK_S"] < 16 or cfg["BLOCK_S"] & (cfg["BLOCK_S"] - 1) \
-            or min(cfg["num_warps"], cfg["num_stages"], cfg["WAVES"]) < 1:
+            or cfg["BLOCK_S"] < 16 or cfg["BLOCK_S"] & (cfg["BLOCK_S"] - 1) or cfg["num_warps"] not in (1, 2, 4, 8) \
+            or min(cfg["num_stages"], cfg["WAVES"]) < 1:
         raise ValueError(f"cfg must be a decode-attention config {{{', '.join(ATTENTION_KEYS)}}} (BLOCK_S a power of "
-                         f"two >= 16, PREFETCH a bool, the others >= 1), got {cfg!r}")
+                         f"two >= 16, num_warps 1, 2, 4 or 8, PREFETCH a bool, the others >= 1), got {cfg!r}")
     return scoped_value(_FORCED_CONFIG, cfg)
 
 
