@@ -1,5 +1,21 @@
-"""Test helpers: bit-exact comparison with a readable report of the worst elements."""
+"""Test helpers: bit-exact comparison with a readable report of the worst elements; scripts run as a user runs
+them."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    """scripts/<name> with args in a fresh process on the CPU (this checkout's src, the Triton interpreter, no GPU
+    visible): what a script's CPU test checks."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
+                          env=env, timeout=900)
 
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:

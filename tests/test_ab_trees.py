@@ -1,18 +1,11 @@
 """scripts/ab_trees.py (source trees compared in the decode chain) runs: on a CPU small shapes under the
 interpreter, one line per case with a positive time for each tree and round; a tree without the package is
 named in the error."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import ROOT, run_script
 
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_trees.py"), *args], capture_output=True,
-                          text=True, env=env, timeout=900)
+    return run_script("ab_trees.py", *args)
 
 
 def test_ab_trees_times_each_tree_and_round():

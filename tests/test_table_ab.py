@@ -1,18 +1,12 @@
 """scripts/table_ab.py (config tables compared in the runtime's decode step) runs: on a CPU a tiny model under the
 interpreter, one line per (scheme, batch) with a positive step time per table, each table in its own process."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import run_script
 
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "table_ab.py"), *args], capture_output=True,
-                          text=True, env=env, timeout=900)
+    return run_script("table_ab.py", *args)
 
 
 def test_table_ab_times_each_table(tmp_path):

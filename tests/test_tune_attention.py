@@ -1,18 +1,11 @@
 """scripts/tune_attention.py (decode attention's configs timed in the runtime's decode step) runs: on a CPU the tiny
 model under the interpreter, a line per (batch, candidate) with a positive time and a pick per batch; --write
 refused there."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import run_script
 
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_attention.py"), *args], capture_output=True,
-                          text=True, env=env, timeout=900)
+    return run_script("tune_attention.py", *args)
 
 
 def test_tune_attention_times_each_candidate():
