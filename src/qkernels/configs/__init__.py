@@ -40,6 +40,8 @@ DEFAULT_WEIGHT_ONLY = {
 # WAVES: a full cache's grid holds about WAVES programs per SM (splits of each sequence's keys), and PREFETCH: the
 # first key tile read before the PDL wait where the caller allows it (decode_attention's prefetch)
 DEFAULT_DECODE_ATTENTION = {"1": dict(BLOCK_S=64, num_warps=4, num_stages=2, WAVES=2, PREFETCH=False)}
+# the interpreter: 16-key tiles, two splits whatever WAVES (ops.attention._splits), the prefetch path taken
+INTERPRETER_DECODE_ATTENTION = {"1": dict(BLOCK_S=16, num_warps=4, num_stages=1, WAVES=1, PREFETCH=True)}
 # The Triton interpreter (CPU): its cost is per program, so the tables' tiles are 64 output columns wide (a W8A8
 # 256 x 128 linear at M = 1: 1.5 s with 8-column tiles, 0.14 s; tests/nn/test_hf.py 164 -> 38 s). Shapes with N > 64
 # still run several column tiles and odd N a masked tail; small K steps and SPLIT_K 2 keep the loops and the split-K

@@ -132,7 +132,6 @@ def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
 
 _FORCED_CONFIG: list = [None]    # set only inside use_config()
 ATTENTION_KEYS = ("BLOCK_S", "num_warps", "num_stages", "WAVES", "PREFETCH")
-INTERPRETER_CONFIG = dict(BLOCK_S=16, num_warps=4, num_stages=1, WAVES=1, PREFETCH=True)   # two splits (_splits)
 
 
 def use_config(cfg: dict):
@@ -149,7 +148,9 @@ def use_config(cfg: dict):
 def _config(B: int, device: torch.device) -> dict:
     if _FORCED_CONFIG[0] is not None:
         return _FORCED_CONFIG[0]
-    return INTERPRETER_CONFIG if is_interpreter() else _table_config(next_pow2(max(B, 1)), device)
+    if is_interpreter():
+        return configs.pick(configs.INTERPRETER_DECODE_ATTENTION, B)
+    return _table_config(next_pow2(max(B, 1)), device)
 
 
 @functools.cache
