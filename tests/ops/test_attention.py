@@ -1,6 +1,12 @@
 """Rotary embedding + KV-cache write and decode attention against their reference twins."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import triton
 
 import qkernels as qk
 from qkernels import reference as ref
@@ -79,16 +85,17 @@ def test_decode_attention_many_splits(monkeypatch, H, HKV, D):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_decode_attention_prefetch_gives_the_same_result(dtype):
+@pytest.mark.parametrize("len_dtype", [torch.int32, torch.int64])
+def test_decode_attention_prefetch_gives_the_same_result(dtype, len_dtype):
     """prefetch=True (the first key tile's settled rows read before the PDL wait, the newest after it) changes
     nothing: the same bits as without it, the newest row taken wherever it falls (first tile or later, the first
-    row, a split's last), lengths 1 and S included."""
+    row, a split's last), lengths 1 and S included, as int32 and as int64 (the runtime's)."""
     g = torch.Generator().manual_seed(7)
     B, H, HKV, D, S = 6, 8, 2, 64, 70
     q = torch.randn(B, H, D, generator=g).to(DEV, dtype)
     kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
     vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
-    lengths = torch.tensor([1, 2, 16, 17, 40, S], dtype=torch.int32, device=DEV)
+    lengths = torch.tensor([1, 2, 16, 17, 40, S], dtype=len_dtype, device=DEV)
     with qk.poison_outputs():
         fetched = decode_attention(q, kc, vc, lengths, prefetch=True)       # the interpreter's config: PREFETCH
     torch.testing.assert_close(fetched, decode_attention(q, kc, vc, lengths), rtol=0, atol=0)
@@ -152,3 +159,32 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="cos must be"):
         qkv_rope_cache(torch.randn(1, 1, 128, device=DEV), torch.zeros(1, 1, dtype=torch.int64, device=DEV),
                        cos[:4], sin[:4], kc, kc.clone(), 4, 2)
+
+
+@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
+                    reason="Triton's CUDA tools are not installed")
+def test_decode_attention_kernel_compiles_for_hopper():
+    """The split kernel builds offline for sm_90 (no GPU: the interpreter does not type-check loops) with int32 and
+    int64 lengths, PREFETCH on and off: a loop-carried tile whose index type follows the lengths' once compiled
+    under the interpreter and failed on the GPU."""
+    code = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from qkernels.kernels._attention import _decode_attention_split_kernel as k
+for lens in ("*i32", "*i64"):
+    for prefetch in (False, True):
+        types = dict(q_ptr="*fp16", k_ptr="*fp16", v_ptr="*fp16", len_ptr=lens, o_part_ptr="*fp32", lse_ptr="*fp32",
+                     scale="fp32")
+        cx = dict(N_KV=8, GROUP=4, BLOCK_G=16, D=128, BLOCK_D=128, BLOCK_S=64, DOT_PRECISION="tf32",
+                  PREFETCH=prefetch, PDL=True)
+        sig = {n: "constexpr" if n in cx else types.get(n, "i32") for n in k.arg_names}
+        c = triton.compile(ASTSource(k, sig, cx, {}), target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=4, num_stages=2))
+        print(lens, prefetch, c.n_regs if hasattr(c, "n_regs") else "built")
+"""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    env.pop("TRITON_INTERPRET", None)       # a real compile
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(run.stdout.splitlines()) == 4, run.stdout

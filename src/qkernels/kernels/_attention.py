@@ -153,12 +153,13 @@ def _decode_attention_split_kernel(
             m, l, acc = _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION)
         first = start + BLOCK_S
     for s0 in range(first, stop, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        s_live = s < stop
-        kv_mask = s_live[:, None] & d_live[None, :]
-        k = tl.load(k_base + s[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + s[:, None].to(tl.int64) * stride_vs + d[None, :], mask=kv_mask, other=0.0)
-        m, l, acc = _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION)
+        # names of their own: the first tile's s / k / v are not loop-carried (nor their types: s0 follows stop's)
+        t = s0 + tl.arange(0, BLOCK_S)
+        t_live = t < stop
+        kv_mask = t_live[:, None] & d_live[None, :]
+        kt = tl.load(k_base + t[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+        vt = tl.load(v_base + t[:, None].to(tl.int64) * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+        m, l, acc = _attend(q, kt, vt, t_live, m, l, acc, qk_scale, DOT_PRECISION)
     empty = l == 0.0
     out = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
