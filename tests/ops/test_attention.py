@@ -69,10 +69,12 @@ def test_decode_attention_matches_reference(B, H, HKV, D, S, dtype):
 
 @pytest.mark.parametrize("H,HKV,D", [(8, 2, 128), (6, 3, 32), (4, 4, 64)])
 def test_decode_attention_many_splits(monkeypatch, H, HKV, D):
-    """One split per key tile (as a long cache at batch 1 takes on a GPU: up to two waves of programs), most of
-    them empty at short lengths; the combine takes every split's log-sum-exp."""
+    """One split per key tile of the cache (as a long cache at batch 1 takes on a GPU): a sequence's keys spread
+    over as many as they fill (one tile each, or more once they outnumber the splits), the splits past them unused;
+    the combine takes the used splits' log-sum-exps 16 at a time (here up to 40), whatever the other sequence of
+    the batch uses."""
     S, block = 40 * 16, 16
-    monkeypatch.setattr(A, "_splits", lambda B, n_kv, S_, block_s, waves, device: (-(-S_ // block), block))
+    monkeypatch.setattr(A, "_splits", lambda B, n_kv, S_, block_s, waves, device: -(-S_ // block))
     g = torch.Generator().manual_seed(H + D)
     kc = torch.randn(2, HKV, S, D, generator=g).to(DEV, torch.float16)
     vc = torch.randn(2, HKV, S, D, generator=g).to(DEV, torch.float16)
@@ -164,14 +166,14 @@ def test_bad_inputs_are_named():
 @pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
                     reason="Triton's CUDA tools are not installed")
 def test_decode_attention_kernel_compiles_for_hopper():
-    """The split kernel builds offline for sm_90 (no GPU: the interpreter does not type-check loops) with int32 and
-    int64 lengths, PREFETCH on and off: a loop-carried tile whose index type follows the lengths' once compiled
-    under the interpreter and failed on the GPU."""
+    """The split kernel (PREFETCH on and off) and the combine build offline for sm_90 (no GPU: the interpreter does
+    not type-check loops) with int32 and int64 lengths: a loop-carried tile whose index type follows the lengths'
+    once compiled under the interpreter and failed on the GPU."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from qkernels.kernels._attention import _decode_attention_split_kernel as k
+from qkernels.kernels._attention import _decode_attention_split_kernel as k, _decode_attention_combine_kernel as k2
 for lens in ("*i32", "*i64"):
     for prefetch in (False, True):
         types = dict(q_ptr="*fp16", k_ptr="*fp16", v_ptr="*fp16", len_ptr=lens, o_part_ptr="*fp32", lse_ptr="*fp32",
@@ -182,9 +184,14 @@ for lens in ("*i32", "*i64"):
         c = triton.compile(ASTSource(k, sig, cx, {}), target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=4, num_stages=2))
         print(lens, prefetch, c.n_regs if hasattr(c, "n_regs") else "built")
+    types = dict(o_part_ptr="*fp32", lse_ptr="*fp32", len_ptr=lens, out_ptr="*fp16")
+    cx = dict(D=128, BLOCK_D=128, BLOCK_S=64, BLOCK_SPLITS=16, PDL=True)
+    sig = {n: "constexpr" if n in cx else types.get(n, "i32") for n in k2.arg_names}
+    triton.compile(ASTSource(k2, sig, cx, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+    print(lens, "combine built")
 """
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
     env.pop("TRITON_INTERPRET", None)       # a real compile
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert len(run.stdout.splitlines()) == 4, run.stdout
+    assert len(run.stdout.splitlines()) == 6, run.stdout

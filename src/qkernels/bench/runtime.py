@@ -5,9 +5,10 @@ Models: random weights from the real configs (Llama-3-8B, Qwen3-1.7B; no downloa
 is built from the same fp16 Hugging Face model with from_pretrained(hf, scheme) (lm_head in fp16).
 
 Method:
-- decode: a [batch, 128]-token prompt prefilled into the static cache, then one decode step for the whole
-  batch captured as a CUDA graph (models.generate.DecodeGraph) and replayed: median of
-  triton.testing.do_bench (L2 flushed). tokens/s = batch / step time.
+- decode: a [batch, 128]-token prompt prefilled into a static cache of 2112 positions (CACHE: the prefill rows'
+  size; a served model's cache holds more than the context), then one decode step for the whole batch captured
+  as a CUDA graph (models.generate.DecodeGraph) and replayed: median of triton.testing.do_bench (L2 flushed).
+  tokens/s = batch / step time.
 - share of the bandwidth floor: bytes one step must read (every weight but the embedding table, plus the
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth measured in the
   same run (bench.harness.copy_bandwidth_gbps).
@@ -55,6 +56,7 @@ HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4")
 PROFILED = ("fp16", "w4a16", "w8a8")          # the schemes whose batch-1 decode step is profiled per kernel
 PROFILED_HF = ("w4a16", "tinygemm-int4")      # and those of the Hugging Face path
 PROMPT, CTX = 2048, 128
+CACHE = PROMPT + 64     # the decode rows' cache positions, as the prefill rows leave it
 DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
 
 
@@ -120,9 +122,12 @@ def _tied(model) -> bool:
     return model.output.weight is model.tok_embeddings.weight if hasattr(model.output, "weight") else False
 
 
-def runtime_decode(model, batch: int, ctx: int, gpu: bool):
+def runtime_decode(model, batch: int, ctx: int, gpu: bool, cache: int | None = None):
+    """(median ms, the captured step) of one decode step for `batch` sequences at context `ctx`, in a cache of at
+    least `cache` positions (CACHE on a GPU by default, as the bench's rows; ctx + 64 where that is more)."""
     from ..models.generate import DecodeGraph
-    model.setup_caches(batch, ctx + 64)
+    cache = (CACHE if gpu else 0) if cache is None else cache
+    model.setup_caches(batch, max(ctx + 64, cache))
     ids = torch.randint(0, model.args.vocab_size, (batch, ctx), device=model.device)
     with torch.inference_mode():
         model(ids, 0, logits_at=torch.full((batch,), ctx - 1, device=model.device))

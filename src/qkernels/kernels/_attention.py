@@ -95,7 +95,7 @@ def _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION: tl.constexpr):
 @triton.jit
 def _decode_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_ptr,
-    stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, chunk, n_splits, scale,
+    stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, n_splits, scale,
     N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr = False,
     PDL: tl.constexpr = False,
@@ -103,7 +103,9 @@ def _decode_attention_split_kernel(
     """Flash-decoding, first pass. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
     share kv_head (GQA: each key / value tile is read once for all of them) over keys
     [split * chunk, min((split + 1) * chunk, length)), and writes their softmax-normalized partial output
-    o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits] (-inf for an empty range).
+    o_part [B, H, n_splits, D] and log-sum-exp lse [B, H, n_splits]. The grid follows the cache's size (one captured
+    step serves every length), the work the sequence's length: chunk (_chunk) spreads its keys over the splits in
+    whole key tiles, and a split past them returns at once, writing nothing (the combine reads only the used ones).
     lengths are read before the programmatic-dependent-launch wait (the step's inputs: no kernel of this library
     writes them); q, the keys and the values after it. PREFETCH (the decode step's promise that the kernel just
     before wrote no cache row but each sequence's newest, lengths[b] - 1): the first key / value tile's other rows
@@ -113,8 +115,29 @@ def _decode_attention_split_kernel(
     b = bh // N_KV
     kvh = bh % N_KV
     length = tl.load(len_ptr + b)
+    chunk = _chunk(length, n_splits, BLOCK_S)
     start = split * chunk
-    stop = tl.minimum(start + chunk, length)
+    if start < length:
+        _decode_attention_split(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_ptr, stride_kb, stride_kh, stride_ks,
+                                stride_vb, stride_vh, stride_vs, n_splits, scale, bh, b, kvh, split, length, start,
+                                tl.minimum(start + chunk, length), N_KV, GROUP, BLOCK_G, D, BLOCK_D, BLOCK_S,
+                                DOT_PRECISION, PREFETCH, PDL)
+
+
+@triton.jit
+def _chunk(length, n_splits, BLOCK_S: tl.constexpr):
+    """Keys per split for a sequence of `length` keys over n_splits splits: whole BLOCK_S tiles, at least one."""
+    return tl.maximum(tl.cdiv(tl.cdiv(length, n_splits), BLOCK_S), 1) * BLOCK_S
+
+
+@triton.jit
+def _decode_attention_split(
+    q_ptr, k_ptr, v_ptr, o_part_ptr, lse_ptr, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    n_splits, scale, bh, b, kvh, split, length, start, stop,
+    N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+):
+    """The split kernel's work on keys [start, stop) (stop > start)."""
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     g_live = g < GROUP
@@ -170,22 +193,33 @@ def _decode_attention_split_kernel(
 
 @triton.jit
 def _decode_attention_combine_kernel(
-    o_part_ptr, lse_ptr, out_ptr, n_splits,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    o_part_ptr, lse_ptr, len_ptr, out_ptr, n_splits, n_heads,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """Second pass: out[b, h] = sum_i w_i o_part[b, h, i] with w_i = 2^(lse_i - max) / sum 2^(lse_j - max)."""
-    _pdl_wait(PDL)
+    """Second pass: out[b, h] = sum_i 2^lse_i o_part[b, h, i] / sum_i 2^lse_i over the splits that hold keys (the
+    first cdiv(length, chunk), as the first pass chose them), BLOCK_SPLITS at a time with a running maximum. A
+    sequence with no key gets zeros."""
     bh = tl.program_id(0).to(tl.int64)
+    length = tl.load(len_ptr + bh // n_heads)
+    used = tl.cdiv(length, _chunk(length, n_splits, BLOCK_S))
     i = tl.arange(0, BLOCK_SPLITS)
     d = tl.arange(0, BLOCK_D)
-    i_live = i < n_splits
-    lse = tl.load(lse_ptr + bh * n_splits + i, mask=i_live, other=float("-inf"))
-    mx = tl.max(lse, axis=0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)                       # no key at all: zeros, not NaN
-    w = tl.exp2(lse - mx)
-    w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)
-    o = tl.load(o_part_ptr + (bh * n_splits + i)[:, None] * D + d[None, :],
-                mask=i_live[:, None] & (d < D)[None, :], other=0.0)
-    o = tl.sum(o * w[:, None], axis=0)
-    tl.store(out_ptr + bh * D + d, _cast(o, out_ptr.dtype.element_ty), mask=d < D)
+    d_live = d < D
+    _pdl_wait(PDL)
+    m = tl.full([1], float("-inf"), tl.float32)
+    l = tl.zeros([1], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for i0 in range(0, used, BLOCK_SPLITS):
+        rows = bh * n_splits + i0 + i
+        live = i0 + i < used
+        lse = tl.load(lse_ptr + rows, mask=live, other=float("-inf"))
+        o = tl.load(o_part_ptr + rows[:, None] * D + d[None, :], mask=live[:, None] & d_live[None, :], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse, axis=0))          # finite: every used split holds a key
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        l = l * alpha + tl.sum(w, axis=0)
+        acc = acc * alpha + tl.sum(o * w[:, None], axis=0)
+        m = m_new
+    o = acc / tl.where(l == 0.0, 1.0, l)
+    tl.store(out_ptr + bh * D + d, _cast(o, out_ptr.dtype.element_ty), mask=d_live)

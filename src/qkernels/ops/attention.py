@@ -5,7 +5,8 @@
   static caches in place and returns q.
 - `decode_attention`: one query token per sequence against the first lengths[b] cache entries
   (flash-decoding: the sequence is split into chunks processed in parallel, then combined by their
-  log-sum-exp; GQA query heads that share a KV head read each key / value tile once).
+  log-sum-exp; GQA query heads that share a KV head read each key / value tile once). The grid is sized by
+  the cache, the work by the lengths: a short context in a large cache reads and combines only its own keys.
 
 Prefill attention stays PyTorch's scaled_dot_product_attention. Kernels: kernels/_attention.py; numerics:
 reference.qkv_rope_cache / reference.decode_attention (fp32 arithmetic, one rounding of each output).
@@ -160,16 +161,13 @@ def _table_config(b_bucket: int, device: torch.device) -> dict:
     return configs.pick(table, b_bucket)
 
 
-def _splits(B: int, n_kv: int, S: int, block_s: int, waves: int, device: torch.device) -> tuple[int, int]:
-    """(n_splits, chunk): about `waves` programs per SM over a full cache, each chunk a whole number of key tiles.
-    Depends only on the cache's shape, so a captured decode step keeps one grid at every length."""
-    if is_interpreter():
-        target = 2
-    else:
-        target = max(1, cdiv(waves * num_sms(device), B * n_kv))
-    n = max(1, min(target, cdiv(S, block_s)))
-    chunk = cdiv(cdiv(S, n), block_s) * block_s
-    return cdiv(S, chunk), chunk
+def _splits(B: int, n_kv: int, S: int, block_s: int, waves: int, device: torch.device) -> int:
+    """The grid's splits per sequence and KV head: about `waves` programs per SM over a full cache, at most one per
+    key tile. Depends only on the cache's shape, so a captured decode step keeps one grid at every length; the
+    kernels spread each sequence's keys over them (kernels._attention._chunk), so a short context in a large cache
+    costs what it costs in a small one."""
+    target = 2 if is_interpreter() else max(1, cdiv(waves * num_sms(device), B * n_kv))
+    return max(1, min(target, cdiv(S, block_s)))
 
 
 def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
@@ -181,19 +179,20 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     ka = _ka()
     block_s, warps, stages, waves, early = (_config(B, q.device)[k] for k in ATTENTION_KEYS)
-    n_splits, chunk = _splits(B, n_kv, S, block_s, waves, q.device)
+    n_splits = _splits(B, n_kv, S, block_s, waves, q.device)
     o_part = torch.empty((B, H, n_splits, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((B, H, n_splits), dtype=torch.float32, device=q.device)
     group = H // n_kv
     block_d = max(16, next_pow2(D))
     launch(ka._decode_attention_split_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse,
-           *k_cache.stride()[:3], *v_cache.stride()[:3], chunk, n_splits, float(scale),
+           *k_cache.stride()[:3], *v_cache.stride()[:3], n_splits, float(scale),
            N_KV=n_kv, GROUP=group, BLOCK_G=max(16, next_pow2(group)), D=D, BLOCK_D=block_d, BLOCK_S=block_s,
            PREFETCH=bool(prefetch and early),
            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
            **pdl_options(q.device))
-    launch(ka._decode_attention_combine_kernel, (B * H,), o_part, lse, out, n_splits,
-           D=D, BLOCK_D=block_d, BLOCK_SPLITS=max(2, next_pow2(n_splits)), num_warps=1, **pdl_options(q.device))
+    launch(ka._decode_attention_combine_kernel, (B * H,), o_part, lse, lengths, out, n_splits, H,
+           D=D, BLOCK_D=block_d, BLOCK_S=block_s, BLOCK_SPLITS=min(16, max(2, next_pow2(n_splits))), num_warps=1,
+           **pdl_options(q.device))
     return out
 
 
