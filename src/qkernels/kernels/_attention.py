@@ -93,6 +93,12 @@ def _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _chunk(length, n_splits, BLOCK_S: tl.constexpr):
+    """Keys per split for a sequence of `length` keys over n_splits splits: whole BLOCK_S tiles, at least one."""
+    return tl.maximum(tl.cdiv(tl.cdiv(length, n_splits), BLOCK_S), 1) * BLOCK_S
+
+
+@triton.jit
 def _decode_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_ptr,
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, n_splits, scale,
@@ -117,78 +123,59 @@ def _decode_attention_split_kernel(
     length = tl.load(len_ptr + b)
     chunk = _chunk(length, n_splits, BLOCK_S)
     start = split * chunk
-    if start < length:
-        _decode_attention_split(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_ptr, stride_kb, stride_kh, stride_ks,
-                                stride_vb, stride_vh, stride_vs, n_splits, scale, bh, b, kvh, split, length, start,
-                                tl.minimum(start + chunk, length), N_KV, GROUP, BLOCK_G, D, BLOCK_D, BLOCK_S,
-                                DOT_PRECISION, PREFETCH, PDL)
-
-
-@triton.jit
-def _chunk(length, n_splits, BLOCK_S: tl.constexpr):
-    """Keys per split for a sequence of `length` keys over n_splits splits: whole BLOCK_S tiles, at least one."""
-    return tl.maximum(tl.cdiv(tl.cdiv(length, n_splits), BLOCK_S), 1) * BLOCK_S
-
-
-@triton.jit
-def _decode_attention_split(
-    q_ptr, k_ptr, v_ptr, o_part_ptr, lse_ptr, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-    n_splits, scale, bh, b, kvh, split, length, start, stop,
-    N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
-):
-    """The split kernel's work on keys [start, stop) (stop > start)."""
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    g_live = g < GROUP
-    d_live = d < D
-    tl.static_assert(BLOCK_G >= 16 and BLOCK_S >= 16 and BLOCK_D >= 16)     # tl.dot's minimum tile
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    s = start + tl.arange(0, BLOCK_S)                                 # the first key tile
-    s_live = s < stop
-    k_at = k_base + s[:, None].to(tl.int64) * stride_ks + d[None, :]
-    v_at = v_base + s[:, None].to(tl.int64) * stride_vs + d[None, :]
-    if PREFETCH:
-        settled = (s_live & (s < length - 1))[:, None] & d_live[None, :]
-        k = tl.load(k_at, mask=settled, other=0.0)
-        v = tl.load(v_at, mask=settled, other=0.0)
-    _pdl_wait(PDL)
-    heads = kvh * GROUP + g                                           # [BLOCK_G] query heads
-    q = tl.load(q_ptr + (b * N_KV * GROUP + heads)[:, None] * D + d[None, :],
-                mask=g_live[:, None] & d_live[None, :], other=0.0)
-    if INTERPRET:
-        q = q.to(tl.float32)
-    qk_scale = scale * 1.4426950408889634                             # softmax in the log2 domain
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    first = start
-    if PREFETCH:
-        # the newest row, lengths[b] - 1, where it falls in this tile
-        newest = s_live & (s == length - 1)
-        in_tile = d_live & (length - 1 >= start) & (length - 1 < stop) & (length - 1 < start + BLOCK_S)
-        k_row = tl.load(k_base + (length - 1).to(tl.int64) * stride_ks + d, mask=in_tile, other=0.0)
-        v_row = tl.load(v_base + (length - 1).to(tl.int64) * stride_vs + d, mask=in_tile, other=0.0)
-        k = tl.where(newest[:, None], k_row[None, :], k)
-        v = tl.where(newest[:, None], v_row[None, :], v)
-        if start < stop:
+    if start < length:                       # else no key here: return, writing nothing
+        stop = tl.minimum(start + chunk, length)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        g_live = g < GROUP
+        d_live = d < D
+        tl.static_assert(BLOCK_G >= 16 and BLOCK_S >= 16 and BLOCK_D >= 16)     # tl.dot's minimum tile
+        k_base = k_ptr + b * stride_kb + kvh * stride_kh
+        v_base = v_ptr + b * stride_vb + kvh * stride_vh
+        s = start + tl.arange(0, BLOCK_S)                                 # the first key tile
+        s_live = s < stop
+        k_at = k_base + s[:, None].to(tl.int64) * stride_ks + d[None, :]
+        v_at = v_base + s[:, None].to(tl.int64) * stride_vs + d[None, :]
+        if PREFETCH:
+            settled = (s_live & (s < length - 1))[:, None] & d_live[None, :]
+            k = tl.load(k_at, mask=settled, other=0.0)
+            v = tl.load(v_at, mask=settled, other=0.0)
+        _pdl_wait(PDL)
+        heads = kvh * GROUP + g                                           # [BLOCK_G] query heads
+        q = tl.load(q_ptr + (b * N_KV * GROUP + heads)[:, None] * D + d[None, :],
+                    mask=g_live[:, None] & d_live[None, :], other=0.0)
+        if INTERPRET:
+            q = q.to(tl.float32)
+        qk_scale = scale * 1.4426950408889634                             # softmax in the log2 domain
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        first = start
+        if PREFETCH:
+            # the newest row, lengths[b] - 1, where it falls in this tile
+            newest = s_live & (s == length - 1)
+            in_tile = d_live & (length - 1 >= start) & (length - 1 < stop) & (length - 1 < start + BLOCK_S)
+            k_row = tl.load(k_base + (length - 1).to(tl.int64) * stride_ks + d, mask=in_tile, other=0.0)
+            v_row = tl.load(v_base + (length - 1).to(tl.int64) * stride_vs + d, mask=in_tile, other=0.0)
+            k = tl.where(newest[:, None], k_row[None, :], k)
+            v = tl.where(newest[:, None], v_row[None, :], v)
             m, l, acc = _attend(q, k, v, s_live, m, l, acc, qk_scale, DOT_PRECISION)
-        first = start + BLOCK_S
-    for s0 in range(first, stop, BLOCK_S):
-        # names of their own: the first tile's s / k / v are not loop-carried (nor their types: s0 follows stop's)
-        t = s0 + tl.arange(0, BLOCK_S)
-        t_live = t < stop
-        kv_mask = t_live[:, None] & d_live[None, :]
-        kt = tl.load(k_base + t[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
-        vt = tl.load(v_base + t[:, None].to(tl.int64) * stride_vs + d[None, :], mask=kv_mask, other=0.0)
-        m, l, acc = _attend(q, kt, vt, t_live, m, l, acc, qk_scale, DOT_PRECISION)
-    empty = l == 0.0
-    out = acc / tl.where(empty, 1.0, l)[:, None]
-    lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
-    row = (b * N_KV * GROUP + heads) * n_splits + split               # [BLOCK_G] rows of o_part / lse
-    tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=g_live[:, None] & d_live[None, :])
-    tl.store(lse_ptr + row, lse, mask=g_live)
+            first = start + BLOCK_S
+        for s0 in range(first, stop, BLOCK_S):
+            # names of their own: the first tile's s / k / v are not loop-carried (nor their types: s0 follows
+            # stop's)
+            t = s0 + tl.arange(0, BLOCK_S)
+            t_live = t < stop
+            kv_mask = t_live[:, None] & d_live[None, :]
+            kt = tl.load(k_base + t[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+            vt = tl.load(v_base + t[:, None].to(tl.int64) * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+            m, l, acc = _attend(q, kt, vt, t_live, m, l, acc, qk_scale, DOT_PRECISION)
+        empty = l == 0.0
+        out = acc / tl.where(empty, 1.0, l)[:, None]
+        lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
+        row = (b * N_KV * GROUP + heads) * n_splits + split               # [BLOCK_G] rows of o_part / lse
+        tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=g_live[:, None] & d_live[None, :])
+        tl.store(lse_ptr + row, lse, mask=g_live)
 
 
 @triton.jit
