@@ -180,8 +180,8 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ka = _ka()
     block_s, warps, stages, waves, early = (_config(B, q.device)[k] for k in ATTENTION_KEYS)
     n_splits = _splits(B, n_kv, S, block_s, waves, q.device)
-    o_part = torch.empty((B, H, n_splits, D), dtype=torch.float32, device=q.device)
-    lse = torch.empty((B, H, n_splits), dtype=torch.float32, device=q.device)
+    o_part = alloc((B, H, n_splits, D), torch.float32, q.device)     # the splits past a sequence's keys unwritten
+    lse = alloc((B, H, n_splits), torch.float32, q.device)
     group = H // n_kv
     block_d = max(16, next_pow2(D))
     launch(ka._decode_attention_split_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse,
