@@ -10,7 +10,8 @@ before the PDL wait: the runtime allows it; it holds the tile in registers, so f
 Usage: PYTHONPATH=src python3 scripts/tune_attention.py [--model llama3-8b] [--scheme w4a16] [--batches 1 8 32]
            [--ctx 128] [--write]
 --write: each batch's bucket takes the fastest candidate where it beats the table's config (the built-in default
-where the table has none) by more than 1% (the step repeats within ~0.3%), else keeps that config. Without a GPU: the
+where the table has none) by more than 1% (replays in one process repeat within ~0.3%; a pick that close may not
+hold in another process: check it with table_ab.py), else keeps that config. Without a GPU: the
 bench's tiny Llama under the interpreter, eagerly, two candidates (a check of the script, not a timing; no --write).
 """
 import argparse
