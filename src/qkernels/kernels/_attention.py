@@ -170,9 +170,8 @@ def _decode_attention_split_kernel(
             kt = tl.load(k_base + t[:, None].to(tl.int64) * stride_ks + d[None, :], mask=kv_mask, other=0.0)
             vt = tl.load(v_base + t[:, None].to(tl.int64) * stride_vs + d[None, :], mask=kv_mask, other=0.0)
             m, l, acc = _attend(q, kt, vt, t_live, m, l, acc, qk_scale, DOT_PRECISION)
-        empty = l == 0.0
-        out = acc / tl.where(empty, 1.0, l)[:, None]
-        lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
+        out = acc / l[:, None]                  # l > 0: the split holds a key (padded heads score 0 on it)
+        lse = m + tl.log2(l)
         row = (b * N_KV * GROUP + heads) * n_splits + split               # [BLOCK_G] rows of o_part / lse
         tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=g_live[:, None] & d_live[None, :])
         tl.store(lse_ptr + row, lse, mask=g_live)
