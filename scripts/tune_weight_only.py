@@ -78,16 +78,14 @@ def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0, persistent=0):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1, cluster=False):
+def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
     """The Gluon tensor-core GEMV (fp16 x, 4- or 8-bit with integer zero points, M <= 16; others fall back): TILES
     16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step; pairs: two steps per
     loop iteration (fewer instructions, more registers); stages > 1: the codes through a ring of async copies
-    stages - 1 steps ahead (more bytes in flight for the same registers); cluster: a tile's K slices as the CTAs
-    of one cluster, added up through distributed shared memory instead of the global workspace and counter."""
+    stages - 1 steps ahead (more bytes in flight for the same registers)."""
     c = dict(path="gvt", TILES=tiles, WPT=wpt, num_warps=w)
     c = dict(c, PAIRS=True) if pairs else c
     c = dict(c, STAGES=stages) if stages > 1 else c
-    c = dict(c, CLUSTER=True) if cluster else c
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -124,18 +122,12 @@ def candidates(m: int) -> list[dict]:
         c += [gvt(t, wpt, 1, sp, mp) for t in (1, 2) for wpt in (4, 8, 16)
               for sp, mp in [(1, 0), (4, 2048), (8, 4096), (16, 8192)]]
         c += [gvt(2, 4, 1, sp, mp, pairs=True) for sp, mp in [(1, 0), (8, 4096)]]
-        # the split ones with their K slices as a cluster (no global fix-up)
-        c += [gvt(t, wpt, 1, sp, mp, cluster=True) for t in (1, 2) for wpt in (4, 8)
-              for sp, mp in [(4, 2048), (8, 4096)]]
-        c += [gvt(2, 4, 1, 8, 4096, pairs=True, cluster=True)]
         c += [gvt(1, wpt, 1, sp, mp, stages=st) for wpt in (4, 8) for st in (3, 4) for sp, mp in [(1, 0), (4, 2048)]]
         if m > 8:
             # two x tiles: each warp reads x for 16 rows per step, from L2 unless the warps of a program (same k
             # at the same time) share it in L1; more tiles per warp or per program spread that over more weights
             c += [gvt(t, wpt, w, sp, mp) for t, w in [(4, 2), (8, 4), (8, 8)] for wpt in (4, 8)
                   for sp, mp in [(1, 0), (4, 2048)]]
-            c += [gvt(t, wpt, w, sp, mp, cluster=True) for t, w in [(4, 2), (4, 1), (8, 4)] for wpt in (4, 8)
-                  for sp, mp in [(4, 2048), (8, 4096)]]
             # the code ring with several tiles per program (6144x4096 at M = 16 on the H100: design.md)
             c += [gvt(t, wpt, w, 4, 2048, stages=3) for t, wpt, w in [(2, 4, 1), (4, 4, 2), (2, 8, 1), (4, 4, 1)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),

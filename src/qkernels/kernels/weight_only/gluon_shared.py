@@ -112,15 +112,13 @@ def _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT: g
 
 
 @gluon.jit
-def _k_slice(K, STEP: gl.constexpr, SPLIT_K: gl.constexpr, idx=None):
-    """[k_lo, k_hi) of this program's K slice: all of K, or with SPLIT_K > 1 slice idx (default program_id(1)) of
-    equal runs of whole STEP-k steps (the last one cut at K)."""
+def _k_slice(K, STEP: gl.constexpr, SPLIT_K: gl.constexpr):
+    """[k_lo, k_hi) of this program's K slice: all of K, or with SPLIT_K > 1 slice program_id(1) of equal runs of
+    whole STEP-k steps (the last one cut at K)."""
     if SPLIT_K == 1:
         return 0, K
-    if idx is None:
-        idx = gl.program_id(1)
     k_per = gl.cdiv(gl.cdiv(K, STEP), SPLIT_K) * STEP
-    k_lo = idx * k_per
+    k_lo = gl.program_id(1) * k_per
     return k_lo, gl.minimum(K, k_lo + k_per)
 
 
@@ -132,70 +130,3 @@ def _pdl_wait(PDL: gl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@gluon.jit
-def _cta_rank(like):
-    """This CTA's rank in its cluster (%cluster_ctarank; 0 without one), as a scalar of like's type."""
-    return gl.inline_asm_elementwise(asm="mov.u32 $0, %cluster_ctarank;", constraints="=r,r", args=[like],
-                                     dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.constexpr_function
-def _cluster_sum_asm(P, C, T):
-    """PTX: the P fp32 values a thread holds ($P..$2P-1) summed over the C CTAs of its cluster into $0..$P-1, valid
-    in rank 0 (the others get their own): each thread stores its values to a shared buffer of T threads x P, the
-    cluster's barrier makes them visible, rank 0 reads the same thread's values from every other CTA's buffer
-    (mapa / ld.shared::cluster) and adds them in rank order, and a second barrier keeps every CTA alive until rank 0
-    has read its buffer."""
-    v = lambda i: f"${P + i}"   # noqa: E731
-    lines = [".reg .pred p0;", ".reg .b32 a, pa, rk;",
-             ".reg .f32 " + ", ".join(f"u{r}_{i}" for r in range(1, C) for i in range(P)) + ";",
-             f".shared .align 16 .f32 qk_cluster_part[{T * P}];",
-             "mov.u32 a, %tid.x;", f"mul.lo.u32 a, a, {4 * P};", "mov.u32 pa, qk_cluster_part;", "add.u32 a, a, pa;"]
-    lines += [f"st.shared.v4.f32 [a+{4 * i}], {{{v(i)}, {v(i + 1)}, {v(i + 2)}, {v(i + 3)}}};" for i in range(0, P, 4)]
-    lines += ["barrier.cluster.arrive.release;", "barrier.cluster.wait.acquire;",
-              "mov.u32 rk, %cluster_ctarank;", "setp.eq.u32 p0, rk, 0;"]
-    lines += [f"mov.f32 ${i}, {v(i)};" for i in range(P)]
-    for r0 in range(1, C, 3):     # three peers' values in flight at a time (registers)
-        peers = range(r0, min(C, r0 + 3))
-        for r in peers:
-            lines.append(f"@p0 mapa.shared::cluster.u32 pa, a, {r};")
-            lines += [f"@p0 ld.shared::cluster.v4.f32 {{u{r}_{i}, u{r}_{i + 1}, u{r}_{i + 2}, u{r}_{i + 3}}}, "
-                      f"[pa+{4 * i}];" for i in range(0, P, 4)]
-        for r in peers:
-            lines += [f"@p0 add.f32 ${i}, ${i}, u{r}_{i};" for i in range(P)]
-    lines += ["barrier.cluster.arrive.release;", "barrier.cluster.wait.acquire;"]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-@gluon.constexpr_function
-def _cluster_sum_constraints(P):
-    return ",".join(["=f"] * P + ["f"] * P)
-
-
-@gluon.jit
-def _cluster_sum(v, P: gl.constexpr, C: gl.constexpr):
-    """v (fp32, P elements per thread; each CTA of a cluster of C holds its own values in the same layout) summed
-    over the cluster in rank order: the sum in rank 0. Every thread of every CTA calls it once (it passes the
-    cluster's barrier twice)."""
-    T: gl.constexpr = gl.num_warps() * 32
-    return gl.inline_asm_elementwise(asm=_cluster_sum_asm(P, C, T), constraints=_cluster_sum_constraints(P),
-                                     args=[v], dtype=gl.float32, is_pure=False, pack=P)
-
-
-@gluon.jit
-def _cluster_tile_sums(acc0, acc1, P: gl.constexpr, MT: gl.constexpr, C: gl.constexpr):
-    """_tile_sums with the K slices as the C CTAs of a cluster: the in-thread sums, then added over the cluster
-    through distributed shared memory (_cluster_sum; P: elements per thread of one x tile's sums), complete in rank
-    0. No global scratch, no counter."""
-    out0 = gl.sum(acc0, axis=3)
-    out1 = out0
-    if MT == 2:
-        out1 = gl.sum(acc1, axis=3)
-        s0, s1 = gl.split(_cluster_sum(gl.join(out0, out1), 2 * P, C))
-        out0 = gl.convert_layout(s0, out0.type.layout, assert_trivial=True)
-        out1 = gl.convert_layout(s1, out1.type.layout, assert_trivial=True)
-    else:
-        out0 = _cluster_sum(out0, P, C)
-    return out0, out1

@@ -48,7 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from .gluon_shared import PER_CHANNEL, _cluster_tile_sums, _cta_rank, _k_slice, _pdl_wait, _tile_sums
+from .gluon_shared import PER_CHANNEL, _k_slice, _pdl_wait, _tile_sums
 
 
 
@@ -133,11 +133,9 @@ _XPERM: gl.constexpr = gl.constexpr("prmt.b32 $0, $4, $5, 0x5410; prmt.b32 $1, $
 
 
 @gluon.constexpr_function
-def _layout(TPT, NB, num_warps, CTAS=1):
-    """[TILES, 8, 4, NB, 4]: see the module docstring. Lanes: t the fastest (the MMA's quad), then g. CTAS > 1:
-    replicated over a cluster of CTAS (each CTA holds the whole tile, as alone)."""
-    return gl.BlockedLayout([TPT, 1, 1, NB, 4], [1, 8, 4, 1, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0],
-                            cga_layout=[[0] * 5 for _ in range(CTAS.bit_length() - 1)])
+def _layout(TPT, NB, num_warps):
+    """[TILES, 8, 4, NB, 4]: see the module docstring. Lanes: t the fastest (the MMA's quad), then g."""
+    return gl.BlockedLayout([TPT, 1, 1, NB, 4], [1, 8, 4, 1, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
 
 
 @gluon.constexpr_function
@@ -315,7 +313,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr,
                    MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False,
                    PAIRS: gl.constexpr = False, BITS: gl.constexpr = 4, PDL: gl.constexpr = False,
-                   STAGES: gl.constexpr = 1, CLUSTER: gl.constexpr = 1):
+                   STAGES: gl.constexpr = 1):
     """W4A16, fp16 x, integer zero points, K a multiple of 64 (EVEN_K: of 32 WPT), GROUP PER_CHANNEL or a
     multiple of 128. Program (n, k-slice, m): TILES 16-row tiles (SWIGLU: 8 gate rows and their 8 up rows each),
     8 MT rows of x. PAIRS: two steps per loop iteration. STAGES > 1 (not with PAIRS): the code words stream
@@ -323,15 +321,12 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     thread reads back only the words it copied: no barrier); the (scale, zero) words and x stay a step ahead in
     registers. SPLIT_K > 1: program column z
     covers slice z of K (whole steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last
-    program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches). CLUSTER (= SPLIT_K,
-    a power of two up to 8; launched with num_ctas CLUSTER, not with STAGES > 1): the slices are the CTAs of one
-    cluster (slice = the CTA's rank, program_id(1) unused) and their partials are added through distributed shared
-    memory instead (rank 0 stores: no scratch, no counter)."""
+    program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
     NB: gl.constexpr = WPT // 4
     BLOCK: gl.constexpr = 16 * (32 // BITS)            # k per block: 16 words of a row (4-bit: 128, 8-bit: 64)
     STEP: gl.constexpr = NB * BLOCK
-    L: gl.constexpr = _layout(TILES // W, NB, W, CLUSTER)
+    L: gl.constexpr = _layout(TILES // W, NB, W)
     st: gl.constexpr = sz_ptr.dtype.element_ty
 
     pid_n = gl.program_id(0)
@@ -373,11 +368,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     x1_p = x64 + (m0 + 8 + g).to(gl.int64) * (stride_xm // 4) + xw   # the second x tile's (MT == 2)
     xm1 = (m0 + 8 + g) < M
 
-    if CLUSTER > 1:
-        rank = _cta_rank(K)
-        k_lo, k_hi = _k_slice(K, STEP, SPLIT_K, rank)      # slices of whole steps
-    else:
-        k_lo, k_hi = _k_slice(K, STEP, SPLIT_K)
+    k_lo, k_hi = _k_slice(K, STEP, SPLIT_K)      # slices of whole steps
 
     acc0 = gl.zeros([TILES, 8, 4, NB, 4], gl.float32, layout=L)
     acc1 = acc0                                                       # MT == 2: the second x tile's
@@ -458,11 +449,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
 
     row, tok, ok_row, e4 = _out_index(row_a, row_b, t, e, m0, N, SWIGLU)
-    if CLUSTER > 1:
-        out0, out1 = _cluster_tile_sums(acc0, acc1, 4 * (TILES // W), MT, CLUSTER)
-        last = rank == 0
-    else:
-        out0, out1, last = _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT, SPLIT_K)
+    out0, out1, last = _tile_sums(acc0, acc1, ws_ptr, cnt_ptr, pid_n, tok, row, ok_row, M, N, MT, SPLIT_K)
     if last:
         _gvt_epilogue(out0, out1, bias_ptr, out_ptr, stride_om, tok, row, ok_row, e4, M, N, HAS_BIAS, MT, SWIGLU)
 

@@ -26,11 +26,10 @@ _GVP_MAX_BYTES = 2 ** 31     # the persistent GEMV's int32 word offsets: codes b
 
 def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bias: bool, int_zeros: bool,
           swiglu: bool = False, sms: int = 0):
-    """kernel, grid, split (the K slices added up through the workspace), constexprs and scratch of a launch: worked
-    out once per shape and config, so an eager call does no dict building beyond the lookup. swiglu: the GEMV's
-    SWIGLU epilogue (fused_swiglu). scratch: None, or the split-K workspace's fp32 elements, its tile counters and
-    the first split program (sms, the device's SM count: wg's TAIL sizes the last wave with it, gv's PERSISTENT its
-    grid)."""
+    """kernel, grid, split, constexprs and scratch of a launch: worked out once per shape and config, so an eager
+    call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu). scratch: None,
+    or the split-K workspace's fp32 elements, its tile counters and the first split program (sms, the device's SM
+    count: wg's TAIL sizes the last wave with it, gv's PERSISTENT its grid)."""
     key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms)
     hit = _PLANS.get(key)
     if hit is not None:
@@ -80,9 +79,6 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         if p.get("STAGES", 1) < 1 or (p.get("STAGES", 1) > 1 and p.get("PAIRS")):
             raise RuntimeError(f"gvt config needs STAGES >= 1, and 1 with PAIRS (the ring keeps one step per "
                                f"iteration): {cfg}")
-        cluster = bool(p.pop("CLUSTER", False))
-        if cluster and p.get("STAGES", 1) > 1:
-            raise RuntimeError(f"gvt CLUSTER (the K slices as one cluster's CTAs) takes no STAGES > 1: {cfg}")
         mt = 1 if M <= 8 else 2
         step = GVT_K[bits] * p["WPT"] // 4
         # SwiGLU: a tile holds 8 gate rows and their 8 up rows
@@ -92,13 +88,7 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
                           **p)
         if swiglu:
             constexprs["SWIGLU"] = True
-        kernel = _kernels("gvt")._wo_gvt_kernel
-        if cluster and split in (2, 4, 8):
-            # a tile's K slices are the CTAs of one cluster, their partials added through distributed shared memory:
-            # no workspace (the plan's split 1); other slice counts go through the workspace
-            return _keep_plan(key, cfg, (kernel, (grid_n, 1, grid_m), 1, dict(constexprs, CLUSTER=split,
-                                                                               num_ctas=split)))
-        return _keep_plan(key, cfg, (kernel, (grid_n, split, grid_m), split, constexprs))
+        return _keep_plan(key, cfg, (_kernels("gvt")._wo_gvt_kernel, (grid_n, split, grid_m), split, constexprs))
     if cfg["path"] in SUPPORTED:
         # K split up to SPLIT_K ways while the grid has fewer than MIN_PROGRAMS programs, in equal slices of
         # whole steps (none empty); the kernels add the partials up themselves
