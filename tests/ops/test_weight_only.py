@@ -723,6 +723,21 @@ def test_gvt_config_checked():
     assert cx["EVEN_K"] and cx["BITS"] == 8
 
 
+def test_config_pdl_false_is_a_launch_option():
+    """A config's "PDL": false launches its kernel without programmatic dependent launch: no kernel constexpr of
+    the config's own, the same result as the config without it (against the reference)."""
+    base = WO.dispatch.path_config(None, "gemv", 4, 96, 512, DEVICE)
+    cfg = dict(base, PDL=False)
+    assert "PDL" not in WO.launch._plan(cfg, 2, 96, 512, 4, 128, False, True)[3]
+    pw = _weight(96, 512, 4, 128, False)
+    x = torch.randn(2, 512, device=DEVICE, dtype=torch.float16)
+    with qk.poison_outputs():
+        got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size, pw.int_zeros, cfg)
+        want = WO.launch.run_config(x, pw.qweight, pw.scale_zero, None, 4, pw.group_size, pw.int_zeros, base)
+    assert_bit_exact(got, want)
+    _check(got, _ref(x, pw), torch.float16)
+
+
 def test_force_path_is_scoped_and_checked():
     assert WO.dispatch.forced_path() is None
     with WO.force_path("mm-splitk"):

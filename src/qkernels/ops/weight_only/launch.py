@@ -34,7 +34,7 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     hit = _PLANS.get(key)
     if hit is not None:
         return hit[1]
-    p = {k: v for k, v in cfg.items() if k not in ("path", "fallback")}
+    p = {k: v for k, v in cfg.items() if k not in ("path", "fallback", "PDL")}      # PDL: a launch option (_launch)
     if cfg["path"] != "wg" and ("TAIL" in p or "PER_SM" in p):
         raise RuntimeError(f"TAIL / PER_SM (the last wave split along K) are wg config keys: {cfg}")
     if cfg["path"] not in SUPPORTED and p["BLOCK_K"] % 64:
@@ -174,23 +174,26 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
         raise RuntimeError(f"gv PERSISTENT addresses the codes with int32 offsets: rows of {qweight.stride(0)} bytes "
                            f"(K / 2 = {K // 2} expected) put {N} rows past 2**31 bytes")
     bias_arg = bias if bias is not None else scale_zero
+    # "PDL": false in a config: launched without programmatic dependent launch (it starts when the kernel before has
+    # ended, and the one after it when it has): where an early start meets the kernels around it badly
+    pdl = pdl_options(x2.device) if cfg.get("PDL", True) else {}
     if scratch is not None:
         ws, cnt = splitk_scratch(x2.device, scratch[0], scratch[1])
     else:      # unused by the kernels: no workspace, no counter lookup on the per-call path
         ws = cnt = out
     if cfg["path"] in ("tc", "gv", "gvt"):
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, M, N, K, x2.stride(0), qweight.stride(0),
-               scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl_options(x2.device))
+               scale_zero.shape[1], out.stride(0), ws, cnt, **constexprs, **pdl)
     elif cfg["path"] == "wg":
         # x and the code bytes through TMA descriptors (rows past M / N read as zeros); launch's cache key sees a
         # descriptor only by its class: its dtype follows out's, its blocks the constexprs
         x_desc, w_desc = _wg_descriptors(x2, qweight, constexprs["BLOCK_M"],
                                          constexprs["BLOCK_N"] // (2 if swiglu else 1))
         launch(kernel, grid, x_desc, w_desc, scale_zero, bias_arg, out, M, N, K, scale_zero.shape[1], out.stride(0),
-               ws, cnt, scratch[2] if scratch is not None else 0, **constexprs, **pdl_options(x2.device))
+               ws, cnt, scratch[2] if scratch is not None else 0, **constexprs, **pdl)
     else:      # gemv / mm
         launch(kernel, grid, x2, qweight, scale_zero, bias_arg, out, ws, cnt, M, N, K, x2.stride(0),
-               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs, **pdl_options(x2.device))
+               qweight.stride(0), scale_zero.shape[1], out.stride(0), **constexprs, **pdl)
     return out
 
 
