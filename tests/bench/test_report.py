@@ -180,6 +180,38 @@ def test_a_row_of_one_shape_is_judged_by_its_entry_where_entry_digests_were_reco
     assert stale(plain, buckets_only)
 
 
+def test_a_runtime_row_is_judged_by_the_entries_of_its_models_shapes(tmp_path):
+    """A runtime row (no M / N / K of its own) is judged by the entries its model's linears take at the M it runs
+    them: an override added for one model's shape leaves the other model's rows and other batches fresh; the
+    Hugging Face path's quantized rows count as ours, its fp16 and tinygemm rows do not."""
+    from qkernels import configs
+    from qkernels.bench.decode_gemv import SHAPES
+    now_kinds, table = configs.kind_digests("h100"), configs.load("h100")["w4a16"]
+    n, k = next((n, k) for n, k, layer in SHAPES["qwen3-1.7b"] if layer == "gate|up")
+    over = f"32:N{n}:K{k}"
+    assert configs.lookup_key(table, 32, n, k) == over                   # Qwen3's gate|up at M = 32 has its entry
+    assert all(configs.lookup_key(table, 32, n2, k2) != over for n2, k2, _ in SHAPES["llama3-8b"])
+    then = {key: v for key, v in now_kinds.items() if key != f"w4a16@{over}"}     # a run before that entry
+    then["w4a16"] = "f" * 12                                            # (the whole kind's digest differs too)
+    assert then["w4a16@32:*"] != now_kinds[f"w4a16@{over}"]
+    root = tmp_path / "results"
+    base = dict(op="decode", provider="qkernels runtime", mode="graph", layers=2, scheme="w4a16", ctx=128,
+                median_us=10.0, tokens_per_s=1.0)
+
+    def stale(**row):
+        _write(root, "h100", "runtime", [dict(base, **row)], config_table="0123456789ab",
+               config_tables={"0123456789ab": then})
+        return "- 1 of the 1 rows of ours ran configs that differ" in report.build(root)
+
+    assert stale(model="qwen3-1.7b", batch=32)
+    assert stale(model="qwen3-1.7b", batch=32, provider="HF static cache + torch.compile")
+    assert not stale(model="qwen3-1.7b", batch=32, provider="HF static cache + torch.compile", scheme="tinygemm-int4")
+    assert not stale(model="llama3-8b", batch=32)
+    assert not stale(model="qwen3-1.7b", batch=8)
+    assert not stale(model="qwen3-1.7b", batch=1, op="prefill", prompt=2048)
+    assert stale(model="qwen3-1.7b", batch=None, op="memory")          # spans prefill and decode: the whole kind
+
+
 def test_missing_peers_count_as_targets_not_measured(tmp_path):
     """A run without a peer installed says so as a target line, and the summary lists it among those not met."""
     root = tmp_path / "results"

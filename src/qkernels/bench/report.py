@@ -221,6 +221,8 @@ def _row_kinds(row: dict) -> tuple | None:
     """The table kinds the row's provider runs: () for a peer or a baseline (no table of ours), None for one of ours
     whose kinds are not known (judged by the whole table)."""
     prov = row.get("provider", "")
+    if prov.startswith("HF") and row.get("scheme", "") in ("w4a16", "w8a16", "w8a8", "w8a8-fp8"):
+        prov = "qkernels"                         # the Hugging Face model with its linears converted by quantize_
     if not prov.startswith(_OURS):
         return ()
     name = f"{prov} {row.get('scheme', '')}"
@@ -231,7 +233,9 @@ def _table_note(d: dict, slug: str) -> list[str]:
     """A line where rows of ours were measured with another config table than the one shipped now (the digest
     their run recorded, harness.environment; rows from before digests were recorded are not judged). Where the
     file has that table's kind digests (config_tables), a row is judged by the kinds its provider runs only, and by
-    its M's bucket of them where bucket digests were recorded too (_kind_stale)."""
+    its M's bucket of them where bucket digests were recorded too (_kind_stale). A runtime row of a model is judged
+    by the entries of the model's weight shapes at the M it runs them (_model_calls)."""
+    from .decode_gemv import SHAPES
     now, now_kinds, shipped = configs.table_digest(slug), configs.kind_digests(slug), configs.load(slug) or {}
     ours = stale = 0
     for r in d["rows"]:
@@ -243,9 +247,22 @@ def _table_note(d: dict, slug: str) -> list[str]:
         if kinds is None or then is None:
             stale += table != now
         else:
-            stale += any(_kind_stale(then, now_kinds, shipped, k, r.get("M"), r.get("N"), r.get("K")) for k in kinds)
+            calls = _model_calls(r, SHAPES) or [(r.get("M"), r.get("N"), r.get("K"))]
+            stale += any(_kind_stale(then, now_kinds, shipped, k, *call) for k in kinds for call in calls)
     return [f"- {stale} of the {ours} rows of ours ran configs that differ from the shipped `configs/{slug}.json` "
             f"({now or 'none'}) for their kinds: rerun to refresh them.", ""] if stale else []
+
+
+def _model_calls(row: dict, shapes: dict) -> list[tuple]:
+    """The (M, N, K) of the linears a runtime row of a model calls: a decode step at M = its batch, a prefill at
+    M = batch x prompt (its lm_head at M = batch: the last position's logits); lm_head only where the scheme
+    quantizes it. [] for other rows (a memory row spans both: judged by the whole kind)."""
+    op, model, b = row.get("op"), row.get("model"), row.get("batch")
+    if op not in ("decode", "prefill") or model not in shapes or row.get("M") is not None or b is None:
+        return []
+    head = row.get("scheme", "").endswith("+head")
+    m = b * row.get("prompt", 1) if op == "prefill" else b
+    return [(b if layer == "lm_head" else m, n, k) for n, k, layer in shapes[model] if head or layer != "lm_head"]
 
 
 def _kind_stale(then: dict, now: dict, shipped: dict, kind: str, M, N=None, K=None) -> bool:
