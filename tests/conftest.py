@@ -23,6 +23,13 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ON_GPU = DEVICE.type == "cuda"
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the README's test command): a worker per CPU core on the interpreter; on a GPU machine the workers
+    share the device, so 4 at most."""
+    n = os.cpu_count() or 1
+    return min(n, 4) if ON_GPU else n
+
+
 def pytest_collection_modifyitems(config, items):
     if ON_GPU:
         return
