@@ -305,6 +305,19 @@ def weight_only_linear(x: torch.Tensor, qweight, scales, zeros, bits: int, group
 
 
 # ---------------------------------------------------------------------------------------------
+# collectives (ops/collective.py)
+
+
+def all_reduce_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The all-reduce every rank gets from its ranks' tensors `parts` (in rank order): the fp32 sum in rank order,
+    rounded once to their dtype."""
+    acc = torch.zeros(parts[0].shape, dtype=torch.float32, device=parts[0].device)
+    for p in parts:
+        acc += p.to(torch.float32)
+    return acc.to(parts[0].dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # fused LLM blocks (ops/fused.py). Arithmetic in fp32 (fp64 when compute_dtype says so), one
 # rounding to x's dtype at the end. With `quantize`, the rounded output is quantized per row
 # exactly as quantize(y, fmt, "row") does (the kernels match that bit for bit).

@@ -13,8 +13,11 @@ Method:
 - share of the weight-bandwidth floor: bytes one rank's step reads (its weights but the embedding table, its
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth of one GPU measured
   in the same run.
-- all-reduce time: one profiled stretch of 20 replays on every rank (torch.profiler on rank 0): GPU time of
-  the kernels whose name holds "nccl", per step.
+- TP=N runs twice on the same model: with the runtime's all-reduce (ops/collective.py's one-shot kernel at decode
+  sizes, where the GPUs reach each other's memory) and with NCCL's for every all-reduce ("allreduce" in a row).
+- profile: one stretch of 20 replays on every rank (torch.profiler on rank 0), GPU time per kernel name per
+  step, for every row (the file's "profiles"); the all-reduce time is that of the all-reduce kernels (NCCL's or
+  the one-shot one; it includes a rank's wait for the others to arrive).
 On a machine without a GPU a tiny model runs through the Triton interpreter over gloo, to show the path works.
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, write_json
 
 SCHEMES = ("fp16", "w4a16")
 CTX, WARMUP, STEPS = 128, 10, 100
+PROFILE_TOP = 16                   # kernels kept per profile (by GPU time)
 
 
 def configs(tiny: bool) -> dict:
@@ -122,24 +126,19 @@ def _decode_ms(model, gpu: bool, lockstep) -> tuple[float, object]:
     return (time.perf_counter() - t0) * 1e3 / steps, (step, tok, pos)
 
 
-def _nccl_us(run, rank: int) -> float:
-    """GPU time per step of the NCCL kernels over 20 replays (profiled on rank 0; every rank replays)."""
+def _profile(run, rank: int) -> tuple[float, list[dict]]:
+    """(GPU time per step of the all-reduce kernels (NCCL's, the one-shot one), GPU time per kernel name per step)
+    over 20 replays, profiled on rank 0; every other rank of the group replays them in lockstep."""
+    from .runtime import profile_step
     step, tok, pos = run
     if rank != 0:
-        for _ in range(20):
+        for _ in range(23):                      # profile_step's 3 warm-up replays, then its 20
             step(tok, pos)
         torch.cuda.synchronize()
-        return float("nan")
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            step(tok, pos)
-        torch.cuda.synchronize()
-    total = 0.0
-    for e in prof.key_averages():
-        if "nccl" in e.key.lower():
-            total += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-    return total / 20
+        return float("nan"), []
+    kernels = profile_step(lambda: step(tok, pos), top=10 ** 6)
+    ar = sum(k["us_per_step"] for k in kernels if "nccl" in k["kernel"].lower() or "all_reduce" in k["kernel"])
+    return ar, kernels[:PROFILE_TOP]
 
 
 def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int = 2) -> list[Row]:
@@ -159,6 +158,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
     bw = copy_bandwidth_gbps(dev) if gpu else float("nan")
     mem = torch.cuda.get_device_properties(dev).total_memory if gpu else float("inf")
     rows: list[Row] = []
+    profiles: dict[str, list[dict]] = {}
     for mname, cfg in cfgs.items():
         if layers:
             cfg.num_hidden_layers = layers
@@ -179,28 +179,41 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                 kw = {"group_size": 32} if q == "w4a16" and not gpu else {}     # the tiny model's head slices
                 m = from_pretrained(RandomWeights(cfg, dev), q, device=dev, dtype=torch.float16, tp_group=group, **kw)
                 build_s = time.perf_counter() - t0
-                ms, run_ = _decode_ms(m, gpu, dist.barrier if world > 1 else (lambda: None))
-                nccl = _nccl_us(run_, rank) if gpu and world > 1 else float("nan")
-                nbytes = step_bytes(m, 1, CTX)
-                share = nbytes / (ms * 1e-3) / (bw * 1e9) if gpu else float("nan")
-                t1 = ms if world == 1 else t1
-                extra = {"tokens_per_s": 1e3 / ms, "step_bytes_per_rank": nbytes, "bw_share": share,
-                         "allreduce_us": nccl, "capture_s": run_[0].capture_s, "build_s": build_s,
-                         "speedup_vs_tp1": (t1 / ms) if t1 and world > 1 else None}
-                rows.append(Row("decode", "qkernels runtime", ms * 1e3, "graph" if gpu else "eager",
-                                dict(sizes, tp=world), extra))
-                if rank == 0:
-                    print(f"{mname} {scheme} tp={world}: {ms * 1e3:.0f} us/step, {1e3 / ms:.1f} tok/s, "
-                          f"{100 * share:.0f}% of one GPU's floor, all-reduce {nccl:.0f} us/step"
-                          + (f", {t1 / ms:.2f}x tp=1" if t1 and world > 1 else ""), flush=True)
-                del m, run_
+                # TP > 1: the runtime's all-reduce (the one-shot kernel where the GPUs map each other's memory),
+                # then NCCL's for all of them on the same model
+                paths = ["nccl"] if world > 1 and m.tp.peers is None else ["one-shot", "nccl"] if world > 1 else [""]
+                peers = m.tp.peers if world > 1 else None
+                for path in paths:
+                    if world > 1:
+                        m.tp.peers = peers if path == "one-shot" else None
+                    ms, run_ = _decode_ms(m, gpu, dist.barrier if world > 1 else (lambda: None))
+                    ar, kernels = _profile(run_, rank) if gpu else (float("nan"), [])
+                    label = f"{mname} {scheme} tp={world}" + (f", {path} all-reduce" if path else "")
+                    if kernels:
+                        profiles[label] = kernels
+                    nbytes = step_bytes(m, 1, CTX)
+                    share = nbytes / (ms * 1e-3) / (bw * 1e9) if gpu else float("nan")
+                    t1 = ms if world == 1 else t1
+                    extra = {"tokens_per_s": 1e3 / ms, "step_bytes_per_rank": nbytes, "bw_share": share,
+                             "allreduce": path or None, "allreduce_us": ar if world > 1 else float("nan"),
+                             "capture_s": run_[0].capture_s, "build_s": build_s,
+                             "speedup_vs_tp1": (t1 / ms) if t1 and world > 1 else None}
+                    rows.append(Row("decode", "qkernels runtime", ms * 1e3, "graph" if gpu else "eager",
+                                    dict(sizes, tp=world), extra))
+                    if rank == 0:
+                        print(f"{label}: {ms * 1e3:.0f} us/step, {1e3 / ms:.1f} tok/s, {100 * share:.0f}% of one "
+                              f"GPU's floor, all-reduce {ar:.0f} us/step"
+                              + (f", {t1 / ms:.2f}x tp=1" if t1 and world > 1 else ""), flush=True)
+                    del run_
+                del m
                 gc.collect()
                 if gpu:
                     torch.cuda.empty_cache()
             dist.barrier()
     if rank != 0:
         return rows
-    meta = {"copy_bw_gbps": bw, "tp": tp, "method": method_text(__doc__, gpu, "tiny model over gloo")}
+    meta = {"copy_bw_gbps": bw, "tp": tp, "profiles": profiles,
+            "method": method_text(__doc__, gpu, "tiny model over gloo")}
     path = write_json("tp", rows, root, meta)
     print(f"wrote {path}")
     return rows

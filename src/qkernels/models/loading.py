@@ -324,6 +324,8 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if leftover:
         raise RuntimeError(f"internal error: tensors not loaded: {leftover[:8]}")
+    if tp is not None:
+        tp.connect(model.device)
     return model.eval()
 
 

@@ -71,6 +71,29 @@ class Parallel:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        self.peers = None               # ops.collective.PeerBuffers once connect() found the GPUs mapped to each other
+
+    def connect(self, device: torch.device) -> None:
+        """On GPUs that reach each other's memory (NVLink / PCIe peer access: every rank checks its peers), set up
+        the one-shot all-reduce of decode-sized messages (ops/collective.py); larger ones, and GPUs without peer
+        access, stay with torch.distributed's all_reduce (NCCL). QKERNELS_TP_ALLREDUCE=nccl keeps NCCL for all.
+        A collective: every rank calls it (from_pretrained does, once the model is loaded)."""
+        import os
+
+        import torch.distributed as dist
+        if device.type != "cuda" or dist.get_backend(self.group) != "nccl" or self.peers is not None:
+            return
+        indices = [None] * self.world
+        dist.all_gather_object(indices, device.index if device.index is not None else torch.cuda.current_device(),
+                               group=self.group)
+        here = indices[self.rank]
+        ok = os.environ.get("QKERNELS_TP_ALLREDUCE", "") != "nccl" and all(
+            i == here or torch.cuda.can_device_access_peer(here, i) for i in indices)
+        flag = torch.tensor([int(ok)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)          # all ranks decide alike
+        if int(flag.item()):
+            from ..ops.collective import PeerBuffers
+            self.peers = PeerBuffers.create(self.group, torch.device("cuda", here))
 
     def __repr__(self) -> str:
         return f"Parallel(rank={self.rank}, world={self.world})"
@@ -140,7 +163,11 @@ class Parallel:
 
     # ---- the collectives of a forward -----------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of x over the ranks (x itself, summed in place, or a new tensor: use the result)."""
         import torch.distributed as dist
+        if self.peers is not None and self.peers.fits(x):
+            from ..ops.collective import one_shot_all_reduce
+            return one_shot_all_reduce(x, self.peers)
         dist.all_reduce(x, group=self.group)
         return x
 
