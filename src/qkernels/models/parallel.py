@@ -89,11 +89,20 @@ class Parallel:
         here = indices[self.rank]
         ok = os.environ.get("QKERNELS_TP_ALLREDUCE", "") != "nccl" and all(
             i == here or torch.cuda.can_device_access_peer(here, i) for i in indices)
-        flag = torch.tensor([int(ok)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)          # all ranks decide alike
-        if int(flag.item()):
-            from ..ops.collective import PeerBuffers
-            self.peers = PeerBuffers.create(self.group, torch.device("cuda", here))
+        if not _all_ranks(ok, device, self.group):
+            return
+        from ..ops.collective import PeerBuffers
+        peers, why = None, ""
+        try:
+            peers = PeerBuffers.create(self.group, torch.device("cuda", here))
+        except (RuntimeError, OSError) as e:         # no symmetric memory here: NCCL for every all-reduce
+            why = f"{type(e).__name__}: {e}"
+        if _all_ranks(peers is not None, device, self.group):
+            self.peers = peers
+        else:
+            import warnings
+            warnings.warn(f"tensor parallel: the one-shot all-reduce could not be set up on every rank"
+                          f"{' (here: ' + why + ')' if why else ''}; every all-reduce goes through NCCL", stacklevel=2)
 
     def __repr__(self) -> str:
         return f"Parallel(rank={self.rank}, world={self.world})"
@@ -200,6 +209,14 @@ class Parallel:
             t = t.cuda()
         dist.broadcast(t, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
         return int(t.item())
+
+
+def _all_ranks(ok: bool, device: torch.device, group) -> bool:
+    """Whether ok holds on every rank of group (a collective: every rank decides alike)."""
+    import torch.distributed as dist
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
 
 
 def _runs(channels: torch.Tensor) -> tuple[tuple[int, int], ...]:
