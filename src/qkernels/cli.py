@@ -274,7 +274,8 @@ def main(argv=None) -> int:
     b.add_argument("--out", default="benchmarks/results", help="results root (default: benchmarks/results)")
     b.add_argument("--models", default="", help="model / runtime bench: comma-separated (llama3-8b, qwen3-1.7b: "
                                                  "the default; qwen3-vl-2b when named); bench runtime merges the "
-                                                 "named models' rows into the GPU's runtime.json")
+                                                 "named models' rows into the GPU's runtime.json (with --tp: "
+                                                 "llama3-8b, llama3-70b, into tp.json)")
     b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,"
                                                   "w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")

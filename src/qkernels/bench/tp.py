@@ -23,6 +23,7 @@ On a machine without a GPU a tiny model runs through the Triton interpreter over
 from __future__ import annotations
 
 import gc
+import json
 import time
 import zlib
 
@@ -30,7 +31,7 @@ import torch
 
 from ..models.loading import Source
 from ..models.parallel import Part
-from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, write_json
+from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, results_dir, results_doc, write_json
 
 SCHEMES = ("fp16", "w4a16")
 CTX, WARMUP, STEPS = 128, 10, 100
@@ -145,7 +146,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
     import torch.distributed as dist
 
     from ..models import from_pretrained
-    from .runtime import step_bytes
+    from .runtime import merge_by_model, step_bytes
     if not dist.is_initialized() or dist.get_world_size() != tp:
         raise RuntimeError(f"bench --tp {tp} runs in {tp} processes: launch it with "
                            f"torchrun --nproc-per-node {tp} -m qkernels.cli bench runtime --tp {tp}")
@@ -159,6 +160,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
     mem = torch.cuda.get_device_properties(dev).total_memory if gpu else float("inf")
     rows: list[Row] = []
     profiles: dict[str, list[dict]] = {}
+    earlier = results_dir(root) / "tp.json"
+    prev = earlier.read_text() if models and rank == 0 and earlier.exists() else None
     for mname, cfg in cfgs.items():
         if layers:
             cfg.num_hidden_layers = layers
@@ -180,8 +183,9 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                 m = from_pretrained(RandomWeights(cfg, dev), q, device=dev, dtype=torch.float16, tp_group=group, **kw)
                 build_s = time.perf_counter() - t0
                 # TP > 1: the runtime's all-reduce (the one-shot kernel where the GPUs map each other's memory),
-                # then NCCL's for all of them on the same model
-                paths = ["nccl"] if world > 1 and m.tp.peers is None else ["one-shot", "nccl"] if world > 1 else [""]
+                # then torch.distributed's for all of them on the same model
+                lib = dist.get_backend()                  # torch.distributed's all-reduce: NCCL (gloo on CPUs)
+                paths = [lib] if world > 1 and m.tp.peers is None else ["one-shot", lib] if world > 1 else [""]
                 peers = m.tp.peers if world > 1 else None
                 for path in paths:
                     if world > 1:
@@ -214,6 +218,9 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
         return rows
     meta = {"copy_bw_gbps": bw, "tp": tp, "profiles": profiles,
             "method": method_text(__doc__, gpu, "tiny model over gloo")}
-    path = write_json("tp", rows, root, meta)
+    doc = results_doc(rows, meta)
+    if models and prev is not None:      # the named models' rows and profiles replace theirs; the others kept
+        doc = merge_by_model(json.loads(prev), doc, list(cfgs))
+    path = write_json("tp", doc, root)
     print(f"wrote {path}")
     return rows
