@@ -1,0 +1,40 @@
+"""`qkernels bench runtime --tp 2` under torchrun: a tiny model over gloo on the CPU (the GPU run, at real sizes, is
+scripts/gpu_tp.sh): the rows it writes, and a run of named models merging into the file."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+
+def _bench(out, *extra):
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "qkernels.cli",
+                          "bench", "runtime", "--tp", "2", "--out", str(out), "--schemes", "fp16", *extra],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    (path,) = out.glob("*/tp.json")
+    return path
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the benchmark runs real sizes: scripts/gpu_tp.sh")
+def test_bench_tp_rows_and_merge(tmp_path):
+    path = _bench(tmp_path)
+    doc = json.loads(path.read_text())
+    rows = {(r["model"], r["tp"]): r for r in doc["rows"]}
+    assert set(rows) == {("tiny-llama", 1), ("tiny-llama", 2)}
+    two = rows[("tiny-llama", 2)]
+    assert two["allreduce"] == "gloo" and two["speedup_vs_tp1"] > 0 and two["tokens_per_s"] > 0
+    # a run of named models replaces their rows and keeps the others'
+    other = dict(rows[("tiny-llama", 1)], model="other-model", median_us=1.0)
+    doc["rows"].append(other)
+    doc["profiles"] = {"other-model fp16 tp=1": [{"kernel": "k", "us_per_step": 1.0, "calls_per_step": 1}]}
+    path.write_text(json.dumps(doc))
+    doc = json.loads(_bench(tmp_path, "--models", "tiny-llama").read_text())
+    models = sorted((r["model"], r["tp"]) for r in doc["rows"])
+    assert models == [("other-model", 1), ("tiny-llama", 1), ("tiny-llama", 2)]
+    assert next(r for r in doc["rows"] if r["model"] == "other-model")["median_us"] == 1.0
+    assert "other-model fp16 tp=1" in doc["profiles"]
