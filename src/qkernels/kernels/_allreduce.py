@@ -33,8 +33,7 @@ def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    e = tl.load(epoch_ptr + pid) + 1
-    tl.store(epoch_ptr + pid, e)
+    e = tl.load(epoch_ptr + pid) + 1         # advanced below, once every warp of the program has read it
     half = (e % 2).to(tl.int64)
     per16: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth       # elements per 16 bytes
     x = tl.load(x_ptr + offs, mask=mask)
@@ -51,7 +50,8 @@ def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas
             seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
             while seen < e:
                 seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
-    tl.debug_barrier()              # every thread's loads after the wait
+    tl.debug_barrier()              # every thread's loads after the wait; every warp has read the epoch
+    tl.store(epoch_ptr + pid, e)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for r in tl.static_range(WORLD):
         acc += tl.load(data_ptr + (half * WORLD + r) * slot + offs, mask=mask, other=0.0, cache_modifier=".cg").to(
