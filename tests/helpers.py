@@ -1,8 +1,10 @@
 """Test helpers: bit-exact comparison with a readable report of the worst elements; scripts run as a user runs
 them."""
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -78,3 +80,23 @@ def table_entry_case(key: str) -> tuple[int, int, int]:
     bucket, *shape = key.split(":")
     N, K = (int(shape[0][1:]), int(shape[1][1:])) if shape else (4096, 4096)
     return max(1, int(bucket) // 2 + 1), N, K
+
+
+def spawn_workers(worker, world: int, args: tuple, timeout_s: float, what: str) -> None:
+    """worker(rank, port, *args) in `world` spawned processes (port: a free one for their process group); fails
+    the test if they have not all ended in timeout_s (a collective that hangs), killing what is left."""
+    import pytest
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.start_processes(worker, args=(port, *args), nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):    # True once every worker has ended
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what} did not finish in {timeout_s:.0f} s (a collective hung?)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()

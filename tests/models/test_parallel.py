@@ -7,8 +7,6 @@ compared with each other through an all-gather.
 """
 import json
 import os
-import socket
-import time
 import traceback
 
 import pytest
@@ -21,6 +19,7 @@ from qkernels.models.parallel import Part, shard_linear  # noqa: E402
 from qkernels.packed_weight import PackedWeight  # noqa: E402
 
 from ..conftest import DEVICE  # noqa: E402
+from ..helpers import spawn_workers  # noqa: E402
 
 WORLD = 2
 CUDA_TP = torch.cuda.device_count() >= WORLD
@@ -134,12 +133,6 @@ def test_default_group_dies_with_destroy_process_group():
 
 # ---------------------------------------------------------------------------------------------
 # TP=2 against TP=1, in two processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_checks(rank: int, tmp: str):
@@ -316,18 +309,8 @@ def _worker(rank: int, port: int, tmp: str):
 def tp_results(tmp_path_factory):
     if DEVICE.type == "cuda" and not CUDA_TP:
         pytest.skip(f"tensor parallel on GPUs needs {WORLD} of them")
-    import torch.multiprocessing as mp
     tmp = str(tmp_path_factory.mktemp("tp"))
-    ctx = mp.start_processes(_worker, args=(_free_port(), tmp), nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + 1500
-    try:
-        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):    # True once every worker has ended
-            if time.monotonic() > deadline:
-                pytest.fail("the tensor-parallel workers did not finish in 1500 s (a collective hung?)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    spawn_workers(_worker, WORLD, (tmp,), 1500, "the tensor-parallel workers")
     return [json.load(open(os.path.join(tmp, f"results{r}.json"))) for r in range(WORLD)]
 
 

@@ -7,8 +7,6 @@ are two GPUs, the real thing: two processes over NCCL and symmetric memory, eage
 import datetime
 import json
 import os
-import socket
-import time
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from qkernels._runtime import poison_outputs
 from qkernels.ops.collective import BLOCK, PeerBuffers, deltas, one_shot_all_reduce
 
 from ..conftest import DEVICE
+from ..helpers import spawn_workers
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SIZES = (1, 7, BLOCK, 3 * BLOCK + 5)
@@ -75,12 +74,6 @@ def test_one_shot_all_reduce_refuses_what_does_not_fit():
 
 WORLD = 2
 TWO_GPUS = torch.cuda.device_count() >= WORLD
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _checks(rank: int) -> dict:
@@ -150,18 +143,7 @@ def _worker(rank: int, port: int, tmp: str):
 
 @pytest.mark.skipif(not TWO_GPUS, reason=f"needs {WORLD} GPUs")
 def test_one_shot_all_reduce_two_gpus(tmp_path):
-    import torch.multiprocessing as mp
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + 300
-    try:
-        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail("the all-reduce workers did not finish in 300 s (a rank waiting for a signal?)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    spawn_workers(_worker, WORLD, (str(tmp_path),), 300, "the all-reduce workers")
     for r in range(WORLD):
         res = json.load(open(tmp_path / f"r{r}.json"))
         bad = {k: v for k, v in res.items() if v != "ok"}

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.linear import QuantizedLinear
+from ..ops.collective import PeerBuffers, one_shot_all_reduce
 from ..schemes import PER_CHANNEL
 
 if torch.distributed.is_available():
@@ -91,7 +92,6 @@ class Parallel:
             i == here or torch.cuda.can_device_access_peer(here, i) for i in indices)
         if not _all_ranks(ok, device, self.group):
             return
-        from ..ops.collective import PeerBuffers
         peers, why = None, ""
         try:
             peers = PeerBuffers.create(self.group, torch.device("cuda", here))
@@ -175,7 +175,6 @@ class Parallel:
         """The sum of x over the ranks (x itself, summed in place, or a new tensor: use the result)."""
         import torch.distributed as dist
         if self.peers is not None and self.peers.fits(x):
-            from ..ops.collective import one_shot_all_reduce
             return one_shot_all_reduce(x, self.peers)
         dist.all_reduce(x, group=self.group)
         return x
