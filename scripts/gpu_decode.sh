@@ -8,10 +8,14 @@
 # SKIP_BENCH=1, then one with SKIP_TESTS=1 SKIP_TUNE=1 after putting its OUTDIR/<gpu>.json in src/qkernels/configs/.
 # Usage: scripts/gpu_decode.sh OUTDIR
 #   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; GEMM_KINDS ("int8 fp8 w8a8 w8a8-fp8": the GEMMs on
-#   codes, then the W8A8 linears at M <= 16, the GEMVs quantizing x against quantize + the GEMM just tuned);
+#   codes, then the W8A8 linears at M <= 16, the GEMVs quantizing x against quantize + the GEMM just tuned),
+#   GEMM_BUCKETS ("16 1"; "32 64 128 256" for batched decode, GEMM_KINDS "int8 fp8"), GEMM_BUDGET_S; SKIP_WO=1
+#   skips the weight-only sweep;
 #   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100): the
 #   weight-only sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
-#   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too): the decode-GEMV rows measured, merged into the committed file;
+#   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too), DECODE_SHAPES (NxK,...: all of the models' by default),
+#   DECODE_MS (M,...: all of the bench's by default): the decode-GEMV rows measured, merged into the committed file;
+#   SKIP_HOST=1 skips `bench host`;
 #   after the sweeps the table before and after them in the runtime's decode step (scripts/table_ab.py; AB_SCHEMES
 #   "w4a16 w8a8", SKIP_AB=1 to skip: about 2 minutes): keep only what the step confirms.
 # Writes OUTDIR/decode.log (everything), OUTDIR/<gpu>.json (the config table after the sweeps) and
@@ -33,10 +37,12 @@ fi
 if [ -z "${SKIP_TUNE:-}" ]; then
   mkdir -p "$OUT/table_before" && cp "src/qkernels/configs/$SLUG.json" "$OUT/table_before/"
   echo "sweeping the decode configs first (minutes; SKIP_TUNE=1 benches the tables as they are)" | tee -a "$LOG"
-  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets 16 1 --chain 2>&1 | tee -a "$LOG" \
-    | grep -E "==>|failed" | head -40
-  python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
-    --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
+  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets ${GEMM_BUCKETS:-16 1} --chain \
+    --budget-s "${GEMM_BUDGET_S:-1e9}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
+  if [ -z "${SKIP_WO:-}" ]; then
+    python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
+      --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
+  fi
   cp "src/qkernels/configs/$SLUG.json" "$OUT/"
   if [ -z "${SKIP_AB:-}" ]; then
     # a chain times one shape's calls back to back; the decode step is what the table serves (docs/design.md, "A
@@ -47,9 +53,12 @@ if [ -z "${SKIP_TUNE:-}" ]; then
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   # into the working tree's results, so the rows of the models named replace theirs and the others stay
-  python3 -m qkernels.cli bench decode-gemv --models "${DECODE_MODELS:-llama3-8b}" --out benchmarks/results 2>&1 \
-    | tee -a "$LOG" | tail -3
-  python3 -m qkernels.cli bench host --out benchmarks/results 2>&1 | tee -a "$LOG" | tail -14
+  python3 -m qkernels.cli bench decode-gemv --models "${DECODE_MODELS:-llama3-8b}" --shapes "${DECODE_SHAPES:-}" \
+    --ms "${DECODE_MS:-}" --out benchmarks/results 2>&1 | tee -a "$LOG" | grep -E "qkernels|wrote" | tail -60
   mkdir -p "$OUT/$SLUG"
-  cp "benchmarks/results/$SLUG/decode_gemv.json" "benchmarks/results/$SLUG/host.json" "$OUT/$SLUG/"
+  cp "benchmarks/results/$SLUG/decode_gemv.json" "$OUT/$SLUG/"
+  if [ -z "${SKIP_HOST:-}" ]; then
+    python3 -m qkernels.cli bench host --out benchmarks/results 2>&1 | tee -a "$LOG" | tail -14
+    cp "benchmarks/results/$SLUG/host.json" "$OUT/$SLUG/"
+  fi
 fi

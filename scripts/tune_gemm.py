@@ -85,6 +85,18 @@ GVT = [dict(path="gvt", TILES=t, WPT=wpt, num_warps=w, SPLIT_K=sp, MIN_PROGRAMS=
        for t, wpt, w, sp, mp in [(4, 8, 4, 4, 1024), (1, 16, 1, 16, 4096), (1, 8, 1, 8, 4096), (2, 16, 2, 8, 2048)]]
 W8A8_KINDS = {"w8a8": "int8", "w8a8-fp8": "fp8"}
 CANDIDATES["16384"] = CANDIDATES["4096"]
+# batched decode (M = 17..256; --chain): tiles of the bucket's rows with K split while the grid is small (N = 4096
+# rows at M <= 128 make 32-128 tiles on 132 SMs), wider and unsplit tiles beside them
+for _b in ("32", "64"):
+    _m = int(_b)
+    CANDIDATES[_b] = [C(_m, 64, 256, 4, 4), C(_m, 64, 128, 4, 5), C(_m, 128, 128, 4, 4), C(_m, 32, 256, 4, 4),
+                      S(C(_m, 64, 256, 4, 4), 4, 264), S(C(_m, 64, 256, 4, 4), 8, 528), S(C(_m, 64, 128, 4, 5), 4, 528),
+                      S(C(_m, 128, 128, 4, 4), 4, 264), S(C(_m, 32, 256, 4, 4), 4, 528), S(C(_m, 64, 512, 4, 3), 4, 264)]
+CANDIDATES["128"] = CANDIDATES["128"] + [S(C(64, 64, 256, 4, 3), 4, 264), S(C(128, 64, 128, 4, 4), 4, 264),
+                                         S(C(64, 128, 128, 4, 4), 4, 264), S(C(128, 32, 256, 4, 3), 4, 528)]
+CANDIDATES["256"] = [C(128, 128, 128, 8, 3), C(128, 64, 128, 4, 4), C(64, 128, 128, 4, 4), C(128, 128, 64, 4, 4),
+                     C(64, 64, 256, 4, 3), C(128, 32, 256, 4, 3), S(C(128, 128, 128, 8, 3), 2, 264),
+                     S(C(128, 64, 128, 4, 4), 2, 264), S(C(64, 64, 256, 4, 3), 4, 264)]
 
 
 def W(bm, bn, bk, s, w, g=8):
@@ -97,7 +109,8 @@ WG = [W(256, 128, 128, 4, 8), W(256, 128, 128, 3, 8), W(256, 128, 128, 4, 8, 16)
       W(128, 128, 128, 3, 4), W(256, 128, 64, 6, 8), W(128, 128, 128, 4, 8)]
 WG_BUCKETS = ("1024", "4096", "16384")
 M_OF = {"16": [2, 16], "1": [1],       # the M <= 16 bucket serves M = 2..16 (M = 1 has its own)
-         "128": [128], "1024": [1024], "4096": [4096], "16384": [16384]}
+         "32": [32], "64": [64], "128": [128], "256": [256], "1024": [1024], "4096": [4096], "16384": [16384]}
+CHAIN_MAX = 256         # --chain: the buckets a decode step runs (batches up to 256 sequences)
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 # decode sizes: also the small and merged projections a decode step runs (k / v, q|k|v, gate|up) and the lm_head
 # (the runtime quantizes it on request; bench decode-gemv times it)
@@ -112,8 +125,14 @@ def tile_of(cfg: dict) -> dict:
     return cfg
 
 
+# the batched-decode buckets (17..256) in a chain: the four Llama-3-8B projections a decode step runs
+BATCH_SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336)]
+
+
 def shapes_of(bucket: str) -> list:
-    return DECODE_SHAPES if int(bucket) <= 16 else SHAPES
+    if int(bucket) <= 16:
+        return DECODE_SHAPES
+    return BATCH_SHAPES if args.chain and int(bucket) <= CHAIN_MAX else SHAPES
 
 
 
@@ -194,12 +213,13 @@ ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new b
 ap.add_argument("--from-log", type=Path, help="no timing: set shape overrides from an earlier sweep's log")
 ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
 ap.add_argument("--chain", action="store_true",
-                help="decode buckets (1, 16): time each candidate as a decode step runs it, on weight copies spanning "
-                     ">= 256 MB in one CUDA graph (bench.decode_gemv's method: no weight in L2, each call overlapping "
-                     "the previous one's tail under programmatic dependent launch)")
+                help="decode buckets (1 to 256): time each candidate as a decode step runs it, on weight copies "
+                     "spanning >= 256 MB in one CUDA graph (bench.decode_gemv's method: no weight in L2, each call "
+                     "overlapping the previous one's tail under programmatic dependent launch); buckets 32-256 on "
+                     "the four Llama-3-8B projections (BATCH_SHAPES)")
 args = ap.parse_args()
-if args.chain and (args.from_log or any(int(b) > 16 for b in args.buckets)):
-    ap.error("--chain times the decode buckets (--buckets 1 16) and cannot replay logs (--from-log)")
+if args.chain and (args.from_log or any(int(b) > CHAIN_MAX for b in args.buckets)):
+    ap.error(f"--chain times the decode buckets (1 to {CHAIN_MAX}) and cannot replay logs (--from-log)")
 t0 = time.time()
 dev = torch.device("cuda")
 if args.from_log:

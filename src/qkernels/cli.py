@@ -112,6 +112,8 @@ def cmd_bench(args) -> int:
                   "schemes": tuple(args.schemes.split(",")) if args.schemes else None,
                   "shapes": args.shapes.split(",") if args.shapes else None}
             kw = {k: v for k, v in kw.items() if v and (k == "models" or (k == "shapes") == (name == "decode-gemv"))}
+            if name == "decode-gemv" and args.ms:
+                kw["ms"] = args.ms.split(",")
         importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out, **kw)
     return 0
 
@@ -281,8 +283,8 @@ def main(argv=None) -> int:
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.add_argument("--shapes", default="", help="decode-gemv: only these layer shapes (comma-separated NxK); with "
                                                 "--models or --shapes its rows merge into the GPU's decode_gemv.json")
-    b.add_argument("--ms", default="", help="weight-only: only these M of its grid (comma-separated); their rows "
-                                            "merge into the GPU's weight_only.json")
+    b.add_argument("--ms", default="", help="weight-only / decode-gemv: only these M (comma-separated); their rows "
+                                            "merge into the GPU's weight_only.json / decode_gemv.json")
     b.add_argument("--tp", type=int, default=1, help="bench runtime (or model): tensor parallel over N GPUs, beside "
                                                      "one (launch: torchrun --nproc-per-node N -m qkernels.cli ...)")
     b.set_defaults(fn=cmd_bench)

@@ -14,7 +14,7 @@ def test_bench_decode_gemv_writes_rows(tmp_path):
     rows = bd.run(str(tmp_path))
     provs = {r.provider for r in rows}
     assert provs == {"fp16 F.linear"} | {f"qkernels {s}" for s in bd.SCHEMES}
-    assert {r.sizes["M"] for r in rows} == set(bd.MS)
+    assert {r.sizes["M"] for r in rows} == set(bd.MS_CPU)
     for r in rows:
         assert r.median_us > 0 and r.extra["weight_bytes"] > 0 and r.extra["copies"] >= 2
         assert r.extra["share_of_fp16_bw"] > 0
@@ -45,6 +45,26 @@ def test_bench_decode_gemv_part_merges_into_earlier_results(tmp_path):
         bd.run(str(tmp_path), shapes=["1x1"])
     with pytest.raises(ValueError, match=r"models must be among .* got \['nope'\]"):
         bd.run(str(tmp_path), models=["nope"])
+
+
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
+def test_bench_decode_gemv_ms_merge_by_layer_and_m(tmp_path):
+    """--ms: this run's (layer, M) rows replace theirs; the same layer's rows at other M keep theirs and their date.
+    A batch size below 1 is an error naming the argument."""
+    bd.run(str(tmp_path))
+    path = next(tmp_path.rglob("decode_gemv.json"))
+    doc = json.loads(path.read_text())
+    doc["date"] = "2026-01-01T00:00:00+00:00"
+    doc["rows"] = [dict(r, date=doc["date"]) for r in doc["rows"]]
+    path.write_text(json.dumps(doc))
+    rows = bd.run(str(tmp_path), ms=["2"])
+    assert {r.sizes["M"] for r in rows} == {2}
+    new = json.loads(path.read_text())
+    assert {r["M"] for r in new["rows"]} == set(bd.MS_CPU) | {2}
+    assert all(r["date"] == doc["date"] for r in new["rows"] if r["M"] != 2)
+    assert all(r["date"] == new["date"] != doc["date"] for r in new["rows"] if r["M"] == 2)
+    with pytest.raises(ValueError, match=r"ms must be positive batch sizes, got \[0\]"):
+        bd.run(str(tmp_path), ms=["0"])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a profile of CUDA kernels: GPU only")

@@ -58,6 +58,31 @@ def test_decode_gemv_table_and_targets(tmp_path):
     assert "not measured" not in text
 
 
+def test_batched_decode_targets_per_m_range_and_best_peer(tmp_path):
+    """The batched-decode lines: the worst speed-up over fp16 of each scheme's M range on the four projections
+    (other shapes ignored), and W8A8 against the fastest peer of its format at each (shape, M) from 17 to 256."""
+    root = tmp_path / "results"
+    row = lambda p, shape, M, us, x=1.0: dict(  # noqa: E731
+        op="decode_linear", provider=p, mode="graph-chain", model="llama3-8b", layer="x", shape=shape, M=M,
+        N=int(shape.split("x")[0]), K=int(shape.split("x")[1]), median_us=us, weight_gbps=1.0, speedup_vs_fp16=x,
+        share_of_fp16_bw=1.0, kernels_per_call=1.0)
+    rows = [row("qkernels w4a16", "6144x4096", 1, 5.0, 3.5), row("qkernels w4a16", "4096x4096", 16, 5.0, 3.4),
+            row("qkernels w4a16", "1024x4096", 16, 5.0, 1.1),                    # not one of the four: ignored
+            row("qkernels w4a16", "28672x4096", 64, 5.0, 2.0),
+            row("qkernels w8a8", "4096x4096", 64, 10.0), row("gemlite w8a8 int8", "4096x4096", 64, 12.0),
+            row("torch.compile w8a8 (_int_mm)", "4096x4096", 64, 9.0),
+            row("qkernels w8a8", "4096x4096", 16, 10.0), row("gemlite w8a8 int8", "4096x4096", 16, 5.0)]
+    _write(root, "h100", "decode_gemv", rows)
+    text = report.build(root)
+    assert ("- qkernels w4a16 vs fp16 F.linear, M = 1..16, Llama-3-8B's four decode projections: ≥ 3.3x: 3.40x at "
+            "worst (M = 16, 4096x4096) — met") in text
+    assert ("- qkernels w4a16 vs fp16 F.linear, M = 64, Llama-3-8B's four decode projections: ≥ 2.2x: 2.00x at "
+            "worst (M = 64, 28672x4096) — **not met**") in text
+    assert "M = 128, Llama-3-8B's" not in text            # no rows: no line
+    assert ("- qkernels w8a8 vs the best of gemlite w8a8 int8, torch.compile w8a8 (_int_mm), M = 17..256, "
+            "Llama-3-8B's four decode projections: ≥ 1.0x: 0.90x at worst (M = 64, 4096x4096) — **not met**") in text
+
+
 def test_decode_gemv_fixed_cost_and_streaming_rate(tmp_path):
     """Each provider's µs per call over a model's shapes, fitted as fixed µs + bytes / rate: the fit recovers a
     line's intercept and rate, and the rate as a share of fp16's; a model with fewer than three sizes has no line."""

@@ -1,6 +1,8 @@
-"""`qkernels bench decode-gemv`: quantized linears at decode sizes (M = 1 and 16) on the layer shapes of the
-models the runtime serves, separate and merged (q|k|v, gate|up) plus the lm_head, against fp16 `F.linear` and
-PyTorch's int4 kernel (tinygemm, what torchao's int4 weight-only runs), in one run.
+"""`qkernels bench decode-gemv`: quantized linears at decode sizes (M = 1 to 256: one sequence to a batch of
+serving) on the layer shapes of the models the runtime serves, separate and merged (q|k|v, gate|up) plus the
+lm_head, against fp16 `F.linear`, PyTorch's int4 kernel (tinygemm, what torchao's int4 weight-only runs) and, for
+W8A8 at M > 16, torch.compile'd per-token quantization + `torch._int_mm` / `torch._scaled_mm` (rowwise FP8), in
+one run.
 
 Method: each provider inside one CUDA graph that calls it on enough copies of its weight to span >= 256 MB, as a
 decode graph walks its layers (no copy is in L2 when its call runs; the same copies for every M); time per call =
@@ -11,19 +13,24 @@ one replay), counted after every timing of the run (a profiler session may leave
 slowing what follows). Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them
 (w4a16: group 128, asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations
 quantized inside the call). Peers (gemlite, bitsandbytes) as bench/peers.py builds them, with their nominal weight
-bytes; peers not installed on the machine are listed in the JSON as missing.
+bytes; peers not installed on the machine are listed in the JSON as missing. The torch.compile peers
+(bench.gemm's `_torch_w8a8` / `_torch_fp8_rowwise`, compiled once with dynamic shapes) run where `torch._int_mm`
+does, M > 16.
 
-`--models` / `--shapes` (N x K) naming a part of the grid (a time-limited job may not hold it all) merge its rows into
-this GPU's decode_gemv.json: the rows of the layers measured again are replaced, the others kept with their dates.
+`--models` / `--shapes` (N x K) / `--ms` naming a part of the grid (a time-limited job may not hold it all) merge its
+rows into this GPU's decode_gemv.json: the rows of the (layer, M) measured again are replaced, the others kept with
+their dates.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
+from .gemm import _torch_fp8_rowwise, _torch_w8a8
 from .harness import Row, merge_results, method_text, on_gpu, read_results, results_doc, write_json
 from .peers import peers, try_tinygemm
 
@@ -33,7 +40,12 @@ SHAPES = {   # (N, K, layer)
     "qwen3-1.7b": [(1024, 2048, "k, v"), (2048, 2048, "q, o"), (4096, 2048, "q|k|v"), (6144, 2048, "gate, up"),
                    (12288, 2048, "gate|up"), (2048, 6144, "down"), (151936, 2048, "lm_head")],
 }
-MS = (1, 16)
+MS = (1, 16, 32, 64, 128, 256)
+MS_CPU = (1, 16)         # the interpreter's run: the path, not the speed
+COMPILED_MIN_M = 17      # torch._int_mm takes M > 16
+# peers built for one sequence, timed up to this M: above it they ran at 0.05-0.15x fp16 (tinygemm at M = 64-256,
+# H200), minutes of a time-limited job for no comparison a user would make
+SMALL_M_PEERS = {"tinygemm": 16, "bitsandbytes": 16}
 SCHEMES = ("w4a16", "w8a16", "w8a8", "w8a8-fp8")
 SPAN = 256 << 20
 TINY = {"llama3-8b": [(64, 128, "tiny")]}
@@ -108,9 +120,18 @@ def chain_timeline(calls: list) -> dict:
                 kernels_per_call=len(ks) / len(calls))
 
 
+@functools.cache
+def _compiled(name: str):
+    """The torch.compile'd W8A8 peer `name` (compiled once, dynamic shapes: one function serves every M and shape)."""
+    return torch.compile({"int8": _torch_w8a8, "fp8": _torch_fp8_rowwise}[name], dynamic=True)
+
+
 def _call(prov: str, w, x, xb):
     """One call of provider `prov` on its layer (or weight) w: tinygemm on bf16 x, F.linear on the fp16 weight, the
-    module otherwise."""
+    torch.compile peers on their (codes, scales), the module otherwise."""
+    if prov.startswith("torch.compile"):
+        fn = _compiled("fp8" if "fp8" in prov else "int8")
+        return lambda: fn(x, *w)
     if prov.startswith("tinygemm"):
         return lambda: torch.ops.aten._weight_int4pack_mm(xb, w[0], 128, w[1])
     if prov.startswith("fp16"):
@@ -131,10 +152,28 @@ def _kernels_per_call(fn) -> float:
     return n / 4
 
 
-def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[Row]:
-    """models: names of SHAPES (default all); shapes: "NxK" strings (default all of theirs)."""
+def _compiled_peers(lin, dev) -> dict:
+    """The torch.compile W8A8 peers of `lin` (GPU): name -> (make its (codes, scales), weight bytes)."""
+    from ..nn.linear import QuantizedLinear
+    N, K = lin.weight.shape
+    q8 = QuantizedLinear.from_linear(lin, "w8a8")
+    out = {"torch.compile w8a8 (_int_mm)": (lambda: (q8.weight.clone(), q8.weight_scale.clone()), N * K + 4 * N)}
+    if torch.cuda.get_device_capability(dev) >= (8, 9):
+        qf = QuantizedLinear.from_linear(lin, "w8a8-fp8")
+        out["torch.compile w8a8-fp8 (_scaled_mm)"] = (
+            lambda: (qf.weight.clone(), qf.weight_scale.float().view(1, -1).clone()), N * K + 4 * N)
+    return out
+
+
+def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None) -> list[Row]:
+    """models: names of SHAPES (default all); shapes: "NxK" strings (default all of theirs); ms: M values (default
+    MS)."""
     from ..nn.linear import QuantizedLinear
     gpu = on_gpu()
+    default = MS if gpu else MS_CPU
+    ms = tuple(sorted({int(m) for m in ms})) if ms else default
+    if any(m < 1 for m in ms):
+        raise ValueError(f"ms must be positive batch sizes, got {list(ms)}")
     dev = torch.device("cuda" if gpu else "cpu")
     grid = SHAPES if gpu else TINY
     if models:
@@ -146,10 +185,11 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
         grid = {k: [s for s in v if f"{s[0]}x{s[1]}" in shapes] for k, v in grid.items()}
         if not any(grid.values()):
             raise ValueError(f"shapes must name NxK layer shapes of {sorted(grid)}, got {list(shapes)}")
-    prev = read_results("decode_gemv", out_root) if models or shapes else None
+    prev = read_results("decode_gemv", out_root) if models or shapes or ms != default else None
     missing: list = []
     rows: list[Row] = []
     to_count: list = []         # (row, make a layer, provider, x, bf16 x): kernels per call, counted at the end
+    measured: set = set()       # (model, "NxK") timed so far
     for model, layer_shapes in grid.items():
         for N, K, layer in layer_shapes:
             torch.manual_seed(0)
@@ -163,18 +203,26 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
                     continue
                 q = QuantizedLinear.from_linear(lin, scheme)
                 providers[f"qkernels {scheme}"] = (lambda q=q: copy.deepcopy(q), _nbytes(q))
-            tiny = try_tinygemm(lin.weight.detach()) if gpu and K % 128 == 0 else None
+            tiny = (try_tinygemm(lin.weight.detach()) if gpu and K % 128 == 0
+                    and min(ms) <= SMALL_M_PEERS["tinygemm"] else None)
             if tiny is not None:
                 providers["tinygemm int4 g128 (bf16)"] = (lambda t=tiny: (t[0].clone(), t[1].clone()), tiny[2])
             if gpu:
                 found, missing = peers(lin, dev)
-                providers.update(found)
-            xs = {M: torch.randn(M, K, device=dev, dtype=torch.float16) for M in MS}
+                providers.update({k: v for k, v in found.items()
+                                  if not any(k.startswith(p) and min(ms) > m for p, m in SMALL_M_PEERS.items())})
+                if max(ms) >= COMPILED_MIN_M:
+                    providers.update(_compiled_peers(lin, dev))
+            xs = {M: torch.randn(M, K, device=dev, dtype=torch.float16) for M in ms}
             fp16 = {}         # M -> fp16's (µs, GB/s): fp16 runs first, the others are compared with it
             for prov, (make, nbytes) in providers.items():
                 n_copies = chain_copies(nbytes) if gpu else 2
                 ws = None
                 for M, x in xs.items():          # one set of copies serves every M, as a model's layers do
+                    if prov.startswith("torch.compile") and M < COMPILED_MIN_M:
+                        continue
+                    if any(prov.startswith(p) and M > m for p, m in SMALL_M_PEERS.items()):
+                        continue
                     xb = x.bfloat16()
                     try:
                         with torch.inference_mode():
@@ -200,8 +248,9 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
                 del ws
                 if gpu:
                     torch.cuda.empty_cache()
-        # the rows so far (kernel counts still NaN), merged in: a job cut off keeps its finished models
-        _write(rows, missing, gpu, read_results("decode_gemv", out_root), grid, out_root, upto=model)
+            # the rows so far (kernel counts still NaN), merged in: a job cut off keeps its finished layers
+            measured.add((model, f"{N}x{K}"))
+            _write(rows, missing, gpu, read_results("decode_gemv", out_root), grid, ms, out_root, measured)
     # kernels per call, after every timing: a profiler session must not run before a timed one
     for row, make, prov, x, xb in to_count:
         try:
@@ -211,20 +260,21 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None) -> list[
             print(f"{row.sizes['shape']} M={row.sizes['M']} {prov}: kernel count failed: {type(e).__name__}: {e}")
             continue
         print(f"{row.sizes['shape']} M={row.sizes['M']:2d} {prov:26s} {row.extra['kernels_per_call']:.0f} kernels")
-    _write(rows, missing, gpu, prev, grid, out_root)
+    _write(rows, missing, gpu, prev, grid, ms, out_root)
     return rows
 
 
-def _write(rows: list, missing: list, gpu: bool, prev, grid: dict, out_root: str, upto: str | None = None):
-    """The results file: `rows`, with the layers measured replacing theirs in `prev` (the GPU's earlier results;
-    the others kept), or alone without `prev`. upto: only the models of the grid up to this one are measured yet."""
+def _write(rows: list, missing: list, gpu: bool, prev, grid: dict, ms: tuple, out_root: str,
+           measured: set | None = None):
+    """The results file: `rows`, with the (layer, M) measured replacing theirs in `prev` (the GPU's earlier results;
+    the others kept), or alone without `prev`. measured: the (model, "NxK") timed yet (default: the whole grid)."""
     meta = {"peers_missing": missing, "span_bytes": SPAN,
             "method": method_text(__doc__, gpu, "tiny shape")}
     doc = results_doc(rows, meta)
     if prev:
-        names = list(grid)
-        measured = names[:names.index(upto) + 1] if upto else names
-        done = {(m, f"{n}x{k}") for m in measured for n, k, _ in grid[m]}
-        doc = merge_results(prev, doc, lambda r: (r.get("model"), r.get("shape")) in done)
+        if measured is None:
+            measured = {(m, f"{n}x{k}") for m, shapes in grid.items() for n, k, _ in shapes}
+        done = {(m, shape, M) for m, shape in measured for M in ms}
+        doc = merge_results(prev, doc, lambda r: (r.get("model"), r.get("shape"), r.get("M")) in done)
     path = write_json("decode_gemv", doc, out_root)
     print(f"wrote {path}")

@@ -334,7 +334,40 @@ def _decode_gemv(rows: list[dict]) -> list[str]:
         if ones:
             out.append(f"- {p}, one kernel per call at M = 1: {_fmt(max(ones))} at most — "
                        f"{'met' if max(ones) <= 1 else '**not met**'}")
-    return out + [""] + _stream_fit(rows)
+    return out + _batched_decode_targets(rows) + [""] + _stream_fit(rows)
+
+
+# The batched-decode targets on Llama-3-8B's four decode projections (q|k|v, gate|up, down, o): speed-ups over fp16
+# F.linear per scheme and M range, (label, scheme, selects M, at least)
+BATCHED_SHAPES = ("6144x4096", "28672x4096", "4096x14336", "4096x4096")
+BATCHED_TARGETS = (("M = 1..16", "w4a16", lambda m: m <= 16, 3.3), ("M = 32", "w4a16", lambda m: m == 32, 2.8),
+                   ("M = 64", "w4a16", lambda m: m == 64, 2.2), ("M = 128", "w4a16", lambda m: m == 128, 1.3),
+                   ("M ≥ 256", "w4a16", lambda m: m >= 256, 1.0), ("M = 1..16", "w8a16", lambda m: m <= 16, 1.8),
+                   ("M = 64", "w8a16", lambda m: m == 64, 1.5))
+
+
+def _batched_decode_targets(rows: list[dict]) -> list[str]:
+    """Target lines of batched decode (BATCHED_TARGETS, then W8A8 int8 / FP8 against the best peer of their format at
+    every M from 17 to 256) on Llama-3-8B's BATCHED_SHAPES; none for ranges without rows."""
+    mine = [r for r in rows if r["model"] == "llama3-8b" and r["shape"] in BATCHED_SHAPES]
+    out = []
+    for label, scheme, sel, want in BATCHED_TARGETS:
+        out += _worst_line(f"qkernels {scheme} vs fp16 F.linear, {label}, Llama-3-8B's four decode projections",
+                           [(r["speedup_vs_fp16"], r["M"], r["shape"]) for r in mine
+                            if r["provider"] == f"qkernels {scheme}" and sel(r["M"])], want)
+    cells = {(r["shape"], r["M"], r["provider"]): r["median_us"] for r in mine}
+    for scheme in ("w8a8", "w8a8-fp8"):
+        ours = f"qkernels {scheme}"
+        peers = sorted({r["provider"] for r in mine if not r["provider"].startswith(("qkernels", "fp16"))
+                        and _same_format(ours, r["provider"])})
+        got = []
+        for (shape, M, p), us in cells.items():
+            best = min((cells[(shape, M, q)] for q in peers if (shape, M, q) in cells), default=None)
+            if p == ours and 17 <= M <= 256 and best is not None:
+                got.append((best / us, M, shape))
+        out += _worst_line(f"{ours} vs the best of {', '.join(peers)}, M = 17..256, Llama-3-8B's four decode "
+                           f"projections", got, 1.0)
+    return out
 
 
 def _line_fit(xs: list, ys: list) -> tuple[float, float]:
@@ -393,9 +426,9 @@ def _same_format(ours: str, peer: str) -> bool:
     if scheme == "w4a16":
         return "w4a16" in peer or "nf4" in peer or "int4" in peer
     if scheme == "w8a8":
-        return "w8a8 int8" in peer
+        return "w8a8 int8" in peer or "(_int_mm)" in peer
     if scheme == "w8a8-fp8":
-        return "w8a8 fp8" in peer
+        return "w8a8 fp8" in peer or "(_scaled_mm)" in peer
     return scheme in peer
 
 
