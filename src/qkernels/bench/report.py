@@ -432,9 +432,9 @@ def _same_format(ours: str, peer: str) -> bool:
     return scheme in peer
 
 
-def _ppl_targets(rows) -> list[str]:
-    """Issue targets on perplexity (eval.ppl.TARGETS), best row per target group."""
-    from ..eval.ppl import TARGETS
+def _ppl_targets(rows, TARGETS: dict) -> list[str]:
+    """Issue targets on perplexity (the file's `targets`: eval.ppl.TARGETS as the run wrote them), best row per
+    target group."""
     by = {r["scheme"]: r for r in rows}
     lines = ["Targets (perplexity increase over the unquantized bf16 model):", ""]
     groups = {}
@@ -487,7 +487,7 @@ def build(results: Path) -> str:
                             f"{r.get('quantized_layers')} / {r.get('linear_layers')}"]
                            + ([r.get("ppl_runtime"), r.get("runtime_delta_pct")] if rt else [])
                            for r in d["rows"]]) + [""]
-            out += _ppl_targets(d["rows"])
+            out += _ppl_targets(d["rows"], d.get("targets") or {})
         elif name == "quantizers":
             out += _table(["quantize_", "model", "layers", "calibration", "seconds", "peak GPU MB", "one layer MB",
                            "activations MB", "peak / (1.3 layer + activations)"],

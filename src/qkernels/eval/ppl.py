@@ -231,7 +231,8 @@ def run(model_name: str = "smollm2", schemes=DEFAULT_SCHEMES, tokens: int = 4096
         p.parent.mkdir(parents=True, exist_ok=True)
         doc = dict(environment(), model="SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)", text="lee_background.cor",
                    tokens=int(ids.shape[1]), ctx=ctx, stride=stride,
-                   backend="kernels" if on_gpu else "reference (CPU)", rows=[asdict(r) for r in rows])
+                   backend="kernels" if on_gpu else "reference (CPU)", targets=TARGETS,
+                   rows=[asdict(r) for r in rows])
         p.write_text(json.dumps(doc, indent=1))
         print(f"wrote {p}")
     return rows

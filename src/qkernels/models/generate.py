@@ -4,18 +4,16 @@ sampling on the GPU (greedy, temperature, top-k, top-p), stop tokens, a batch of
 Prompts of different lengths are right-padded: sequence b's cache holds its prompt at positions
 0..len_b - 1 and its new tokens after it; decode attention reads exactly len_b + t keys, so the padding
 never enters any result.
+
+The model is the decoder (models.llama.Transformer) or one with its interface (`args`, `setup_caches`, a forward taking
+ids, positions and `logits_at`); this module imports no decoder, so the decoder's `generate` method can import it.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from .llama import Transformer
 
 PREFILL_CHUNK = 2048
 CACHE_ROUND = 256
@@ -64,7 +62,7 @@ class DecodeGraph:
     """One decode step (tokens [B, 1], positions [B] -> logits [B, V]) captured once as a CUDA graph and
     replayed; static input / output buffers. Eager where CUDA graphs do not exist (CPU)."""
 
-    def __init__(self, model: Transformer, batch: int, use_graph: bool):
+    def __init__(self, model: torch.nn.Module, batch: int, use_graph: bool):
         self.model = model
         dev = model.device
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
@@ -114,7 +112,7 @@ def _as_batch(input_ids) -> tuple[list[list[int]], bool]:
 
 
 @torch.inference_mode()
-def generate(model: Transformer, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+def generate(model: torch.nn.Module, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, stop=None, *, seed: int | None = None, use_graph: bool = True,
              on_tokens=None, stats: Stats | None = None):
     """The prompt ids followed by up to max_new_tokens new ids per sequence (greedy at temperature 0).

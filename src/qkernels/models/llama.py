@@ -32,6 +32,7 @@ from .. import reference as ref
 from .._runtime import runs_kernels
 from ..nn.linear import QuantizedLinear
 from .config import ModelArgs
+from .generate import generate
 from .parallel import Parallel, all_reduce
 
 
@@ -268,5 +269,4 @@ class Transformer(nn.Module):
     def generate(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, stop=None, **kwargs):
         """The input ids followed by the new ids (greedy at temperature 0); see models.generate.generate."""
-        from .generate import generate
         return generate(self, input_ids, max_new_tokens, temperature, top_k, top_p, stop, **kwargs)
