@@ -45,7 +45,7 @@ if [ -z "${SKIP_TUNE:-}" ]; then
   fi
   cp "src/qkernels/configs/$SLUG.json" "$OUT/"
   if [ -z "${SKIP_AB:-}" ]; then
-    # a chain times one shape's calls back to back; the decode step is what the table serves (docs/design.md, "A
+    # a chain times one shape's calls back to back; the decode step is what the table serves (docs/design/weight-only.md, "A
     # decode-chain sweep that misled"): both tables in the runtime's step, before anything is kept
     python3 scripts/table_ab.py --table "$OUT/table_before" --table shipped --schemes ${AB_SCHEMES:-w4a16 w8a8} \
       --batches 1 8 32 2>&1 | tee -a "$LOG" | tail -8

@@ -8,7 +8,7 @@ rows), against the quantize kernel + the GEMM its table picks ("path": "quantize
 two launches count as TWO_LAUNCHES times their time; at M = 1 the linear is one launch (ONE_LAUNCH), quantize + GEMM
 timed for the log only. --chain times the decode buckets as a
 decode step runs them (weight copies in one CUDA graph) instead of one-call graphs: in those chains the W8A8 GEMV
-quantizing x fares worse than the one-call graphs show (design.md). Usage:
+quantizing x fares worse than the one-call graphs show (docs/design/gemm.md). Usage:
 PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8] [--buckets 16 1 ...] [--chain]"""
 import argparse
 import ast

@@ -128,7 +128,7 @@ def candidates(m: int) -> list[dict]:
             # at the same time) share it in L1; more tiles per warp or per program spread that over more weights
             c += [gvt(t, wpt, w, sp, mp) for t, w in [(4, 2), (8, 4), (8, 8)] for wpt in (4, 8)
                   for sp, mp in [(1, 0), (4, 2048)]]
-            # the code ring with several tiles per program (6144x4096 at M = 16 on the H100: design.md)
+            # the code ring with several tiles per program (6144x4096 at M = 16 on the H100: docs/design/weight-only.md)
             c += [gvt(t, wpt, w, 4, 2048, stages=3) for t, wpt, w in [(2, 4, 1), (4, 4, 2), (2, 8, 1), (4, 4, 1)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
@@ -144,7 +144,7 @@ def candidates(m: int) -> list[dict]:
               # two warps of WPT 4 on 2048 k (the H100's 6144 / 28672-row entries, the lm_head with a 2-stage ring)
               gv(8, 2048, 4, 2), gv(8, 2048, 4, 2, stages=2), gv(4, 512, 2, 1)]
         # the same on a persistent grid (no wave ends part full): level with the tables' configs on the served shapes
-        # in the H100 decode chain, ahead on weights the tables have no override for (design.md, "The persistent GEMV")
+        # in the H100 decode chain, ahead on weights the tables have no override for (docs/design/weight-only.md, "The persistent GEMV")
         c += [gv(bn, bk, wpt, w, persistent=p) for bn, bk, wpt, w, p in
               [(8, 1024, 4, 1, 16), (8, 1024, 4, 1, 12), (8, 512, 2, 1, 16), (16, 1024, 4, 1, 8), (8, 2048, 4, 2, 8)]]
     if m <= 32:

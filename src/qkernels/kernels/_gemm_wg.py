@@ -4,7 +4,7 @@ _scaled_mm_kernel (kernels/_gemm.py) computes the same thing and is its CPU twin
 
 Why. Triton 3.6's pipeliner keeps a wgmma in flight only for an fp32 accumulator; with int8's int32 accumulator it
 waits for every wgmma before the next k step, so the tensor cores idle while the step's operands are checked in and
-the next wgmma is issued (docs/design.md). Here the schedule is explicit:
+the next wgmma is issued (docs/design/gemm.md). Here the schedule is explicit:
 
   - A [M, K] (activations) and B's rows ([N, K] weight, K-major: wgmma's B operand as the permuted tile) come
     through a STAGES-deep shared-memory ring by TMA, one mbarrier per stage; rows and k past the tensor read as

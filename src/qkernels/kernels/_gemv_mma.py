@@ -4,7 +4,7 @@ Triton-language 8-bit GEMV (_gemm._gemv8_kernel with QUANT_A) computes the same 
 interpreter); the tests run this one on GPUs against the reference.
 
 Why. The Triton GEMV decodes every weight and x code to fp32 and multiplies on the CUDA cores; quantizing x in the
-same kernel, it spends ~7 instructions per weight byte (docs/design.md), over an H200's issue budget at its memory
+same kernel, it spends ~7 instructions per weight byte (docs/design/gemm.md), over an H200's issue budget at its memory
 bandwidth. Here the weight bytes go to mma.sync m16n8k32 as they are loaded (int8: s8 x s8 -> s32, exact; fp8:
 e4m3 x e4m3 -> f32), x is quantized once per step and lane for all the weight rows of the lane, and M = 2..16 rows
 of x cost about what one does.

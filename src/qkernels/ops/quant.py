@@ -61,7 +61,7 @@ def _kq():
 
 
 # Tile sizes of these memory-bound kernels, in elements per program, and warps (one place;
-# scripts/tune_quant.py sweeps them; values from an H100 sweep, docs/design.md).
+# scripts/tune_quant.py sweeps them; values from an H100 sweep, docs/design/quantize.md).
 # flat: per-tensor kernel; seg: row / group kernel (rows longer than seg_max_block take two passes).
 TILES = {"flat_min": 2048, "flat_max": 2048, "flat_warps": 8,
          "seg_tile_row": 8192, "seg_tile_group": 4096, "seg_warps": 4, "seg_max_block": 16384, "seg_warps_max": 16}

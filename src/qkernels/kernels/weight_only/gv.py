@@ -24,7 +24,7 @@ weight in the whole loop at WPT 4, with x, the scales and the sums):
 Products and the lanes' running sums are rounded to fp16 (a relative 2**-11 each; below 2**-14 in magnitude,
 fp16's subnormal spacing) where the Triton GEMV keeps them exact: within the tests' tolerance (|x| @ |W|.T
 relative), not bit-identical. Chains of 4 words cut the loop's instructions by 11% against one word per chain
-(sm_90, 8 rows x 1024 k, WPT 4: 810 -> 717 per step) and added error well below the tolerance (docs/design.md).
+(sm_90, 8 rows x 1024 k, WPT 4: 810 -> 717 per step) and added error well below the tolerance (docs/design/weight-only.md).
 
 Layouts (explicit, so x is read once per thread for all its rows and nothing moves through shared memory in the
 loop): a step is BLOCK_K k as NC = BLOCK_K / 64 chunks; the code tile is [BLOCK_N, NC, 8] words (word i of chunk c:
@@ -37,7 +37,7 @@ the last program of each output tile (gluon_shared._splitk_fixup).
 _wo_gvp_kernel runs the same steps on a persistent grid (config key PERSISTENT): every program an equal run of
 (row block, step) units, so no wave of programs ends part full; row blocks split between programs are added up in
 the kernel (_gvp_fixup). In the decode chain it moved no more bytes per second than the grid above on the served
-shapes (docs/design.md, "The persistent GEMV"); the tuner keeps it among its M = 1 candidates.
+shapes (docs/design/weight-only.md, "The persistent GEMV"); the tuner keeps it among its M = 1 candidates.
 """
 import numpy as np
 import triton  # noqa: F401  (Gluon needs Triton's runtime)

@@ -27,7 +27,7 @@ program of each output tile adds the slices' fp32 partials in order, in this ker
 Per weight: half a prmt and a lop3 (`_NIBBLES_TC_F16`: magic + u, and magic + 16 u for the high nibble, no
 shift), half a paired subtract of (magic + zero point) (exact for integer zero points), 1/256 of an MMA.
 The scale is applied per row after the MMA, once per 128-k step (group sizes of a multiple of 128; per
-channel: once at the end), in fp32. Measured on the H100 (docs/design.md): ~2.2
+channel: once at the end), in fp32. Measured on the H100 (docs/design/weight-only.md): ~2.2
 instructions per weight in the loop, yet 1.6-1.8 TB/s of weights at M = 1 (ncu): latency-bound, not
 issue-bound. Launched with programmatic dependent launch on Hopper (the first steps' codes fetched before the
 wait, as the GEMV does): in a decode chain ahead of the GEMV at M = 1 on long-K shapes (4096x14336) and of the

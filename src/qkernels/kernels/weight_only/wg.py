@@ -22,7 +22,7 @@ explicit, per 64-k step:
     iteration so the tile in flight and the one being written are different registers (with one loop-carried
     tile ptxas held the dequantization back until the wgmma reading those registers was done).
 
-Measured against other designs in docs/design.md: the same pipeline with the dequantized
+Measured against other designs in docs/design/weight-only.md: the same pipeline with the dequantized
 tile stored to shared memory as the B operand (x as A) lost ~40% to the extra shared-memory traffic.
 """
 import triton  # noqa: F401  (Gluon needs Triton's runtime)

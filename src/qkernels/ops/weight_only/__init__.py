@@ -7,7 +7,7 @@ SPLIT_K > 1 in a config splits K over programs when the grid is small (up to SPL
 has fewer than MIN_PROGRAMS programs); every kernel adds the partials up itself (the last program of an output
 tile, in slice order). On Hopper the GEMV is launched with programmatic dependent launch
 (_runtime.pdl_options): it fetches its first weight step while the kernel before it finishes. The tensor-core
-kernels are not (docs/design.md: early-launched programs of a one-wave GEMM crowd onto the SMs the kernel
+kernels are not (docs/design/runtime.md: early-launched programs of a one-wave GEMM crowd onto the SMs the kernel
 before leaves free). Kernels: kernels/weight_only/. Reference: reference.weight_only_linear.
 """
 from __future__ import annotations
