@@ -5,6 +5,9 @@ import shutil
 import subprocess
 import sys
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +15,8 @@ import torch
 import qkernels as qk
 
 from .conftest import DEVICE
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "cuda-quantization-kernels.md"
 
 
 def _export(out, gpu: str) -> None:
@@ -24,15 +29,32 @@ def _export(out, gpu: str) -> None:
 def test_export_writes_a_c_api_that_compiles(tmp_path):
     _export(tmp_path, "sm_80")
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {"qkernels.h", "qkernels.c", "example.c", "Makefile"}
+    assert names == {"qkernels.h", "qkernels.c", "example.c", "Makefile", "cuda_kernels.h"}
     header = (tmp_path / "qkernels.h").read_text()
     for fn in ("qk_quantize_int8_rows", "qk_int8_matmul", "qk_w4a16_gemv"):
         assert f"CUresult {fn}(CUstream stream" in header
+    guide = (tmp_path / "cuda_kernels.h").read_text()        # the kernel-library guide's C entry point
+    assert ("CUresult int8_matmul_cuda(const int8_t *A, const int8_t *B, int32_t *C, int M, int N, int K, float "
+            "scale_a,\n                          float scale_b, float scale_c, cudaStream_t stream);") in guide
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler here")
     from qkernels.export_c import cuda_include
     done = subprocess.run(["gcc", "-fsyntax-only", "-Wall", f"-I{cuda_include()}", f"-I{tmp_path}",
                            str(tmp_path / "qkernels.c"), str(tmp_path / "example.c")], capture_output=True, text=True)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    # the guide's C snippet as it is written (C++: its includes, then its statements in a function that declares the
+    # host buffers and sizes it uses) builds against the header, with the CUDA runtime's headers Triton ships
+    snippet = re.findall(r"```cpp\n(.*?)```", GUIDE.read_text(), flags=re.S)[0]
+    lines = snippet.splitlines()
+    includes = [ln for ln in lines if ln.startswith("#include")]
+    body = [ln for ln in lines if not ln.startswith("#include")]
+    cpp = tmp_path / "guide_snippet.cpp"
+    cpp.write_text("\n".join(includes) + "\nvoid guide(int M, int N, int K, int8_t *h_A, int8_t *h_B, int32_t *h_C) {\n"
+                   + "\n".join(body) + "\n}\n")
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler here")
+    done = subprocess.run(["g++", "-fsyntax-only", "-Wall", f"-I{cuda_include()}", f"-I{tmp_path}", str(cpp)],
+                          capture_output=True, text=True)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
 
 
@@ -59,7 +81,9 @@ def test_exported_example_gives_the_python_ops_bits(tmp_path):
     w = torch.randint(-128, 128, (N, K), device=DEVICE, dtype=torch.int8)
     pw = qk.PackedWeight.from_float(torch.randn(N, K, device=DEVICE, dtype=torch.float16), 4, 128)
     (tmp_path / "dims.txt").write_text(f"{M} {K} {N}\n")
-    for name, t in (("x", x), ("a", a), ("w", w), ("qweight", pw.qweight), ("scale_zero", pw.scale_zero)):
+    b_kn = torch.randint(-128, 128, (K, N), device=DEVICE, dtype=torch.int8)      # the guide's B [K, N]
+    for name, t in (("x", x), ("a", a), ("w", w), ("qweight", pw.qweight), ("scale_zero", pw.scale_zero),
+                    ("b_kn", b_kn)):
         t.contiguous().cpu().view(torch.uint8).numpy().tofile(tmp_path / f"{name}.bin")
     done = subprocess.run([str(tmp_path / "example"), str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -72,6 +96,7 @@ def test_exported_example_gives_the_python_ops_bits(tmp_path):
     assert torch.equal(out("codes", torch.int8, (M, K)), q.data.cpu())
     assert torch.equal(out("scales", torch.float32, (M,)), q.scale.reshape(-1).cpu())
     assert torch.equal(out("c", torch.int32, (M, N)), qk.int8_matmul(a, w.t()).cpu())
+    assert torch.equal(out("c_guide", torch.int32, (M, N)), (a.cpu().long() @ b_kn.cpu().long()).int())
     with dispatch.use_config(W4A16_GEMV):
         y = qk.w4a16_linear(x, pw)
     assert torch.equal(out("y", torch.float16, (M, N)), y.cpu())

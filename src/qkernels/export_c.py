@@ -9,6 +9,12 @@ device pointers:
   qk_w4a16_gemv           x fp16 [M, K] @ W^T, W a 4-bit group-128 PackedWeight     (= w4a16_linear(x, w) through
                           the GEMV config 8 rows x 2048 k, 4 warps, no split; for decode-sized M)
 
+With int8_matmul exported, cuda_kernels.h also declares the kernel-library guide's C entry point
+(docs/guide/cuda-quantization-kernels.md), on the same kernel:
+
+  int8_matmul_cuda        A int8 [M, K] @ B int8 [K, N] -> C int32 [M, N], exact; the guide's signature (device
+                          pointers, M, N, K, scale_a, scale_b, scale_c, a cudaStream_t)
+
 Every tensor is contiguous and row-major, as the Python ops' inputs are. The output directory holds
 qkernels.h / qkernels.c (the API; the cubins embedded, loaded into the current context on first use), example.c
 (loads inputs written by Python, runs each op, writes the outputs and times the host cost of a launch) and a
@@ -152,6 +158,8 @@ def export_c(out_dir, ops=tuple(SPECS), gpu: str = "sm_90") -> list[Path]:
         parts.append(_launcher(op, spec, cubin, symbol, shared, names))
         parts.append(f"{spec.api} {{\n    {spec.body.format(launch=op + '_launch')}\n}}\n")
         protos.append(spec.api + ";")
+    if "int8_matmul" in ops:
+        parts.append(_GUIDE_MATMUL)
     files = {
         "qkernels.h": "/* qkernels: ahead-of-time compiled kernels (`qkernels export-c`), " + gpu + ". Device pointers"
                       " and a\n   CUstream in, a CUresult out; contiguous row-major tensors (see qkernels/export_c.py"
@@ -159,14 +167,68 @@ def export_c(out_dir, ops=tuple(SPECS), gpu: str = "sm_90") -> list[Path]:
                       "#include <cuda.h>\n#include <stdint.h>\n\n" + "\n".join(protos) + "\n",
         "qkernels.c": '#include "qkernels.h"\n' + "".join(parts),
         "example.c": _EXAMPLE if set(ops) == set(SPECS) else _EXAMPLE_NONE,
-        "Makefile": f"CUDA_INC ?= {cuda_include()}\nCFLAGS ?= -O2\nLDLIBS ?= -l:libcuda.so.1\n\n"
-                    "example: example.c qkernels.c qkernels.h\n"
+        "Makefile": f"CUDA_INC ?= {cuda_include()}\nCFLAGS ?= -O2\nLDLIBS ?= -l:libcuda.so.1 -lm\n\n"
+                    "example: example.c qkernels.c qkernels.h" + (" cuda_kernels.h" if "int8_matmul" in ops else "")
+                    + "\n"
                     "\t$(CC) $(CFLAGS) -I$(CUDA_INC) -I. -o $@ example.c qkernels.c $(LDLIBS)\n",
     }
+    if "int8_matmul" in ops:
+        files["cuda_kernels.h"] = _GUIDE_HEADER
     for name, text in files.items():
         (out / name).write_text(text)
     return [out / name for name in files]
 
+
+# The guide's C interface (cuda_kernels.h): its int8_matmul_cuda on our int8 GEMM kernel. The guide gives no return
+# type; this returns the CUresult of the launch. Its scales are read as the Python wrapper reads them
+# (qkernels.cuda_wrapper): C is the exact int32 product, whose real value is C * scale_a * scale_b; scale_c, an
+# int32 requantization the exported kernel does not do, must be 1 (the guide's value): anything else is refused.
+_GUIDE_HEADER = """/* The kernel-library guide's C interface (docs/guide/cuda-quantization-kernels.md), on qkernels' int8 GEMM
+   (`qkernels export-c`; implemented in qkernels.c, build it with that file).
+
+   C [M, N] int32 = A [M, K] int8 @ B [K, N] int8, exact; all row-major, device pointers (cudaMalloc'd), A and B
+   16-byte aligned. scale_a and scale_b are the factors of C's real value, C * scale_a * scale_b ~ (A * scale_a) @
+   (B * scale_b), finite and > 0; scale_c must be 1.0f (the guide's value). Returns CUDA_SUCCESS, or
+   CUDA_ERROR_INVALID_VALUE for an argument outside these (the kernel does not run), or the launch's error. */
+#pragma once
+#include <cuda.h>
+#include <stdint.h>
+#if defined(__has_include)
+#if __has_include(<cuda_runtime_api.h>)
+#include <cuda_runtime_api.h>
+#define QK_HAVE_CUDART 1
+#endif
+#endif
+#ifndef QK_HAVE_CUDART
+typedef struct CUstream_st *cudaStream_t;     /* as the CUDA runtime's driver_types.h declares it */
+#endif
+#ifdef __cplusplus
+extern "C" {
+#endif
+CUresult int8_matmul_cuda(const int8_t *A, const int8_t *B, int32_t *C, int M, int N, int K, float scale_a,
+                          float scale_b, float scale_c, cudaStream_t stream);
+#ifdef __cplusplus
+}
+#endif
+"""
+
+_GUIDE_MATMUL = """
+#include <math.h>
+#include "cuda_kernels.h"
+
+/* int8_matmul_cuda: the guide's B [K, N] is the kernel's b with strides (N, 1); K at most 131071 keeps the int32
+   sum exact, as qkernels.int8_matmul requires */
+CUresult int8_matmul_cuda(const int8_t *A, const int8_t *B, int32_t *C, int M, int N, int K, float scale_a,
+                          float scale_b, float scale_c, cudaStream_t stream) {
+    if (M < 0 || N < 0 || K < 0 || K > 131071 || !(isfinite(scale_a) && scale_a > 0.0f) ||
+        !(isfinite(scale_b) && scale_b > 0.0f) || scale_c != 1.0f || !A || !B || !C ||
+        ((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) % 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (M == 0 || N == 0) return CUDA_SUCCESS;
+    CUdeviceptr a = (CUdeviceptr)(uintptr_t)A, b = (CUdeviceptr)(uintptr_t)B, c = (CUdeviceptr)(uintptr_t)C;
+    return int8_matmul_launch((CUstream)stream, a, b, c, c, c, c, 1.0f, M, N, K, K, 1, N, 1, N, 1, c, c);
+}
+"""
 
 _EXAMPLE_NONE = """/* The example needs every op exported (qkernels export-c DIR without --ops). */
 int main(void) { return 0; }
@@ -178,6 +240,7 @@ _EXAMPLE = r"""#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include "qkernels.h"
+#include "cuda_kernels.h"
 
 #define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *s_; cuGetErrorString(r_, &s_); \
     fprintf(stderr, "%s failed: %s\n", #x, s_); return 1; } } while (0)
@@ -223,6 +286,18 @@ int main(int argc, char **argv) {
     CHECK(cuStreamSynchronize(s));
     if (spill(dir, "codes.out", codes, (size_t)M * K) || spill(dir, "scales.out", scales, (size_t)M * 4) ||
         spill(dir, "c.out", c, (size_t)M * N * 4) || spill(dir, "y.out", y, (size_t)M * N * 2)) return 1;
+    /* the guide's call: B [K, N], its scales, the default stream */
+    CUdeviceptr b_kn = upload(slurp(dir, "b_kn.bin", (size_t)K * N), (size_t)K * N), c_guide;
+    CHECK(cuMemAlloc(&c_guide, (size_t)M * N * 4));
+    int8_t *d_A = (int8_t *)(uintptr_t)a, *d_B = (int8_t *)(uintptr_t)b_kn;
+    int32_t *d_C = (int32_t *)(uintptr_t)c_guide;
+    float scale_a = 1.0f / 127.0f, scale_b = 1.0f / 127.0f, scale_c = 1.0f;
+    CHECK(int8_matmul_cuda(d_A, d_B, d_C, M, N, K, scale_a, scale_b, scale_c, NULL));
+    if (int8_matmul_cuda(d_A, d_B, d_C, M, N, K, scale_a, scale_b, 2.0f, NULL) != CUDA_ERROR_INVALID_VALUE) {
+        fprintf(stderr, "int8_matmul_cuda took scale_c = 2\n"); return 1;
+    }
+    CHECK(cuCtxSynchronize());
+    if (spill(dir, "c_guide.out", c_guide, (size_t)M * N * 4)) return 1;
     /* host cost of a launch: median over 21 batches of 100 calls that are not waited for (as bench.harness.host_us) */
     double per[21];
     for (int b = 0; b < 21; b++) {
