@@ -4,7 +4,7 @@ replay on the three Llama-3-8B shapes; the score is the geometric mean of time /
 Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]
            [--chain [--models llama3-8b qwen3-1.7b]] [--paths gv gvt ...]
 
---chain (decode buckets, M <= 64: batched decode included): each candidate is timed as a decode step runs it
+--chain (decode buckets, M <= 256: batched decode included): each candidate is timed as a decode step runs it
 instead, on the decode shapes of --models (Llama-3-8B's by default; its lm_head aside), separate (a Hugging Face
 model's) and merged (the runtime's): one CUDA graph
 calling it on weight copies spanning >= 256 MB (bench.decode_gemv's method: no weight is in L2 when its call runs,
@@ -256,14 +256,14 @@ def main():
     ap.add_argument("--gpu", help="with --from-log: the table to update (slug, e.g. h200)")
     ap.add_argument("--paths", nargs="+", help="only candidates of these paths (and the table's current config)")
     ap.add_argument("--chain", action="store_true",
-                    help="decode buckets (M <= 64: batched decode too) timed over weight copies as a decode step runs "
-                         "them (above)")
+                    help="decode buckets (M <= 256: batched decode too) timed over weight copies as a decode step "
+                         "runs them (above)")
     ap.add_argument("--models", nargs="+", default=["llama3-8b"],
                     help="--chain (or --from-log of such a sweep): the decode shapes of these models but their "
                          "lm_heads (bench.decode_gemv.SHAPES); the bucket configs are chosen over all of them")
     args = ap.parse_args()
-    if args.chain and (args.from_log or max(args.buckets) > 64):
-        ap.error("--chain times decode buckets (--buckets of 64 or less) and cannot replay logs (--from-log)")
+    if args.chain and (args.from_log or max(args.buckets) > 256):
+        ap.error("--chain times decode buckets (--buckets of 256 or less) and cannot replay logs (--from-log)")
     try:
         chain_set = chain_shapes(args.models)
     except ValueError as e:

@@ -33,6 +33,21 @@ def test_report_tables_and_targets_from_rows(tmp_path):
     assert out.read_text() == text
 
 
+def test_batched_runtime_targets_per_model(tmp_path):
+    """The runtime's batch-16 / batch-64 W4A16 targets, per model (Qwen3-1.7B's too); a batch not in the file is named
+    as not measured."""
+    root = tmp_path / "results"
+    dec = lambda m, s, b, tps: dict(op="decode", provider="qkernels runtime", model=m, scheme=s, batch=b,  # noqa
+                                    ctx=128, tokens_per_s=tps, bw_share=0.5, capture_s=1.0)
+    rows = [dec("qwen3-1.7b", "fp16", 16, 1000.0), dec("qwen3-1.7b", "w4a16", 16, 1900.0),
+            dec("llama3-8b", "fp16", 64, 1000.0), dec("llama3-8b", "w4a16", 64, 1500.0)]
+    _write(root, "h100", "runtime", rows)
+    text = report.build(root)
+    assert "- batch 16: W4A16 ≥ 1.8x the fp16 runtime: 1.90x — met" in text
+    assert "- batch 64: W4A16 ≥ 1.3x the fp16 runtime: not in this run — **not measured**" in text
+    assert "- batch 64: W4A16 ≥ 1.8x the fp16 runtime: 1.50x — **not met**" in text
+
+
 def test_decode_gemv_table_and_targets(tmp_path):
     root = tmp_path / "results"
     row = lambda p, shape, M, us, share, k=1.0: dict(  # noqa: E731

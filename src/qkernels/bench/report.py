@@ -141,8 +141,29 @@ def _runtime(d: dict) -> list[str]:
         out += _table(["scheme"] + [f"batch {b}" for b in batches] +
                       ["TTFT 2048 ms", "prefill b8 tok/s", "peak MB", "capture s"], body) + [""]
         if model == "llama3-8b":                  # the targets are set on these shapes; others reported beside
-            out += _runtime_targets(dec, fp16, mr) + [""]
+            out += _runtime_targets(dec, fp16, mr) + _batched_runtime_targets(dec, model) + [""]
+        elif model in BATCHED_RUNTIME_TARGETS:
+            out += ["Targets:"] + _batched_runtime_targets(dec, model) + [""]
     return out + _profiles(d)
+
+
+# batched decode: the runtime's W4A16 step over its fp16 step, per model and batch (batch 1 keeps its own targets)
+BATCHED_RUNTIME_TARGETS = {"llama3-8b": {16: 2.5, 64: 1.8}, "qwen3-1.7b": {16: 1.8, 64: 1.3}}
+
+
+def _batched_runtime_targets(dec: dict, model: str) -> list[str]:
+    """W4A16 decode tokens/s over the fp16 runtime's at the batches BATCHED_RUNTIME_TARGETS sets for `model`; a batch
+    the file has no rows of is named as not measured."""
+    out = []
+    for b, goal in BATCHED_RUNTIME_TARGETS.get(model, {}).items():
+        w4, f16 = (dec.get(("qkernels runtime", s, b)) for s in ("w4a16", "fp16"))
+        text = f"- batch {b}: W4A16 ≥ {goal}x the fp16 runtime"
+        if w4 and f16:
+            x = w4["tokens_per_s"] / f16["tokens_per_s"]
+            out.append(f"{text}: {_num(x, goal)}x — {'met' if x >= goal else '**not met**'}")
+        else:
+            out.append(f"{text}: not in this run — **not measured**")
+    return out
 
 
 def _profiles(d: dict) -> list[str]:

@@ -57,7 +57,7 @@ PROFILED = ("fp16", "w4a16", "w8a8")          # the schemes whose batch-1 decode
 PROFILED_HF = ("w4a16", "tinygemm-int4")      # and those of the Hugging Face path
 PROMPT, CTX = 2048, 128
 CACHE = PROMPT + 64     # the decode rows' cache positions, as the prefill rows leave it
-DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 32), (1, 8)
+DECODE_BATCHES, PREFILL_BATCHES = (1, 8, 16, 32, 64), (1, 8)     # 16 / 64: batched decode's targets
 
 
 class _TinygemmLinear(torch.nn.Module):
