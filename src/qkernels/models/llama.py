@@ -205,6 +205,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(args, tp) for _ in range(args.n_layers))
         self.norm = nn.Parameter(torch.empty(args.dim, device="meta"))
         self.output = nn.Linear(args.dim, vocab, bias=False, device="meta")
+        self.visual = None               # a vision-language model's vision encoder (models.vision), set by the loader
         self.max_batch = self.max_seq_len = 0
 
     @property

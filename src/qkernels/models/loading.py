@@ -23,6 +23,7 @@ from ..schemes import Scheme, parse_scheme
 from .config import ModelArgs
 from .llama import Transformer
 from .parallel import Part, from_group, shard_linear
+from .vision import VisionArgs, VisionTower
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -184,6 +185,44 @@ def _quantize(lin: nn.Module, name: str, scheme: Scheme | None, skipped: list) -
 
 
 # ---------------------------------------------------------------------------------------------
+# the vision tower of a vision-language model
+
+VISION_PREFIX = {"qwen3_vl": "model.visual."}
+
+
+def load_vision(src: Source, device, dtype, scheme: Scheme | None, skipped: list) -> VisionTower:
+    """Qwen3-VL's vision encoder from `src` (tensors under VISION_PREFIX): the blocks' linears quantized with
+    `scheme` (those it cannot take stay float and are listed in `skipped`), the rest in `dtype`."""
+    args = VisionArgs.from_hf(src.config)
+    pre = VISION_PREFIX[src.config["model_type"]]
+    tower = VisionTower(args)
+    get = lambda n: src.tensor(pre + n).to(device, dtype)  # noqa: E731
+    norm = lambda n: (get(n + ".weight"), get(n + ".bias"))  # noqa: E731
+
+    def linear(n: str, quantized: bool) -> nn.Module:
+        lin = _to(src.linear(pre + n, True, dtype), device, dtype)
+        return _quantize(lin, pre + n, scheme, skipped) if quantized else lin
+
+    conv = get("patch_embed.proj.weight")
+    if tuple(conv.shape[1:]) != (args.in_channels, args.temporal_patch_size, args.patch_size, args.patch_size):
+        raise ValueError(f"{pre}patch_embed.proj.weight must be [dim, C, T, P, P] as vision_config says, got "
+                         f"{tuple(conv.shape)}")
+    tower.patch_embed = _float_linear(conv.reshape(conv.shape[0], -1), get("patch_embed.proj.bias"), device, dtype)
+    tower.pos_embed = nn.Parameter(get("pos_embed.weight"), requires_grad=False)
+    for i, blk in enumerate(tower.blocks):
+        b = f"blocks.{i}."
+        blk.norm1, blk.norm2 = norm(b + "norm1"), norm(b + "norm2")
+        blk.qkv, blk.proj = linear(b + "attn.qkv", True), linear(b + "attn.proj", True)
+        blk.fc1, blk.fc2 = linear(b + "mlp.linear_fc1", True), linear(b + "mlp.linear_fc2", True)
+    mergers = [("merger.", tower.merger)] + [(f"deepstack_merger_list.{j}.", mg)
+                                             for j, mg in enumerate(tower.deepstack_mergers)]
+    for n, mg in mergers:
+        mg.norm = norm(n + "norm")
+        mg.fc1, mg.fc2 = linear(n + "linear_fc1", False), linear(n + "linear_fc2", False)
+    return tower.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
 # from_pretrained
 
 
@@ -318,6 +357,8 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         head = _float_linear(model.tok_embeddings.weight, None, device, dtype)
         head.weight = model.tok_embeddings.weight                      # tied: one tensor
     model.output = _quantize(head, "lm_head", scheme if quantize_lm_head else None, skipped)
+    if src.config.get("model_type") in VISION_PREFIX and src.config.get("vision_config") and tp is None:
+        model.visual = load_vision(src, device, dtype, scheme, skipped)
     if skipped:
         warnings.warn(f"from_pretrained({scheme.name!r}): {len(skipped)} linear layer(s) left in high precision: "
                       + "; ".join(skipped), stacklevel=2)
