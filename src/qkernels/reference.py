@@ -428,6 +428,19 @@ def rope_tables(inv_freq: torch.Tensor, max_positions: int) -> tuple[torch.Tenso
     return torch.cos(ang), torch.sin(ang)
 
 
+def mrope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, section) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interleaved multimodal rotary tables (Qwen3-VL): positions [3, N] (temporal, height, width) -> cos, sin
+    [N, D / 2] fp32. Frequency i takes the height position where i % 3 == 1 and i < 3 section[1], the width position
+    where i % 3 == 2 and i < 3 section[2], the temporal one elsewhere; for text (three equal positions) a row is
+    rope_tables' row at that position."""
+    ang = positions.float()[:, :, None] * inv_freq.float()[None, None, :]          # [3, N, D / 2]
+    mixed = ang[0].clone()
+    for axis in (1, 2):
+        idx = slice(axis, 3 * section[axis], 3)
+        mixed[:, idx] = ang[axis][:, idx]
+    return torch.cos(mixed), torch.sin(mixed)
+
+
 def _head_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
     if weight is None:
         return x
@@ -442,15 +455,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv_heads: int,
-                   q_norm=None, k_norm=None, eps: float = 1e-6) -> torch.Tensor:
+                   q_norm=None, k_norm=None, eps: float = 1e-6, rope_positions=None) -> torch.Tensor:
     """Split the merged projection qkv [B, T, (H + 2 Hkv) D] into heads, (optionally RMS-normalize q and k
-    per head,) rotate q and k at `positions` [B, T], write k and v into the caches [B, Hkv, S, D] at
-    those positions (in place) and return the rotated q [B, T, H, D] in qkv's dtype."""
+    per head,) rotate q and k by the rows `rope_positions` [B, T] of cos / sin (default: `positions`), write k
+    and v into the caches [B, Hkv, S, D] at `positions` [B, T] (in place) and return the rotated q [B, T, H, D]
+    in qkv's dtype."""
     B, T, _ = qkv.shape
     D = k_cache.shape[-1]
     x = qkv.float().reshape(B, T, n_heads + 2 * n_kv_heads, D)
     q, k, v = x.split([n_heads, n_kv_heads, n_kv_heads], dim=2)
-    c, s = cos[positions.long()][:, :, None, :], sin[positions.long()][:, :, None, :]
+    rp = (positions if rope_positions is None else rope_positions).long()
+    c, s = cos[rp][:, :, None, :], sin[rp][:, :, None, :]
     q = _rotate(_head_norm(q, q_norm, eps), c, s)
     k = _rotate(_head_norm(k, k_norm, eps), c, s)
     b = torch.arange(B, device=qkv.device)[:, None].expand(B, T)

@@ -93,3 +93,80 @@ def test_a_text_model_has_no_vision_tower():
     cfg = transformers.Qwen3Config(**{k: v for k, v in TEXT.items() if k != "rope_parameters"})
     hf = transformers.Qwen3ForCausalLM(cfg).eval().to(DEVICE)
     assert from_pretrained(hf, device=DEVICE, dtype=torch.float32).visual is None
+
+
+IMG, START, END = 150, 152, 153
+
+
+def prompt_with(images_tokens: list, text: list) -> list:
+    """Token ids: text pieces with <vision_start> <image>*n <vision_end> between them (as the processor lays them)."""
+    ids = list(text[0])
+    for n, piece in zip(images_tokens, text[1:]):
+        ids += [START] + [IMG] * n + [END] + list(piece)
+    return ids
+
+
+def hf_logits(hf, ids, pv, grid):
+    tt = (ids == IMG).int()         # the processor's mm_token_type_ids: 1 on image tokens
+    with torch.no_grad():
+        return hf(input_ids=ids, pixel_values=pv, image_grid_thw=grid, mm_token_type_ids=tt).logits
+
+
+@pytest.mark.parametrize("grids", [[[1, 4, 6]], [[1, 4, 6], [1, 2, 4]]], ids=["one image", "two images"])
+def test_image_and_text_logits_match_transformers_fp32(grids):
+    """Images in the prompt: embeddings in place of the image tokens, interleaved multimodal rotary positions,
+    deepstack features added after the first layers; logits as transformers' within 1e-5 of their scale."""
+    hf = hf_vl()
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    pv, grid = images(grids)
+    toks = [t * h * w // 4 for t, h, w in grids]
+    text = [torch.randint(0, 140, (n,)).tolist() for n in (3, 4, 2)[:len(grids) + 1]]
+    ids = torch.tensor([prompt_with(toks, text)], device=DEVICE)
+    want = hf_logits(hf, ids, pv, grid)
+    got = m(ids, pixel_values=pv, image_grid_thw=grid)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_batched_prompts_with_different_images_match_one_by_one():
+    """Two prompts, each with its own image, in one forward: each sequence's logits as transformers gives them
+    alone, and as the runtime's own single-prompt forward."""
+    hf = hf_vl()
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    (pa, ga), (pb, gb) = images([[1, 4, 6]]), images([[1, 6, 4]])
+    a = torch.tensor([prompt_with([6], [[5, 6, 7], [8, 9]])], device=DEVICE)
+    b = torch.tensor([prompt_with([6], [[10, 11, 12], [13, 14]])], device=DEVICE)
+    got = m(torch.cat([a, b]), pixel_values=torch.cat([pa, pb]), image_grid_thw=torch.cat([ga, gb]))
+    for i, (ids, pv, g) in enumerate(((a, pa, ga), (b, pb, gb))):
+        want = hf_logits(hf, ids, pv, g)[0]
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_generate_with_an_image_follows_transformers_greedy():
+    """32 greedy tokens after a prompt with an image (prefill into the cache, then decode with the prompt's rotary
+    offset): each token transformers' argmax given the same prefix."""
+    hf = hf_vl()
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    pv, grid = images([[1, 4, 6]])
+    ids = torch.tensor([prompt_with([6], [[5, 6, 7], [8, 9]])], device=DEVICE)
+    got = m.generate(ids, 32, pixel_values=pv, image_grid_thw=grid)
+    assert got.shape == (1, ids.shape[1] + 32)
+    lg = hf_logits(hf, got, pv, grid)[0]
+    for t in range(ids.shape[1], got.shape[1]):
+        assert lg[t - 1, got[0, t]] >= lg[t - 1].max() - 1e-4 * lg[t - 1].abs().max()
+
+
+def test_image_token_count_must_match_the_grid():
+    hf = hf_vl()
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    pv, grid = images([[1, 4, 6]])
+    short = torch.tensor([prompt_with([5], [[5], [6]])], device=DEVICE)
+    with pytest.raises(ValueError, match=r"image 0 needs 6 consecutive image tokens"):
+        m(short, pixel_values=pv, image_grid_thw=grid)
+    none = torch.tensor([[5, 6, 7]], device=DEVICE)
+    with pytest.raises(ValueError, match=r"image_grid_thw has 1 image\(s\) but input_ids' image tokens make 0"):
+        m(none, pixel_values=pv, image_grid_thw=grid)
+    text_only = from_pretrained(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **{k: v for k, v in TEXT.items() if k != "rope_parameters"})).eval().to(DEVICE), device=DEVICE,
+        dtype=torch.float32)
+    with pytest.raises(ValueError, match="given to a model without a vision encoder"):
+        text_only(none, pixel_values=pv, image_grid_thw=grid)

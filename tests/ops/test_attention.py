@@ -44,6 +44,36 @@ def test_qkv_rope_cache_matches_reference(B, T, H, HKV, D, norm, dtype):
     torch.testing.assert_close(vc, vr, rtol=0, atol=0)  # v is a copy
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qkv_rope_cache_rotates_by_rope_positions_writes_at_positions(dtype):
+    """rope_positions: each token rotated by its own row of the tables (here a table of one row per token, as
+    multimodal positions are built), written to the cache at its position; the same as rotating with tables whose
+    rows at the positions are those rows."""
+    B, T, H, HKV, D, S = 2, 5, 4, 2, 32, 16
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(B, T, (H + 2 * HKV) * D, generator=g).to(DEV, dtype)
+    pos = torch.stack([torch.randperm(S, generator=g)[:T] for _ in range(B)]).to(DEV)
+    rows = torch.randn(B * T, D // 2, generator=g).to(DEV)        # any angles, one row per token
+    cos, sin = rows.cos().contiguous(), rows.sin().contiguous()
+    rpos = torch.arange(B * T, device=DEV).view(B, T)
+    kc = torch.full((B, HKV, S, D), 7.0, dtype=dtype, device=DEV)
+    vc = kc.clone()
+    kr, vr = kc.clone(), vc.clone()
+    q = qkv_rope_cache(qkv, pos, cos, sin, kc, vc, H, HKV, rope_positions=rpos)
+    # the reference with tables laid out by position instead: row pos[b, t] holds token (b, t)'s angles (per
+    # sequence, as the positions of one sequence do not repeat)
+    for b in range(B):
+        cb, sb = torch.zeros(S, D // 2, device=DEV), torch.zeros(S, D // 2, device=DEV)
+        cb[pos[b]], sb[pos[b]] = cos[rpos[b]], sin[rpos[b]]
+        qr = ref.qkv_rope_cache(qkv[b:b + 1], pos[b:b + 1], cb, sb, kr[b:b + 1], vr[b:b + 1], H, HKV)
+        tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else {}
+        torch.testing.assert_close(q[b:b + 1], qr, **tol)
+    torch.testing.assert_close(kc, kr, **tol)
+    torch.testing.assert_close(vc, vr, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"rope_positions must have shape \(2, 5\), got \(2, 4\)"):
+        qkv_rope_cache(qkv, pos, cos, sin, kc, vc, H, HKV, rope_positions=rpos[:, :4])
+
+
 @pytest.mark.parametrize("B,H,HKV,D,S", [(1, 4, 1, 64, 40), (2, 8, 2, 128, 33), (3, 6, 6, 32, 17), (2, 32, 8, 64, 70),
                                          (2, 4, 2, 16, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -139,7 +169,7 @@ def test_opcheck():
     kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
     vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, torch.float16)
     for norm in (None, (torch.rand(D, generator=g) + 0.5).to(DEV, torch.float16)):
-        torch.library.opcheck(A._qkv_rope_cache_op, (qkv, pos, cos, sin, kc, vc, norm, norm, H, HKV, 1e-6))
+        torch.library.opcheck(A._qkv_rope_cache_op, (qkv, pos, pos, cos, sin, kc, vc, norm, norm, H, HKV, 1e-6))
     q = torch.randn(B, H, D, generator=g).to(DEV, torch.float16)
     lengths = torch.tensor([S, 5], dtype=torch.int32, device=DEV)
     for prefetch in (False, True):

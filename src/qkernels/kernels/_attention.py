@@ -20,7 +20,7 @@ def _head_rms(x1, x2, w_ptr, offs, live, eps, HALF: tl.constexpr):
 
 @triton.jit
 def _qkv_rope_cache_kernel(
-    qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+    qkv_ptr, pos_ptr, rpos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
     R, T, stride_qkv_row, stride_cos, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, eps,
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
     Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
@@ -28,6 +28,7 @@ def _qkv_rope_cache_kernel(
 ):
     """One program per (BLOCK_T tokens, head of q | k | v) of the R = B * T tokens. q heads: rotate, write q_out
     [R, H, D]; k heads: rotate, write k_cache[b, kv_head, pos]; v heads: copy into v_cache[b, kv_head, pos].
+    The rotation of a token is the rotary tables' row rpos (its position, or any row: multimodal positions).
     The positions and the rotary tables are read before the programmatic-dependent-launch wait (the step's inputs
     and constants: no kernel of this library writes them), qkv after it."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)     # token indices b * T + t
@@ -35,11 +36,12 @@ def _qkv_rope_cache_kernel(
     r_live = rows < R
     b = rows // T
     pos = tl.load(pos_ptr + rows, mask=r_live, other=0).to(tl.int64)
+    rpos = tl.load(rpos_ptr + rows, mask=r_live, other=0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     live = offs < HALF
     m2 = r_live[:, None] & live[None, :]
     D: tl.constexpr = 2 * HALF
-    cs = pos[:, None] * stride_cos + offs[None, :]
+    cs = rpos[:, None] * stride_cos + offs[None, :]
     turn = m2 & (head < N_HEADS + N_KV)                                # q and k heads rotate
     c = tl.load(cos_ptr + cs, mask=turn, other=0.0)
     s = tl.load(sin_ptr + cs, mask=turn, other=0.0)

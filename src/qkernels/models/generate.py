@@ -114,13 +114,16 @@ def _as_batch(input_ids) -> tuple[list[list[int]], bool]:
 @torch.inference_mode()
 def generate(model: torch.nn.Module, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, stop=None, *, seed: int | None = None, use_graph: bool = True,
-             on_tokens=None, stats: Stats | None = None):
+             on_tokens=None, stats: Stats | None = None, pixel_values: torch.Tensor | None = None,
+             image_grid_thw: torch.Tensor | None = None):
     """The prompt ids followed by up to max_new_tokens new ids per sequence (greedy at temperature 0).
     input_ids: a tensor [B, T] (returned as a tensor [B, T + n], sequences that stopped early padded
     with their stop token) or lists of ids of any lengths (returned as lists). stop: token ids that end
     a sequence (included in its output). on_tokens(list of B new ids or None per sequence) is called
     after every step (streaming). stats (a Stats) receives TTFT, decode time and peak memory. A tensor-parallel
-    model: every rank calls generate with the same arguments and gets the same ids (rank 0's seed)."""
+    model: every rank calls generate with the same arguments and gets the same ids (rank 0's seed).
+    pixel_values / image_grid_thw: the images of a vision-language model's prompts, as its processor makes them
+    (images in prompt order, each prompt's image tokens standing for them); such prompts prefill in one chunk."""
     prompts, as_tensor = _as_batch(input_ids)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
@@ -159,10 +162,13 @@ def generate(model: torch.nn.Module, input_ids, max_new_tokens: int, temperature
     ids = torch.tensor([p + [0] * (T - len(p)) for p in prompts], dtype=torch.long, device=dev)
     last = torch.tensor(lens, device=dev) - 1
     logits = None
-    for s in range(0, T, PREFILL_CHUNK):
-        chunk = ids[:, s:s + PREFILL_CHUNK]
+    images = {} if pixel_values is None and image_grid_thw is None else \
+        dict(pixel_values=pixel_values, image_grid_thw=image_grid_thw, lengths=lens)
+    size = T if images else PREFILL_CHUNK          # the images' prompts in one chunk: their tokens attend together
+    for s in range(0, T, size):
+        chunk = ids[:, s:s + size]
         at = (last - s).clamp(0, chunk.shape[1] - 1)
-        lc = model(chunk, s, logits_at=at).float()
+        lc = model(chunk, s, logits_at=at, **images).float()
         mine = ((last >= s) & (last < s + chunk.shape[1]))[:, None]
         logits = lc if logits is None else torch.where(mine, lc, logits)
     out = [list(p) for p in prompts]

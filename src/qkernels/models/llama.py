@@ -33,6 +33,7 @@ from .._runtime import runs_kernels
 from ..nn.linear import QuantizedLinear
 from .config import ModelArgs
 from .generate import generate
+from .vision import Prompt, prompt
 from .parallel import Parallel, all_reduce
 
 
@@ -83,12 +84,14 @@ class Step(NamedTuple):
     """What every layer needs to know about the tokens in flight.
     pos: None (no cache: positions 0..seq-1), an int (prefill chunk at positions pos..pos+seq-1 of every
     sequence) or a tensor [batch] (decode: seq == 1, sequence b at position pos[b]); lengths: pos + 1 for
-    decode (computed once per step), else None; rope: the (cos, sin) tables."""
+    decode (computed once per step), else None; rope: the (cos, sin) tables; rope_pos: None (each token is rotated
+    by the tables' row at its position) or [batch, seq] rows (a vision-language model's multimodal positions)."""
     batch: int
     seq: int
     pos: int | torch.Tensor | None
     lengths: torch.Tensor | None
     rope: tuple
+    rope_pos: torch.Tensor | None = None
 
 
 class KVCache(nn.Module):
@@ -132,7 +135,7 @@ class Attention(nn.Module):
                 positions, start = torch.arange(pos, pos + T, device=qkv.device).expand(B, T), pos
         rope_op = _qkv_rope_cache if runs_kernels(qkv) else ref.qkv_rope_cache
         q = rope_op(qkv, positions, cos, sin, kc, vc, self.n_heads, self.n_kv_heads, q_norm=self.q_norm,
-                    k_norm=self.k_norm, eps=self.eps)                      # [B, T, H, D]
+                    k_norm=self.k_norm, eps=self.eps, rope_positions=step.rope_pos)      # [B, T, H, D]
         if start is None:                                                   # decode
             att = _decode_attention if runs_kernels(q) else ref.decode_attention
             o = att(q.view(B, self.n_heads, self.head_dim), kc, vc, step.lengths, self.head_dim ** -0.5)
@@ -149,9 +152,11 @@ class Attention(nn.Module):
         return all_reduce(project(self.wo, o.reshape(B * T, -1), dtype), self.tp)
 
 
-def _qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=None, k_norm=None, eps=1e-6):
+def _qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=None, k_norm=None, eps=1e-6,
+                    rope_positions=None):
     from ..ops.attention import qkv_rope_cache
-    return qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=q_norm, k_norm=k_norm, eps=eps)
+    return qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=q_norm, k_norm=k_norm, eps=eps,
+                          rope_positions=rope_positions)
 
 
 def _decode_attention(q, kc, vc, lengths, scale):
@@ -238,6 +243,8 @@ class Transformer(nn.Module):
                                          f"{need / 2**30:.2f} GiB on {self.device}: {e}") from None
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self._rope(max_seq_len)
+        if self.visual is not None:          # each sequence's rotary offset after a prompt with images
+            self.rope_delta = torch.zeros(max_batch, dtype=torch.long, device=self.device)
 
     def _rope(self, n: int) -> tuple:
         have = getattr(self, "_rope_tables", None)
@@ -247,25 +254,57 @@ class Transformer(nn.Module):
         return self._rope_tables
 
     def forward(self, input_ids: torch.Tensor, pos: int | torch.Tensor | None = None,
-                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                logits_at: torch.Tensor | None = None, *, pixel_values: torch.Tensor | None = None,
+                image_grid_thw: torch.Tensor | None = None, lengths=None) -> torch.Tensor:
         """input_ids [B, T] -> logits [B, T, vocab] (fp32 on a float32 model, else the model's dtype).
         pos: None = a plain forward over the whole sequence (no cache); an int = prefill chunk starting at
         that position of every sequence, written to the cache; a tensor [B] = one decode step (T == 1).
-        logits_at: [B] indices into T: only those positions' logits ([B, vocab])."""
+        logits_at: [B] indices into T: only those positions' logits ([B, vocab]).
+        A vision-language model also takes images with the prompt (pos None or 0, the whole prompt in one chunk):
+        pixel_values and image_grid_thw as its Hugging Face processor makes them, for the image tokens of input_ids
+        in order; lengths: each prompt's tokens where the batch is right-padded (default T)."""
         B, T = input_ids.shape
         rope = self._rope(max(T if pos is None else self.max_seq_len, 1))
-        step = Step(B, T, pos, pos + 1 if isinstance(pos, torch.Tensor) else None, rope)
-        x = (self.tp.embed(input_ids, self.tok_embeddings.weight, self.args.vocab_size) if self.tp else
-             self.tok_embeddings(input_ids)).view(B * T, -1)
+        rope_pos, mm = None, None
+        if pixel_values is not None or image_grid_thw is not None:
+            mm = self._images(input_ids, pos, pixel_values, image_grid_thw, lengths)
+            rope, rope_pos = mm.rope, mm.rope_pos
+        elif self.visual is not None and pos is not None:       # text after a prompt with images: rotary offsets
+            if isinstance(pos, torch.Tensor):
+                rope_pos = (pos + self.rope_delta[:B]).view(B, 1)
+            elif pos == 0:
+                self.rope_delta[:B] = 0
+            else:
+                rope_pos = torch.arange(pos, pos + T, device=self.device)[None] + self.rope_delta[:B, None]
+        step = Step(B, T, pos, pos + 1 if isinstance(pos, torch.Tensor) else None, rope, rope_pos)
+        if mm is not None:
+            x = mm.embeds
+        else:
+            x = (self.tp.embed(input_ids, self.tok_embeddings.weight, self.args.vocab_size) if self.tp else
+                 self.tok_embeddings(input_ids)).view(B * T, -1)
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, step)
+            if mm is not None and i < len(mm.deep):      # deepstack: the early layers' image tokens get features
+                x = x.index_add(0, mm.where, mm.deep[i].to(x.dtype))
         y, _ = rms_norm(x, self.norm, self.args.norm_eps, residual)
         y = y.view(B, T, -1)
         if logits_at is not None:
             y = y[torch.arange(B, device=y.device), logits_at]
         logits = self.output(y)
         return self.tp.gather_vocab(logits, self.args.vocab_size) if self.tp else logits
+
+    def _images(self, input_ids, pos, pixel_values, image_grid_thw, lengths) -> Prompt:
+        if self.visual is None:
+            raise ValueError("pixel_values / image_grid_thw given to a model without a vision encoder")
+        if pixel_values is None or image_grid_thw is None:
+            raise ValueError("images need both pixel_values and image_grid_thw")
+        if isinstance(pos, torch.Tensor) or pos not in (None, 0):
+            raise ValueError(f"images go with the whole prompt, in one forward at pos None or 0, got pos={pos!r}")
+        mm = prompt(self, input_ids, pixel_values, image_grid_thw, lengths)
+        if pos == 0:
+            self.rope_delta[:input_ids.shape[0]] = mm.delta
+        return mm
 
     def generate(self, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, stop=None, **kwargs):

@@ -16,6 +16,7 @@ kernel; the patch embedding, the position table and the mergers stay in the mode
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,8 @@ class VisionArgs:
     deepstack: tuple             # the blocks whose outputs feed the deepstack mergers, in order
     act: str                     # the blocks' MLP activation
     rope_theta: float
+    image_token_id: int          # the placeholder token an image's embeddings replace in the prompt
+    mrope_section: tuple         # the language model's rotary frequencies per (temporal, height, width) position
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "VisionArgs":
@@ -61,11 +64,23 @@ class VisionArgs:
                    merge=v.get("spatial_merge_size", 2), out_dim=v["out_hidden_size"],
                    num_position_embeddings=v["num_position_embeddings"],
                    deepstack=tuple(v.get("deepstack_visual_indexes") or ()), act=act,
-                   rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))))
+                   rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))),
+                   image_token_id=int(cfg.get("image_token_id", 151655)), mrope_section=_mrope_section(cfg))
 
     @property
     def patch_dim(self) -> int:
         return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+
+def _mrope_section(cfg: dict) -> tuple:
+    text = cfg.get("text_config") or {}
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    section = tuple(rope.get("mrope_section") or (24, 20, 20))
+    head_dim = text.get("head_dim") or text.get("hidden_size", 0) // max(text.get("num_attention_heads", 1), 1)
+    if len(section) != 3 or (head_dim and sum(section) != head_dim // 2):
+        raise ValueError(f"text_config's mrope_section must be three numbers adding up to head_dim / 2 = "
+                         f"{head_dim // 2}, got {list(section)}")
+    return section
 
 
 _ACTS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu,
@@ -204,3 +219,83 @@ def _blocks(grid: torch.Tensor, m: int) -> torch.Tensor:
     """[h, w, C] -> [h * w, C] in spatial-merge-block order (block row, block column, then the m x m inside)."""
     h, w, c = grid.shape
     return grid.reshape(h // m, m, w // m, m, c).permute(0, 2, 1, 3, 4).reshape(h * w, c)
+
+
+class Prompt(NamedTuple):
+    """What a prompt with images changes in the decoder's forward: the token embeddings with the images' in place
+    ([B * T, dim]), per-token rotary tables (cos, sin [B * T, D / 2]) and each token's row of them (rope_pos [B, T]),
+    the deepstack features and the flat indices of the image tokens they add to, and each sequence's rotary offset
+    for the tokens after the prompt (delta [B]: a new token at cache position p is rotated as position p + delta)."""
+    embeds: torch.Tensor
+    rope: tuple
+    rope_pos: torch.Tensor
+    deep: list
+    where: torch.Tensor
+    delta: torch.Tensor
+
+
+def image_runs(row: list, image_token_id: int, sizes: list, first: int) -> list:
+    """The images of one prompt: [(start, image index)] for runs of image tokens, images taken in order from
+    `first`, each filling sizes[i] consecutive tokens (a run may hold several images back to back)."""
+    out, i, t = [], first, 0
+    while t < len(row):
+        if row[t] != image_token_id:
+            t += 1
+            continue
+        if i >= len(sizes):
+            raise ValueError(f"input_ids hold more image tokens than image_grid_thw's {len(sizes)} image(s) make")
+        if row[t:t + sizes[i]] != [image_token_id] * sizes[i]:
+            raise ValueError(f"image {i} needs {sizes[i]} consecutive image tokens (its grid's patches / "
+                             f"spatial_merge_size^2) at token {t} of its prompt")
+        out.append((t, i))
+        t += sizes[i]
+        i += 1
+    return out
+
+
+def prompt(model, input_ids: torch.Tensor, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor,
+           lengths=None) -> Prompt:
+    """The multimodal part of a forward over input_ids [B, T] whose image tokens stand for the images of
+    pixel_values / image_grid_thw (as the model's processor makes them; images in prompt order). lengths: each
+    prompt's tokens (the rest is padding), default T."""
+    vis, a = model.visual, model.visual.args
+    grid = vis.check(pixel_values, image_grid_thw)
+    sizes = [t * h * w // a.merge ** 2 for t, h, w in grid]
+    B, T = input_ids.shape
+    lengths = [T] * B if lengths is None else [int(n) for n in lengths]
+    rows = input_ids.tolist()
+    runs, first = [], 0
+    for b in range(B):
+        runs.append(image_runs(rows[b][:lengths[b]], a.image_token_id, sizes, first))
+        first += len(runs[-1])
+    if first != len(sizes):
+        raise ValueError(f"image_grid_thw has {len(sizes)} image(s) but input_ids' image tokens make {first}")
+    embeds, deep = vis(pixel_values, image_grid_thw)
+    # 3-D positions: text tokens advance all three by one; an image's tokens take its (t, h, w) grid offset by
+    # the position it starts at, and the text after it starts past its largest spatial extent
+    pos3 = torch.zeros(3, B, T, dtype=torch.long)
+    delta = torch.zeros(B, dtype=torch.long)
+    where = []
+    for b in range(B):
+        cur, t = 0, 0
+        for start, i in runs[b] + [(lengths[b], None)]:
+            n = start - t
+            pos3[:, b, t:start] = torch.arange(cur, cur + n)
+            cur += n
+            if i is None:
+                break
+            gt, gh, gw = grid[i][0], grid[i][1] // a.merge, grid[i][2] // a.merge
+            tt, hh, ww = torch.meshgrid(torch.arange(gt), torch.arange(gh), torch.arange(gw), indexing="ij")
+            pos3[:, b, start:start + sizes[i]] = torch.stack([tt, hh, ww]).reshape(3, -1) + cur
+            where.append(torch.arange(start, start + sizes[i]) + b * T)
+            cur += max(gh, gw)
+            t = start + sizes[i]
+        delta[b] = cur - lengths[b]
+    dev = model.device
+    x = model.tok_embeddings(input_ids).view(B * T, -1)
+    where = torch.cat(where).to(dev)
+    x = x.index_copy(0, where, embeds.to(x.dtype))
+    inv = ref.rope_inv_freq(model.args.head_dim, model.args.rope_theta, model.args.rope_scaling).to(dev)
+    rope = ref.mrope_tables(inv, pos3.reshape(3, B * T).to(dev), a.mrope_section)
+    rope_pos = torch.arange(B * T, device=dev).view(B, T)
+    return Prompt(x, rope, rope_pos, deep, where, delta.to(dev))

@@ -37,8 +37,8 @@ def _ka():
 # qkv_rope_cache
 
 
-def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor, q_norm: torch.Tensor | None,
+def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, rope_positions: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_norm: torch.Tensor | None,
                          k_norm: torch.Tensor | None, n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
     B, T, _ = qkv.shape
     D = k_cache.shape[-1]
@@ -53,7 +53,7 @@ def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
     # program per token and head would be launch-bound at prefill sizes)
     block_t = max(1, min(ROPE_TOKENS, next_pow2(R) // 64))
     launch(_ka()._qkv_rope_cache_kernel, (cdiv(R, block_t), n_heads + 2 * n_kv_heads),
-           qkv2, positions, cos, sin, q_norm if q_norm is not None else qkv2, k_norm if k_norm is not None else qkv2,
+           qkv2, positions, rope_positions, cos, sin, q_norm if q_norm is not None else qkv2, k_norm if k_norm is not None else qkv2,
            q_out, k_cache, v_cache, R, T, qkv2.stride(0), cos.stride(0), *k_cache.stride()[:3],
            *v_cache.stride()[:3], float(eps), N_HEADS=n_heads, N_KV=n_kv_heads, HALF=half, BLOCK_H=block_h,
            BLOCK_T=block_t, Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
@@ -65,28 +65,32 @@ _qkv_rope_cache_op = torch.library.custom_op("qkernels::qkv_rope_cache", mutates
     _qkv_rope_cache_impl)
 
 
-def _qkv_rope_cache_twin(qkv, positions, cos, sin, k_cache, v_cache, q_norm, k_norm, n_heads, n_kv_heads, eps):
-    return ref.qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, n_heads, n_kv_heads, q_norm, k_norm, eps)
+def _qkv_rope_cache_twin(qkv, positions, rope_positions, cos, sin, k_cache, v_cache, q_norm, k_norm, n_heads,
+                         n_kv_heads, eps):
+    return ref.qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, n_heads, n_kv_heads, q_norm, k_norm, eps,
+                              rope_positions)
 
 
 register_twin(_qkv_rope_cache_op, _qkv_rope_cache_twin)
 
 
 @_qkv_rope_cache_op.register_fake
-def _(qkv, positions, cos, sin, k_cache, v_cache, q_norm, k_norm, n_heads, n_kv_heads, eps):
+def _(qkv, positions, rope_positions, cos, sin, k_cache, v_cache, q_norm, k_norm, n_heads, n_kv_heads, eps):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[-1]))
 
 
 def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv_heads: int, *,
                    q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-                   eps: float = 1e-6) -> torch.Tensor:
+                   eps: float = 1e-6, rope_positions: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [B, T, (n_heads + 2 n_kv_heads) * D] (the merged projection's output, fp16 / bf16 / fp32);
     positions [B, T] int32 / int64 (each < the cache length S); cos / sin [>= S, D / 2] fp32
     (reference.rope_tables); k_cache / v_cache [B, n_kv_heads, S, D], written in place at the positions;
     q_norm / k_norm [D] optional per-head RMSNorm weights. Returns the rotated q [B, T, n_heads, D] in
-    qkv's dtype. Positions are not range-checked on the device (a host check would synchronize): the
-    runtime refuses a prompt that does not fit its cache before it gets here."""
+    qkv's dtype. rope_positions [B, T] (default: positions): the row of cos / sin each token is rotated by, where
+    it is not the cache position (multimodal rotary positions: the tables then hold any rows, e.g. one per
+    token). Positions are not range-checked on the device (a host check would synchronize): the runtime
+    refuses a prompt that does not fit its cache before it gets here."""
     check_tensor("qkv", qkv, dtypes=CACHE_DTYPES)
     check_kernel_device("qkv", qkv)
     if qkv.dim() != 3:
@@ -108,22 +112,29 @@ def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
     check_tensor("positions", positions, dtypes=(torch.int32, torch.int64))
     if tuple(positions.shape) != (B, T):
         raise ValueError(f"positions must have shape ({B}, {T}), got {tuple(positions.shape)}")
+    if rope_positions is not None:
+        check_tensor("rope_positions", rope_positions, dtypes=(torch.int32, torch.int64))
+        if tuple(rope_positions.shape) != (B, T):
+            raise ValueError(f"rope_positions must have shape ({B}, {T}), got {tuple(rope_positions.shape)}")
+    rows = k_cache.shape[2] if rope_positions is None else 1      # the table rows the positions may index
     for name, t in (("cos", cos), ("sin", sin)):
         check_tensor(name, t, dtypes=(torch.float32,))
-        if t.dim() != 2 or t.shape[1] != D // 2 or t.shape[0] < k_cache.shape[2] or t.stride(-1) != 1:
-            raise ValueError(f"{name} must be [>= {k_cache.shape[2]} positions, {D // 2}] fp32 with a unit last "
+        if t.dim() != 2 or t.shape[1] != D // 2 or t.shape[0] < rows or t.stride(-1) != 1:
+            raise ValueError(f"{name} must be [>= {rows} positions, {D // 2}] fp32 with a unit last "
                              f"stride, got shape {tuple(t.shape)}")
     if sin.stride(0) != cos.stride(0):
         raise ValueError("cos and sin must have the same row stride")
     for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
         if w is not None and (w.dim() != 1 or w.shape[0] != D):
             raise ValueError(f"{name} must be [{D}] (head_dim), got shape {tuple(w.shape)}")
-    check_same_device("qkv", qkv, positions=positions, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache,
-                      q_norm=q_norm, k_norm=k_norm)
+    check_same_device("qkv", qkv, positions=positions, rope_positions=rope_positions, cos=cos, sin=sin,
+                      k_cache=k_cache, v_cache=v_cache, q_norm=q_norm, k_norm=k_norm)
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     if qkv.stride(0) != T * qkv.stride(1):
         qkv = qkv.contiguous()
-    return call_op(_qkv_rope_cache_op, _qkv_rope_cache_impl, qkv, positions.contiguous(), cos, sin, k_cache,
+    positions = positions.contiguous()
+    rope_positions = positions if rope_positions is None else rope_positions.contiguous()
+    return call_op(_qkv_rope_cache_op, _qkv_rope_cache_impl, qkv, positions, rope_positions, cos, sin, k_cache,
                    v_cache, q_norm, k_norm, int(n_heads), int(n_kv_heads), float(eps))
 
 
