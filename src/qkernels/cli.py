@@ -200,6 +200,10 @@ def cmd_generate(args) -> int:
     if not tok_file.exists():
         print(f"error: {args.model} has no tokenizer.json (the tokenizers package reads it)", file=sys.stderr)
         return 2
+    if args.image and args.tp > 1:
+        print("error: --image with --tp: the vision encoder is not split over GPUs; run it on one GPU",
+              file=sys.stderr)
+        return 2
     rank = _init_tp(args.tp, "generate")
     say = (lambda *a, **k: print(*a, **k)) if rank == 0 else (lambda *a, **k: None)   # rank 0 speaks
     from tokenizers import Tokenizer
@@ -212,7 +216,26 @@ def cmd_generate(args) -> int:
     say(f"[loaded {args.model} ({args.scheme or 'float'}, {model.dtype}, {model.device}"
         + (f", tensor parallel over {args.tp}" if args.tp > 1 else "") + f") in {time.perf_counter() - t0:.1f} s]",
         file=sys.stderr)
-    ids = tokenizer.encode(args.prompt).ids
+    images = {}
+    if args.image:         # a vision-language prompt: the directory's chat template and image processor
+        from qkernels.models.processing import image_prompt, load_images
+        if model.visual is None:
+            print(f"error: --image: {args.model} is not a vision-language model", file=sys.stderr)
+            return 2
+        try:
+            ids, pixel_values, grid = image_prompt(args.model, tokenizer, args.prompt, load_images(args.image))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        images = dict(pixel_values=pixel_values.to(model.device), image_grid_thw=grid.to(model.device))
+        limit = model.args.max_position_embeddings
+        if len(ids) + args.max_new_tokens > limit:
+            print(f"error: the prompt with its image tokens ({len(ids)} tokens, {', '.join(args.image)}) + "
+                  f"--max-new-tokens {args.max_new_tokens} exceeds the model's context of {limit} positions",
+                  file=sys.stderr)
+            return 2
+    else:
+        ids = tokenizer.encode(args.prompt).ids
     stop = _stop_ids(Path(args.model), tokenizer)
     shown = []
     say(args.prompt, end="", flush=True)
@@ -226,7 +249,7 @@ def cmd_generate(args) -> int:
 
     stats = Stats()
     model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, stop, seed=args.seed,
-                   on_tokens=stream, stats=stats)
+                   on_tokens=stream, stats=stats, **images)
     say()
     mem = f", peak memory {stats.peak_memory_bytes / 2**30:.2f} GiB" if stats.peak_memory_bytes else ""
     say(f"[{stats.prompt_tokens} prompt tokens, {stats.new_tokens} new; TTFT {stats.ttft_s * 1e3:.0f} ms, "
@@ -324,6 +347,9 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", help="stream a completion from a Hugging Face model directory (decoder runtime)")
     g.add_argument("model", help="model directory: config.json, *.safetensors, tokenizer.json")
     g.add_argument("--prompt", required=True)
+    g.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="a vision-language model (Qwen3-VL): an image for the prompt (repeat for several); the "
+                        "directory's chat template and image processor build the prompt")
     g.add_argument("--scheme", default=None, type=_scheme_arg,
                    help="quantize while loading: w4a16, w8a16, w8a8, w8a8-fp8 (or e.g. w4a16-g64-sym)")
     g.add_argument("--max-new-tokens", type=int, default=128)
