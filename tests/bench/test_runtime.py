@@ -1,6 +1,10 @@
-"""bench.runtime: a run naming some models merges their rows into the GPU's earlier runtime results."""
+"""bench.runtime: a run naming some models merges their rows into the GPU's earlier runtime results; a
+vision-language model's image rows."""
+import pytest
+
 from qkernels.bench import report
 from qkernels.bench.runtime import merge_by_model
+from tests.conftest import ON_GPU
 
 
 def _doc(date, gpu, rows, profiles=None):
@@ -43,3 +47,23 @@ def test_report_names_the_run_of_kept_models(tmp_path):
     fresh = text.split("#### a:")[1].split("####")[0]
     assert "From the run of 2026-01-01 (torch 2.x, Triton 3.y)." in kept
     assert "From the run of" not in fresh
+
+
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
+def test_image_rows_of_a_vision_language_model(tmp_path):
+    """bench runtime --models tiny-qwen3-vl: per scheme an image row (vision time, TTFT with the image, decode after
+    it) and transformers' eager fp16 TTFT beside it; RESULTS.md shows them and judges the image targets."""
+    from qkernels.bench import runtime as br
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3VLConfig"):
+        pytest.skip("transformers without Qwen3-VL")
+    rows = br.run(str(tmp_path), models=["tiny-qwen3-vl"], schemes=("fp16", "w4a16"))
+    img = [r for r in rows if r.op == "image"]
+    assert {(r.provider, r.sizes["scheme"]) for r in img} == {("qkernels runtime", "fp16"),
+                                                              ("qkernels runtime", "w4a16"), ("HF eager", "fp16")}
+    ours = [r for r in img if r.provider == "qkernels runtime"]
+    assert all(r.extra["vision_ms"] > 0 and r.extra["ttft_ms"] > 0 and r.extra["tokens_per_s"] > 0 for r in ours)
+    text = report.build(tmp_path)
+    assert "#### tiny-qwen3-vl: one 32x32 image in a 11-token prompt" in text
+    assert "- image: W4A16 TTFT ≤ 0.8x transformers' eager fp16:" in text
+    assert "- image: W4A16 decode ≥ 1.8x the fp16 runtime at batch 1:" in text

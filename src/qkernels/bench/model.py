@@ -66,7 +66,9 @@ def vl_configs(tiny: bool) -> dict:
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
                       deepstack_visual_indexes=[0])
         return {"tiny-qwen3-vl": transformers.Qwen3VLConfig(text_config=text, vision_config=vision,
-                                                            tie_word_embeddings=True)}
+                                                            tie_word_embeddings=True, image_token_id=250,
+                                                            video_token_id=251, vision_start_token_id=252,
+                                                            vision_end_token_id=253)}
     text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
                 rms_norm_eps=1e-6, rope_parameters=dict(mrope, rope_theta=5000000.0))

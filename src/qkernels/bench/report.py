@@ -140,11 +140,45 @@ def _runtime(d: dict) -> list[str]:
             body.append(cells + [None] * 4)
         out += _table(["scheme"] + [f"batch {b}" for b in batches] +
                       ["TTFT 2048 ms", "prefill b8 tok/s", "peak MB", "capture s"], body) + [""]
+        out += _image_table(mr)
         if model == "llama3-8b":                  # the targets are set on these shapes; others reported beside
             out += _runtime_targets(dec, fp16, mr) + _batched_runtime_targets(dec, model) + [""]
         elif model in BATCHED_RUNTIME_TARGETS:
             out += ["Targets:"] + _batched_runtime_targets(dec, model) + [""]
     return out + _profiles(d)
+
+
+def _image_table(mr: list) -> list[str]:
+    """A vision-language model's image rows (bench.runtime.image_rows): per scheme the vision encoder's time, TTFT
+    with the image (x transformers' eager fp16) and decode after it (x the fp16 runtime's); then the targets: W4A16
+    TTFT <= 0.8x transformers' eager fp16, W4A16 decode >= 1.8x the fp16 runtime at batch 1."""
+    img = [r for r in mr if r["op"] == "image"]
+    if not img:
+        return []
+    hf = next((r for r in img if r["provider"] != "qkernels runtime"), None)
+    ours = {r["scheme"]: r for r in img if r["provider"] == "qkernels runtime"}
+    f16 = ours.get("fp16")
+    body = []
+    for s, r in ours.items():
+        ttft = f"{r['ttft_ms']:.1f}" + (f" ({r['ttft_ms'] / hf['ttft_ms']:.2f}x)" if hf else "")
+        dec = f"{r['tokens_per_s']:.0f}" + (f" ({r['tokens_per_s'] / f16['tokens_per_s']:.2f}x)" if f16 else "")
+        body.append([s, f"{r['vision_ms']:.2f}", ttft, dec])
+    if hf:
+        body.append([f"{hf['provider']}, fp16", "", f"{hf['ttft_ms']:.1f} (1.00x)", ""])
+    r0 = img[0]
+    out = [f"#### {r0['model']}: one {r0.get('image')} image in a {r0.get('prompt')}-token prompt", ""]
+    out += _table(["scheme", "vision ms", "TTFT ms (x HF eager fp16)", "decode tok/s, batch 1 (x runtime fp16)"],
+                  body) + [""]
+    w4 = ours.get("w4a16")
+    if w4 and hf:
+        x = w4["ttft_ms"] / hf["ttft_ms"]
+        out.append(f"- image: W4A16 TTFT ≤ 0.8x transformers' eager fp16: {_num(x, 0.8)}x — "
+                   f"{'met' if x <= 0.8 else '**not met**'}")
+    if w4 and f16:
+        x = w4["tokens_per_s"] / f16["tokens_per_s"]
+        out.append(f"- image: W4A16 decode ≥ 1.8x the fp16 runtime at batch 1: {_num(x, 1.8)}x — "
+                   f"{'met' if x >= 1.8 else '**not met**'}")
+    return out + [""]
 
 
 # batched decode: the runtime's W4A16 step over its fp16 step, per model and batch (batch 1 keeps its own targets)

@@ -20,6 +20,10 @@ Method:
   the Hugging Face path's (W4A16 and tinygemm). On Hopper our decode kernels start early (programmatic dependent
   launch): a kernel's span then includes the time its programs wait for the kernel before, so spans overlap and
   add up to more than the step.
+- image rows (Qwen3-VL, `--models qwen3-vl-2b`): one 448x448 image in a 64-token question; the vision encoder's time,
+  TTFT of the prompt with its image (encoder included: one forward into the cache, median of 5) and the batch-1
+  decode step after it; beside it transformers' eager fp16 model's forward of the same prompt (its compiled path
+  does not take images).
 - Hugging Face rows (batch 1): the source model's forward compiled with a static cache (torch.compile,
   mode="reduce-overhead", fullgraph: its documented fast path), fp16, and converted copies: w4a16 and w8a8 by
   quantize_ (lm_head fp16), and every linear but lm_head on PyTorch's int4 kernel (tinygemm, bf16 model, group
@@ -141,6 +145,58 @@ def runtime_decode(model, batch: int, ctx: int, gpu: bool, cache: int | None = N
     return triton.testing.do_bench(lambda: step(tok, pos), warmup=25, rep=200, return_mode="median"), step
 
 
+IMAGE, QUESTION = (448, 448), 64        # a vision-language model's image rows: one image of these pixels and a
+IMAGE_CPU, QUESTION_CPU = (32, 32), 8   # question of these text tokens around it (the interpreter's: tiny)
+
+
+def image_prompt(cfg, dev, image: tuple, question: int) -> tuple:
+    """(ids [1, L], pixel_values, image_grid_thw, mm_token_type_ids) of one prompt holding one image of `image`
+    pixels between two halves of a `question`-token text, laid out as Qwen3-VL's processor lays them (random pixels
+    and text ids: the speed does not depend on them)."""
+    v = cfg.vision_config
+    h, w = image[0] // v.patch_size, image[1] // v.patch_size
+    grid = torch.tensor([[1, h, w]], device=dev)
+    pv = torch.randn(h * w, 3 * v.temporal_patch_size * v.patch_size ** 2, device=dev)
+    text = lambda n: torch.randint(0, min(cfg.image_token_id, cfg.vision_start_token_id) - 2, (n,)).tolist()  # noqa
+    ids = (text(question // 2) + [cfg.vision_start_token_id] + [cfg.image_token_id] * (h * w // v.spatial_merge_size ** 2)
+           + [cfg.vision_end_token_id] + text(question - question // 2))
+    ids = torch.tensor([ids], device=dev)
+    return ids, pv, grid, (ids == cfg.image_token_id).int()
+
+
+def image_rows(m, hf, cfg, sizes: dict, scheme: str, gpu: bool) -> list[Row]:
+    """The image rows of a vision-language model in one scheme: the vision encoder's time, TTFT of the prompt with
+    its image (the encoder included: one forward into the cache) and the batch-1 decode step after it; beside fp16,
+    transformers' eager model on the same prompt (its TTFT: one forward)."""
+    dev = m.device
+    image, question = (IMAGE, QUESTION) if gpu else (IMAGE_CPU, QUESTION_CPU)
+    ids, pv, grid, types = image_prompt(cfg, dev, image, question)
+    L = ids.shape[1]
+    m.setup_caches(1, L + 64)
+    at = torch.full((1,), L - 1, device=dev)
+    reps = 5 if gpu else 1
+    with torch.inference_mode():
+        vision_ms = _median_ms(lambda: m.visual(pv, grid), dev, reps)
+        ttft_ms = _median_ms(lambda: m(ids, 0, logits_at=at, pixel_values=pv, image_grid_thw=grid), dev, reps)
+    dec_ms, step = runtime_decode(m, 1, L, gpu)
+    del step
+    label = dict(sizes, batch=1, image=f"{image[0]}x{image[1]}", prompt=L)
+    rows = [Row("image", "qkernels runtime", ttft_ms * 1e3, "eager", dict(label, scheme=scheme),
+                {"vision_ms": vision_ms, "ttft_ms": ttft_ms, "tokens_per_s": 1 / (dec_ms * 1e-3)})]
+    print(f"{sizes['model']} {scheme} image {image}: vision {vision_ms:.1f} ms, TTFT {ttft_ms:.1f} ms, decode "
+          f"{1 / (dec_ms * 1e-3):.1f} tok/s", flush=True)
+    if scheme == "fp16":
+        import inspect
+        kw = dict(input_ids=ids, pixel_values=pv.to(torch.float16), image_grid_thw=grid)
+        if "mm_token_type_ids" in inspect.signature(hf.forward).parameters:
+            kw["mm_token_type_ids"] = types
+        with torch.inference_mode():
+            hf_ms = _median_ms(lambda: hf(**kw), dev, reps)
+        rows.append(Row("image", "HF eager", hf_ms * 1e3, "eager", dict(label, scheme="fp16"), {"ttft_ms": hf_ms}))
+        print(f"{sizes['model']} fp16 image HF eager: TTFT {hf_ms:.1f} ms", flush=True)
+    return rows
+
+
 def profile_step(step, top: int = 12) -> list[dict]:
     """GPU time per kernel name over 20 replays of a decode step (`step()` runs one), per step."""
     from torch.profiler import ProfilerActivity, profile
@@ -233,6 +289,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
                 print(f"{mname} {scheme} runtime b={b}: {ms * 1e3:.0f} us/step, {b / (ms * 1e-3):.1f} tok/s, "
                       f"{100 * share:.0f}% of the floor, capture {step.capture_s:.1f} s", flush=True)
                 del step
+            if cfg.model_type == "qwen3_vl":
+                rows += image_rows(m, hf, cfg, sizes, scheme, gpu)
             # the source HF model stays resident for the next scheme: it is not the runtime's memory
             peak = torch.cuda.max_memory_allocated() / 2**20 - hf_mb if gpu else float("nan")
             weight_mb = sum(t.numel() * t.element_size() for t in {id(t): t for t in
