@@ -40,8 +40,7 @@ def load_images(paths: list) -> list:
 def image_prompt(model_dir, tokenizer, prompt: str, images: list):
     """(input ids, pixel_values, image_grid_thw) of one user turn holding `images` (PIL) then `prompt`, ready for
     the assistant's reply. tokenizer: the directory's tokenizers.Tokenizer."""
-    import jinja2
-    from transformers import AutoImageProcessor
+    from transformers import AutoImageProcessor, PreTrainedTokenizerFast
     d = Path(model_dir)
     template = chat_template(d)
     if template is None:
@@ -51,8 +50,9 @@ def image_prompt(model_dir, tokenizer, prompt: str, images: list):
     image_token = tokenizer.id_to_token(int(cfg["image_token_id"]))
     merge = int(cfg.get("vision_config", {}).get("spatial_merge_size", 2))
     messages = [{"role": "user", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt}]}]
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    text = env.from_string(template).render(messages=messages, add_generation_prompt=True)
+    # transformers' own template renderer (its sandbox and the helpers checkpoints' templates call)
+    renderer = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
+    text = renderer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
     processor = AutoImageProcessor.from_pretrained(d, local_files_only=True)
     px = processor(images=images, return_tensors="pt")
     grid = px["image_grid_thw"]
