@@ -211,6 +211,7 @@ class Transformer(nn.Module):
         self.norm = nn.Parameter(torch.empty(args.dim, device="meta"))
         self.output = nn.Linear(args.dim, vocab, bias=False, device="meta")
         self.visual = None               # a vision-language model's vision encoder (models.vision), set by the loader
+        self.rope_delta = None           # its sequences' rotary offsets after a prompt with images (setup_caches)
         self.max_batch = self.max_seq_len = 0
 
     @property
@@ -269,7 +270,7 @@ class Transformer(nn.Module):
         if pixel_values is not None or image_grid_thw is not None:
             mm = self._images(input_ids, pos, pixel_values, image_grid_thw, lengths)
             rope, rope_pos = mm.rope, mm.rope_pos
-        elif self.visual is not None and pos is not None:       # text after a prompt with images: rotary offsets
+        elif self.rope_delta is not None and pos is not None:   # text after a prompt with images: rotary offsets
             if isinstance(pos, torch.Tensor):
                 rope_pos = (pos + self.rope_delta[:B]).view(B, 1)
             elif pos == 0:
@@ -302,7 +303,7 @@ class Transformer(nn.Module):
         if isinstance(pos, torch.Tensor) or pos not in (None, 0):
             raise ValueError(f"images go with the whole prompt, in one forward at pos None or 0, got pos={pos!r}")
         mm = prompt(self, input_ids, pixel_values, image_grid_thw, lengths)
-        if pos == 0:
+        if pos == 0 and self.rope_delta is not None:
             self.rope_delta[:input_ids.shape[0]] = mm.delta
         return mm
 
