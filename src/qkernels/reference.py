@@ -317,6 +317,13 @@ def all_reduce_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return acc.to(parts[0].dtype)
 
 
+def all_reduce_rms_norm(parts: list[torch.Tensor], residual: torch.Tensor, weight, eps: float, quantize_to=None,
+                        compute_dtype=torch.float32):
+    """A tensor-parallel block's all-reduce and the norm after it: rms_norm(all_reduce_sum(parts), weight, eps,
+    residual, quantize_to) -> (y,) or (codes, scales), then h = the reduced sum + residual."""
+    return rms_norm(all_reduce_sum(parts), weight, eps, residual, quantize_to, compute_dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # fused LLM blocks (ops/fused.py). Arithmetic in fp32 (fp64 when compute_dtype says so), one
 # rounding to x's dtype at the end. With `quantize`, the rounded output is quantized per row

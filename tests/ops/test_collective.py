@@ -61,6 +61,57 @@ def test_one_shot_all_reduce_emulated(dtype):
         assert peers.epochs[:progs].tolist() == [epoch] * progs
 
 
+@pytest.mark.parametrize("quantize", [None, "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_reduce_rms_norm_emulated_equals_the_unfused_sequence(dtype, quantize):
+    """The fused all-reduce + residual add + RMSNorm (rank 0 of two, emulated): the bits of the one-shot all-reduce
+    (reference.all_reduce_sum, which it equals bit for bit) followed by the rms_norm kernel with the residual, for
+    rows of several widths, over repeated calls (the epochs and halves advance); the exchange as the one-shot's, per
+    row; and the reference twin within one rounding."""
+    from qkernels import rms_norm
+    from qkernels.ops.collective import one_shot_all_reduce_rms_norm
+    world, capacity = 2, 4 * BLOCK * 4
+    peers, data, flags = _emulated(world, capacity)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    for call, (M, N) in enumerate([(1, 64), (3, 200), (4, 1024), (2, 96)]):
+        epoch = call + 1
+        x0, x1, res = (torch.randn(M, N, generator=g).mul_(4).to(dtype).to(DEVICE) for _ in range(3))
+        w = (torch.rand(N, generator=g) + 0.5).to(dtype).to(DEVICE)
+        slot = capacity // x0.element_size()
+        half = epoch % 2
+        data[0].view(dtype)[(half * world + 1) * slot:][:M * N] = x1.reshape(-1)
+        flags[0][1 * peers.max_programs:][:M] = epoch
+        peers.epochs[:M] = call
+        with poison_outputs():
+            got = one_shot_all_reduce_rms_norm(x0, res, w, 1e-6, peers, quantize)
+        want = rms_norm(ref.all_reduce_sum([x0, x1]), w, 1e-6, residual=res, quantize=quantize)
+        for a, b in zip(got, want):
+            assert torch.equal(_bits(a) if a.dtype in DTYPES else a.view(torch.uint8), _bits(b) if b.dtype in DTYPES
+                               else b.view(torch.uint8)), f"{M}x{N}"
+        twin = ref.all_reduce_rms_norm([x0, x1], res, w, 1e-6, quantize, compute_dtype=torch.float64)
+        assert torch.equal(got[-1], twin[-1])                                   # h: exact
+        if quantize is None:
+            torch.testing.assert_close(got[0], twin[0])                          # y: one rounding of x's dtype
+        assert torch.equal(data[1].view(dtype)[(half * world + 0) * slot:][:M * N], x0.reshape(-1))
+        assert flags[1][:M].tolist() == [epoch] * M and peers.epochs[:M].tolist() == [epoch] * M
+
+
+def test_all_reduce_rms_norm_refuses_what_does_not_fit():
+    from qkernels.ops.collective import ROW_MAX, one_shot_all_reduce_rms_norm
+    peers, _, _ = _emulated(2, 4 * BLOCK * 4)
+    rows = torch.zeros(peers.max_programs + 1, 8, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"at most 8 rows of at most 16384"):
+        one_shot_all_reduce_rms_norm(rows, rows, None, 1e-6, peers)
+    wide = torch.zeros(1, ROW_MAX + 2, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="must be on"):
+        one_shot_all_reduce_rms_norm(wide, wide, None, 1e-6, peers)
+    x = torch.zeros(2, 8, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"residual must have x's shape \(2, 8\)"):
+        one_shot_all_reduce_rms_norm(x, x[:1], None, 1e-6, peers)
+    with pytest.raises(ValueError, match="quantize must be None, 'int8' or 'fp8_e4m3'"):
+        one_shot_all_reduce_rms_norm(x, x, None, 1e-6, peers, "int4")
+
+
 def test_one_shot_all_reduce_refuses_what_does_not_fit():
     peers, _, _ = _emulated(2, 4 * BLOCK * 4)
     with pytest.raises(ValueError, match="at most"):

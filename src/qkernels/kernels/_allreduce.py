@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ._common import _cast
+from ._fused import _rstd, _store_rows
 
 
 @triton.jit
@@ -57,3 +58,61 @@ def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas
         acc += tl.load(data_ptr + (half * WORLD + r) * slot + offs, mask=mask, other=0.0, cache_modifier=".cg").to(
             tl.float32)
     tl.store(out_ptr + offs, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, data_ptr, flags_ptr, data_deltas,
+                                flag_deltas, epoch_ptr, N, slot, eps,
+                                RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+                                BLOCK_N: tl.constexpr, HAS_W: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr,
+                                IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr):
+    """The all-reduce of one row (program p: row p of x [M, N], every rank's partial of it) fused with what follows
+    it in a decoder block: a = the sum over the ranks in rank order (fp32, rounded to x's dtype: the one-shot
+    all-reduce's bits), h = a + residual (rounded as an eager add; written to rout), then RMSNorm of h with weight,
+    as kernels/_fused.py's norm computes it (fp64 sum of squares, one rounding), written to y, or as per-row codes
+    and scales (QUANT). The exchange is the one-shot kernel's, per row: slots [half, rank] of every rank's buffer at
+    the row's offset, the program's flag and epoch (its PeerBuffers are its own: a row program's region is not a
+    flat program's)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    offs = pid.to(tl.int64) * N + cols
+    w = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    e = tl.load(epoch_ptr + pid) + 1
+    half = (e % 2).to(tl.int64)
+    per16: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
+    x = tl.load(x_ptr + offs, mask=cmask)
+    for r in tl.static_range(WORLD):
+        buf = data_ptr + tl.load(data_deltas + r) * per16
+        tl.store(buf + (half * WORLD + RANK) * slot + offs, x, mask=cmask)
+    tl.debug_barrier()
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            flags = flags_ptr + tl.load(flag_deltas + r)
+            tl.atomic_xchg(flags + RANK * MAX_PROGRAMS + pid, e, sem="release", scope="sys")
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
+            while seen < e:
+                seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
+    tl.debug_barrier()
+    tl.store(epoch_ptr + pid, e)
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        acc += tl.load(data_ptr + (half * WORLD + r) * slot + offs, mask=cmask, other=0.0, cache_modifier=".cg").to(
+            tl.float32)
+    a = _cast(acc, DT).to(tl.float32)
+    res = tl.load(r_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+    h = _cast(a + res, DT).to(tl.float32)
+    tl.store(rout_ptr + offs, h.to(DT), mask=cmask)
+    h2 = h[None, :]
+    h64 = h2.to(tl.float64)
+    y = h2 * _rstd(tl.sum(h64 * h64, axis=1), N, eps)[:, None]
+    if HAS_W:
+        y = y * w[None, :]
+    rows = tl.zeros([1], tl.int64) + pid
+    _store_rows(y_ptr, s_ptr, rows, rows >= 0, offs[None, :], cmask[None, :], _cast(y, DT), QUANT, QMAX, IS_FP8,
+                FP8_EMULATE, 1)

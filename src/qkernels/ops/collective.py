@@ -6,8 +6,13 @@
 - `one_shot_all_reduce(x, peers)`: the sum of x over the ranks, in one kernel (kernels/_allreduce.py: each rank
   pushes its x into every rank's buffer, signals, waits for the others, adds the slots in rank order). For the
   few-KB messages of decode, where NCCL's ring pays its latency per hop; larger ones stay with NCCL.
+- `one_shot_all_reduce_rms_norm(x, residual, weight, eps, peers, quantize)`: that all-reduce fused with the residual
+  add and RMSNorm after it (one program per row; optionally the next GEMM's int8 / FP8 codes and scales): one launch
+  and one pass instead of two kernels, with the unfused sequence's bits. Its PeerBuffers must be its own (a row
+  program's slot region is not a flat program's, and each program's epochs and halves must be kept apart).
 
-Numerics: reference.all_reduce_sum (fp32 sum in rank order, one rounding): the same bits on every rank.
+Numerics: reference.all_reduce_sum (fp32 sum in rank order, one rounding): the same bits on every rank;
+reference.all_reduce_rms_norm for the fused op (its norm computes as ops.fused.rms_norm).
 """
 from __future__ import annotations
 
@@ -16,11 +21,12 @@ import functools
 import torch
 
 from .. import reference as ref
-from .._runtime import alloc, cdiv, check_tensor, launch
+from .._runtime import alloc, cdiv, check_tensor, launch, next_pow2
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK = 2048                     # elements per program
 CAPACITY_BYTES = 1 << 16         # the largest message (bytes) a PeerBuffers takes: decode, batch 8 of hidden size 4096
+ROW_MAX = 16384                  # the fused all-reduce + norm: the widest row one program holds
 
 
 @functools.cache
@@ -104,3 +110,40 @@ def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers) -> torch.Tensor:
 def all_reduce_sum_twin(parts: list[torch.Tensor]) -> torch.Tensor:
     """What every rank's one_shot_all_reduce returns, given every rank's x in rank order."""
     return ref.all_reduce_sum(parts)
+
+
+def one_shot_all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                                 peers: PeerBuffers, quantize: str | None = None):
+    """rms_norm(one_shot_all_reduce(x, peers), weight, eps, residual=residual, quantize=quantize), bit for bit, in
+    one kernel: x [..., N] this rank's partial (every rank calls it with the same shapes, in the same order of calls),
+    residual like x, weight [N] or None. Returns like ops.fused.rms_norm with a residual: (y, h) or (codes, scales,
+    h), h = the reduced sum + residual. The rows (at most peers.max_programs of at most ROW_MAX elements) must fit
+    peers, which serve no other kind of all-reduce."""
+    from .fused import _alloc_out, _check_eps, _check_quantize, _check_vector, _quant_meta, _NO_QUANT
+    check_tensor("x", x, dtypes=DTYPES)
+    check_tensor("residual", residual, dtypes=(x.dtype,))
+    if residual.shape != x.shape or x.dim() < 1:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    N = x.shape[-1]
+    _check_vector("weight", weight, N, x)
+    eps, q = _check_eps(eps), _check_quantize(quantize)
+    x2, r2 = x.reshape(-1, N).contiguous(), residual.reshape(-1, N).contiguous()
+    M = x2.shape[0]
+    if (N > ROW_MAX or M > peers.max_programs or x.device != peers.device
+            or x2.numel() * x2.element_size() > peers.capacity_bytes):
+        raise ValueError(f"x ({M} rows of {N}, {x2.numel() * x2.element_size()} bytes on {x.device}) must be on "
+                         f"{peers.device}, at most {peers.max_programs} rows of at most {ROW_MAX} and "
+                         f"{peers.capacity_bytes} bytes: a larger message goes through torch.distributed")
+    y, scale = _alloc_out(M, N, x.dtype, q, x.device)
+    rout = alloc((M, N), x.dtype, x.device)
+    if M and not N and q:
+        scale.fill_(1.0)                 # as rms_norm: an empty row's scale
+    if M and N:
+        launch(_k()._all_reduce_rms_norm_kernel, (M,), x2, r2, weight.contiguous() if weight is not None else x2,
+               y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y, rout, scale if q else x2,
+               peers._views[x.dtype], peers.flags, peers.data_deltas, peers.flag_deltas, peers.epochs, N,
+               peers.capacity_bytes // x.element_size(), eps, RANK=peers.rank, WORLD=peers.world,
+               MAX_PROGRAMS=peers.max_programs, BLOCK_N=next_pow2(N), HAS_W=weight is not None,
+               num_warps=4 if N <= 4096 else 8, **(_quant_meta(q, x.device) if q else _NO_QUANT))
+    out = (y.reshape(x.shape),) if not q else (y.reshape(x.shape), scale.reshape(*x.shape[:-1], 1))
+    return out + (rout.reshape(x.shape),)
