@@ -25,19 +25,14 @@ from ._fused import _rstd, _store_rows
 
 
 @triton.jit
-def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, numel, slot,
-                                RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-                                BLOCK: tl.constexpr):
-    """x, out [numel]; data_ptr: this rank's data buffer [2, WORLD, slot] in x's dtype; flags_ptr: its flag pad
-    [WORLD, MAX_PROGRAMS] int32; rank r's copies lie data_deltas[r] 16-byte units and flag_deltas[r] int32 elements
-    away from this rank's, as mapped on this GPU (int64 [WORLD]); epoch_ptr: int32 [MAX_PROGRAMS], this rank's own."""
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
+def _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, slot,
+                      RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr):
+    """Program pid's part of the exchange (the module's docstring): its epoch advanced, x [BLOCK] (at offs, this
+    rank's values) pushed into slot [half, RANK] of every rank's buffer, its signal to every peer, the wait for
+    theirs; returns the fp32 sum of the WORLD slots at offs in rank order."""
     e = tl.load(epoch_ptr + pid) + 1         # advanced below, once every warp of the program has read it
     half = (e % 2).to(tl.int64)
-    per16: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth       # elements per 16 bytes
-    x = tl.load(x_ptr + offs, mask=mask)
+    per16: tl.constexpr = 128 // data_ptr.dtype.element_ty.primitive_bitwidth       # elements per 16 bytes
     for r in tl.static_range(WORLD):
         buf = data_ptr + tl.load(data_deltas + r) * per16
         tl.store(buf + (half * WORLD + RANK) * slot + offs, x, mask=mask)
@@ -53,10 +48,26 @@ def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas
                 seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
     tl.debug_barrier()              # every thread's loads after the wait; every warp has read the epoch
     tl.store(epoch_ptr + pid, e)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros(x.shape, dtype=tl.float32)
     for r in tl.static_range(WORLD):
         acc += tl.load(data_ptr + (half * WORLD + r) * slot + offs, mask=mask, other=0.0, cache_modifier=".cg").to(
             tl.float32)
+    return acc
+
+
+@triton.jit
+def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, numel, slot,
+                                RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+                                BLOCK: tl.constexpr):
+    """x, out [numel]; data_ptr: this rank's data buffer [2, WORLD, slot] in x's dtype; flags_ptr: its flag pad
+    [WORLD, MAX_PROGRAMS] int32; rank r's copies lie data_deltas[r] 16-byte units and flag_deltas[r] int32 elements
+    away from this rank's, as mapped on this GPU (int64 [WORLD]); epoch_ptr: int32 [MAX_PROGRAMS], this rank's own."""
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    x = tl.load(x_ptr + offs, mask=mask)
+    acc = _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, slot, RANK,
+                            WORLD, MAX_PROGRAMS)
     tl.store(out_ptr + offs, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -80,30 +91,10 @@ def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, dat
     w = tl.zeros([BLOCK_N], tl.float32)
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    e = tl.load(epoch_ptr + pid) + 1
-    half = (e % 2).to(tl.int64)
-    per16: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
     x = tl.load(x_ptr + offs, mask=cmask)
-    for r in tl.static_range(WORLD):
-        buf = data_ptr + tl.load(data_deltas + r) * per16
-        tl.store(buf + (half * WORLD + RANK) * slot + offs, x, mask=cmask)
-    tl.debug_barrier()
-    for r in tl.static_range(WORLD):
-        if r != RANK:
-            flags = flags_ptr + tl.load(flag_deltas + r)
-            tl.atomic_xchg(flags + RANK * MAX_PROGRAMS + pid, e, sem="release", scope="sys")
-    for r in tl.static_range(WORLD):
-        if r != RANK:
-            seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
-            while seen < e:
-                seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
-    tl.debug_barrier()
-    tl.store(epoch_ptr + pid, e)
+    acc = _exchange_and_sum(x, offs, cmask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, slot,
+                            RANK, WORLD, MAX_PROGRAMS)
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for r in tl.static_range(WORLD):
-        acc += tl.load(data_ptr + (half * WORLD + r) * slot + offs, mask=cmask, other=0.0, cache_modifier=".cg").to(
-            tl.float32)
     a = _cast(acc, DT).to(tl.float32)
     res = tl.load(r_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
     h = _cast(a + res, DT).to(tl.float32)
