@@ -1,8 +1,8 @@
 """Weight-only configs side by side in the decode chain, with programmatic dependent launch on and off: each config
 timed as bench.decode_gemv / tune_weight_only.py --chain time it (one CUDA graph calling it on weight copies spanning
 >= 256 MB, so no weight is in L2 when its call runs), on the shapes given. For questions the tuner does not ask: how
-much a kernel gains or loses from PDL, or from a change to where it lets the next kernel start (docs/design/weight-only.md, "wg at
-batched decode").
+much a kernel gains or loses from PDL, or from a change to where it lets the next kernel start
+(docs/design/weight-only.md, "wg at batched decode").
 
 Usage: PYTHONPATH=src python3 scripts/ab_chain.py --bits 4 --ms 16 32 --shapes 1024x4096 14336x4096 \\
            --config '{"path": "wg", "BLOCK_M": 16, "BLOCK_N": 64, "GROUP_M": 8, "STAGES": 6, "num_warps": 4}' \\

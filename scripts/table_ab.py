@@ -2,8 +2,8 @@
 128-token context in a 2112-position cache, one decode step for the whole batch as a CUDA graph, median replay
 time) per table, scheme and batch. A decode-chain sweep (tune_*.py --chain) times one shape's calls back to back;
 in the step each kernel follows a different one, and under programmatic dependent launch that meeting can cost more
-than the chain shows (docs/design/weight-only.md, "A decode-chain sweep that misled"). So a swept table is checked here before
-it is kept.
+than the chain shows (docs/design/weight-only.md, "A decode-chain sweep that misled"). So a swept table is checked
+here before it is kept.
 
 Usage: PYTHONPATH=src python3 scripts/table_ab.py --table OLD_DIR --table NEW_DIR [--model llama3-8b]
            [--schemes w4a16 w8a16] [--batches 1 8 32]

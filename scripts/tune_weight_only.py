@@ -144,7 +144,8 @@ def candidates(m: int) -> list[dict]:
               # two warps of WPT 4 on 2048 k (the H100's 6144 / 28672-row entries, the lm_head with a 2-stage ring)
               gv(8, 2048, 4, 2), gv(8, 2048, 4, 2, stages=2), gv(4, 512, 2, 1)]
         # the same on a persistent grid (no wave ends part full): level with the tables' configs on the served shapes
-        # in the H100 decode chain, ahead on weights the tables have no override for (docs/design/weight-only.md, "The persistent GEMV")
+        # in the H100 decode chain, ahead on weights the tables have no override for
+        # (docs/design/weight-only.md, "The persistent GEMV")
         c += [gv(bn, bk, wpt, w, persistent=p) for bn, bk, wpt, w, p in
               [(8, 1024, 4, 1, 16), (8, 1024, 4, 1, 12), (8, 512, 2, 1, 16), (16, 1024, 4, 1, 8), (8, 2048, 4, 2, 8)]]
     if m <= 32:

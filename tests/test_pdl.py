@@ -1,8 +1,8 @@
 """Programmatic dependent launch is one mechanism (kernels/_common._pdl_wait and its Gluon twin in
 weight_only/gluon_shared): every kernel that takes the PDL constexpr calls it, and nothing else touches
 griddepcontrol. A kernel launched with launch_pdl that never waited would read its inputs while the kernel before
-still writes them; one that let the next start on its own would bring back the cascade of docs/design/weight-only.md, "Where a
-kernel lets the next start". The CPU interpreter runs no kernel with PDL on, so this is checked on the source."""
+still writes them; one that let the next start on its own would bring back the cascade of
+docs/design/weight-only.md, "Where a kernel lets the next start". The CPU interpreter runs no kernel with PDL on, so this is checked on the source."""
 import ast
 from pathlib import Path
 

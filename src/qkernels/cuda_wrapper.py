@@ -44,7 +44,8 @@ def dequantize_tensor(q: torch.Tensor, scale) -> torch.Tensor:
     check_tensor("q", q, dtypes=(torch.int8, torch.int32), ndim_min=1)
     if q.dtype == torch.int8:
         return _quant.dequantize_tensor(q, scale)
-    s = _scalar("scale", scale, q.device)
+    _scale("scale", scale)
+    s = scale.detach().reshape(()).to(q.device, torch.float32) if isinstance(scale, torch.Tensor) else float(scale)
     return q.float() * s
 
 
@@ -52,15 +53,15 @@ def int8_matmul(A: torch.Tensor, B: torch.Tensor, scale_a=1.0, scale_b=1.0, scal
     """int8 A [M, K] @ int8 B [K, N] -> int32 C [M, N]: the exact product times scale_c (rounded half to even and
     saturated to int32 where scale_c != 1). C * scale_a * scale_b ≈ (A * scale_a) @ (B * scale_b) * scale_c.
     B may also be an nn.Linear weight [N, K] (N != K): see the module's notes. Scales: numbers or one-element
-    tensors, finite and > 0."""
+    tensors, finite and > 0 (scale_a / scale_b on a GPU are not read back: they do not enter C)."""
     check_tensor("A", A, dtypes=(torch.int8,))
     check_tensor("B", B, dtypes=(torch.int8,))
     if A.dim() != 2 or B.dim() != 2:
         raise ValueError(f"A and B must be 2-D, got A {tuple(A.shape)} and B {tuple(B.shape)}")
     b = _as_kn("B", B, A.shape[1])
-    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
-        _scalar(name, s, A.device)
-    sc = float(_scalar("scale_c", scale_c, A.device))
+    _scale("scale_a", scale_a)
+    _scale("scale_b", scale_b)
+    sc = _scale("scale_c", scale_c, read=True)
     c = _gemm.int8_matmul(A, b)
     return c if sc == 1.0 else _requantize(c, sc)
 
@@ -131,20 +132,22 @@ def _as_kn(name: str, b: torch.Tensor, k: int) -> torch.Tensor:
                      f"{tuple(b.shape)}")
 
 
-def _scalar(name: str, s, device: torch.device) -> torch.Tensor:
-    """A scale as a 0-d float32 tensor on `device`: a real number or a one-element tensor, finite and > 0."""
+def _scale(name: str, s, read: bool = False) -> float | None:
+    """Check a scale: a real number or a one-element tensor, finite and > 0. Its value is read (and returned) where
+    that costs no device round trip (a number, a CPU tensor) or where `read` asks for it; else None."""
     if isinstance(s, torch.Tensor):
         if s.numel() != 1:
             raise ValueError(f"{name} must be a number or a one-element tensor, got shape {tuple(s.shape)}")
-        t = s.detach().reshape(()).to(device=device, dtype=torch.float32)
+        if not read and s.device.type != "cpu":
+            return None
+        v = float(s)
     elif isinstance(s, numbers.Real) and not isinstance(s, bool):
-        t = torch.tensor(float(s), dtype=torch.float32, device=device)
+        v = float(s)
     else:
         raise TypeError(f"{name} must be a number or a one-element tensor, got {type(s).__name__}")
-    v = float(t)
     if not (math.isfinite(v) and v > 0):
         raise ValueError(f"{name} must be finite and > 0, got {v}")
-    return t
+    return v
 
 
 def _requantize(c: torch.Tensor, scale_c: float) -> torch.Tensor:

@@ -183,8 +183,8 @@ def export_c(out_dir, ops=tuple(SPECS), gpu: str = "sm_90") -> list[Path]:
 # type; this returns the CUresult of the launch. Its scales are read as the Python wrapper reads them
 # (qkernels.cuda_wrapper): C is the exact int32 product, whose real value is C * scale_a * scale_b; scale_c, an
 # int32 requantization the exported kernel does not do, must be 1 (the guide's value): anything else is refused.
-_GUIDE_HEADER = """/* The kernel-library guide's C interface (docs/guide/cuda-quantization-kernels.md), on qkernels' int8 GEMM
-   (`qkernels export-c`; implemented in qkernels.c, build it with that file).
+_GUIDE_HEADER = """/* The kernel-library guide's C interface (docs/guide/cuda-quantization-kernels.md), on qkernels'
+   int8 GEMM (`qkernels export-c`; implemented in qkernels.c, build it with that file).
 
    C [M, N] int32 = A [M, K] int8 @ B [K, N] int8, exact; all row-major, device pointers (cudaMalloc'd), A and B
    16-byte aligned. scale_a and scale_b are the factors of C's real value, C * scale_a * scale_b ~ (A * scale_a) @

@@ -454,7 +454,8 @@ def _head_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions on x [..., D], cos / sin [..., D / 2] against its halves: (x1 c - x2 s, x2 c + x1 s)."""
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h], x[..., h:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -473,8 +474,8 @@ def qkv_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
     q, k, v = x.split([n_heads, n_kv_heads, n_kv_heads], dim=2)
     rp = (positions if rope_positions is None else rope_positions).long()
     c, s = cos[rp][:, :, None, :], sin[rp][:, :, None, :]
-    q = _rotate(_head_norm(q, q_norm, eps), c, s)
-    k = _rotate(_head_norm(k, k_norm, eps), c, s)
+    q = rotate(_head_norm(q, q_norm, eps), c, s)
+    k = rotate(_head_norm(k, k_norm, eps), c, s)
     b = torch.arange(B, device=qkv.device)[:, None].expand(B, T)
     k_cache[b, :, positions.long()] = k.to(k_cache.dtype)     # [B, T, Hkv, D] into [B, Hkv, S, D]
     v_cache[b, :, positions.long()] = v.to(v_cache.dtype)

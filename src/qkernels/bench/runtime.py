@@ -158,7 +158,8 @@ def image_prompt(cfg, dev, image: tuple, question: int) -> tuple:
     grid = torch.tensor([[1, h, w]], device=dev)
     pv = torch.randn(h * w, 3 * v.temporal_patch_size * v.patch_size ** 2, device=dev)
     text = lambda n: torch.randint(0, min(cfg.image_token_id, cfg.vision_start_token_id) - 2, (n,)).tolist()  # noqa
-    ids = (text(question // 2) + [cfg.vision_start_token_id] + [cfg.image_token_id] * (h * w // v.spatial_merge_size ** 2)
+    n_image = h * w // v.spatial_merge_size ** 2
+    ids = (text(question // 2) + [cfg.vision_start_token_id] + [cfg.image_token_id] * n_image
            + [cfg.vision_end_token_id] + text(question - question // 2))
     ids = torch.tensor([ids], device=dev)
     return ids, pv, grid, (ids == cfg.image_token_id).int()

@@ -50,8 +50,8 @@ def _pdl_wait(PDL: tl.constexpr):
     this library writes may be fetched before: weights, constant tables, a decode step's positions and lengths),
     then lets the next kernel start its programs. Here, not earlier: a kernel that let the next start before its own
     wait let the whole chain start at once, filling the GPU with programs waiting on their predecessors; nor at the
-    end of the main loop, which hides less of the next kernel's start (docs/design/weight-only.md, "Where a kernel lets the next
-    start")."""
+    end of the main loop, which hides less of the next kernel's start (docs/design/weight-only.md, "Where a kernel
+    lets the next start")."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()

@@ -96,11 +96,8 @@ def layer_norm(x: torch.Tensor, norm: tuple, eps: float = 1e-6) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary positions on x [N, heads, D] with cos / sin [N, D] (the halves-rotation form), in fp32."""
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    rot = torch.cat((-x2, x1), dim=-1)
-    return (xf * cos[:, None] + rot * sin[:, None]).to(x.dtype)
+    """Rotary positions on x [N, heads, D] with cos / sin [N, D / 2], in fp32, rounded to x's dtype."""
+    return ref.rotate(x.float(), cos[:, None], sin[:, None]).to(x.dtype)
 
 
 class VisionBlock(nn.Module):
@@ -184,7 +181,7 @@ class VisionTower(nn.Module):
         return grid
 
     def positions(self, grid: list) -> tuple:
-        """(the resampled position embeddings [patches, dim], the rotary (cos, sin) [patches, head_dim]) of the
+        """(the resampled position embeddings [patches, dim], the rotary (cos, sin) [patches, head_dim / 2]) of the
         images' patches in spatial-merge-block order."""
         m, side, dev = self.args.merge, self.side, self.device
         table = self.pos_embed.float().view(side, side, -1).permute(2, 0, 1)[None]
@@ -196,8 +193,7 @@ class VisionTower(nn.Module):
             hw.append(torch.stack([_blocks(ii[..., None], m)[:, 0], _blocks(jj[..., None], m)[:, 0]], -1).repeat(t, 1))
         hw = torch.cat(hw).float()
         freqs = torch.cat([hw[:, :1] * self.inv_freq, hw[:, 1:] * self.inv_freq], dim=-1)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return torch.cat(pos), (emb.cos(), emb.sin())
+        return torch.cat(pos), (freqs.cos(), freqs.sin())
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
         """(image embeddings [tokens, out_dim], the deepstack features: one [tokens, out_dim] per deepstack block),

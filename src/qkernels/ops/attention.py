@@ -53,7 +53,8 @@ def _qkv_rope_cache_impl(qkv: torch.Tensor, positions: torch.Tensor, rope_positi
     # program per token and head would be launch-bound at prefill sizes)
     block_t = max(1, min(ROPE_TOKENS, next_pow2(R) // 64))
     launch(_ka()._qkv_rope_cache_kernel, (cdiv(R, block_t), n_heads + 2 * n_kv_heads),
-           qkv2, positions, rope_positions, cos, sin, q_norm if q_norm is not None else qkv2, k_norm if k_norm is not None else qkv2,
+           qkv2, positions, rope_positions, cos, sin, q_norm if q_norm is not None else qkv2,
+           k_norm if k_norm is not None else qkv2,
            q_out, k_cache, v_cache, R, T, qkv2.stride(0), cos.stride(0), *k_cache.stride()[:3],
            *v_cache.stride()[:3], float(eps), N_HEADS=n_heads, N_KV=n_kv_heads, HALF=half, BLOCK_H=block_h,
            BLOCK_T=block_t, Q_NORM=q_norm is not None, K_NORM=k_norm is not None,

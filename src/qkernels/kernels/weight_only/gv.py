@@ -24,7 +24,8 @@ weight in the whole loop at WPT 4, with x, the scales and the sums):
 Products and the lanes' running sums are rounded to fp16 (a relative 2**-11 each; below 2**-14 in magnitude,
 fp16's subnormal spacing) where the Triton GEMV keeps them exact: within the tests' tolerance (|x| @ |W|.T
 relative), not bit-identical. Chains of 4 words cut the loop's instructions by 11% against one word per chain
-(sm_90, 8 rows x 1024 k, WPT 4: 810 -> 717 per step) and added error well below the tolerance (docs/design/weight-only.md).
+(sm_90, 8 rows x 1024 k, WPT 4: 810 -> 717 per step) and added error well below the tolerance
+(docs/design/weight-only.md).
 
 Layouts (explicit, so x is read once per thread for all its rows and nothing moves through shared memory in the
 loop): a step is BLOCK_K k as NC = BLOCK_K / 64 chunks; the code tile is [BLOCK_N, NC, 8] words (word i of chunk c:

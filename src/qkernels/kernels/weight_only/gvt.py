@@ -4,8 +4,8 @@ The Triton-language GEMV (gemv.py) and tensor-core GEMM (mm.py) compute the same
 (Gluon has no interpreter); the tests run this one on GPUs against the reference.
 
 Why. gv spends 3.07 instructions per weight in its loop (~0.9 of them on the products and their sums), and on the
-H200 it looks issue-bound below the memory bandwidth (docs/design/weight-only.md). Here the products go to the tensor cores,
-which also serve M = 2..16 at about the cost of M = 1 (the dequantization is shared by all rows of x):
+H200 it looks issue-bound below the memory bandwidth (docs/design/weight-only.md). Here the products go to the tensor
+cores, which also serve M = 2..16 at about the cost of M = 1 (the dequantization is shared by all rows of x):
 
   out.T = W @ x.T with mma.sync m16n8k16 (fp16 operands, exact products, fp32 sums): A = a 16-row weight tile,
   B = up to 8 rows of x (a second set of MMAs on the same A for x rows 8..15, MT = 2).
