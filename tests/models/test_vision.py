@@ -13,6 +13,14 @@ from ..conftest import DEVICE  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(transformers, "Qwen3VLConfig"), reason="transformers without Qwen3-VL")
 
+
+@pytest.fixture(autouse=True)
+def fp32_reference():
+    """transformers' model as the fp32 reference: its patch embedding is a Conv3d, which cuDNN runs in TF32 by default
+    on a GPU (1e-4 of the output's scale from the same model on the CPU); ours is an fp32 linear. TF32 off here."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yield
+
 TEXT = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4],
