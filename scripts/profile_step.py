@@ -1,0 +1,72 @@
+"""The runtime's decode step per kernel, at any batch: GPU time per kernel name over 20 replays of the captured step
+(bench.runtime.profile_step), per scheme, beside the step's median time. Random weights of the real config.
+
+  python3 scripts/profile_step.py --model qwen3-1.7b [llama3-8b] --batch 16 [64] --schemes fp16,w4a16 [--top 16]
+      [--json PATH]
+
+The kernels that differ between two schemes' steps are where one loses to the other. Spans of kernels that start
+early under programmatic dependent launch include their wait for the kernel before (bench/runtime.py's method): with
+QKERNELS_PDL=0 each span is the kernel's own. Without a GPU: the bench's tiny model under the interpreter, eagerly,
+step times only (a check of the script, not a timing).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+from qkernels.bench.model import hf_model, model_configs  # noqa: E402
+from qkernels.bench.runtime import CTX, profile_step, runtime_decode  # noqa: E402
+from qkernels.models import from_pretrained  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", nargs="+", default=["qwen3-1.7b"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[16])
+    ap.add_argument("--schemes", default="fp16,w4a16")
+    ap.add_argument("--top", type=int, default=16, help="kernels listed per step; 0: the step time only")
+    ap.add_argument("--json", default=None, help="write {model, batch, scheme: {step_us, kernels}} here")
+    args = ap.parse_args()
+    gpu = torch.cuda.is_available()
+    dev = torch.device("cuda" if gpu else "cpu")
+    out = {}
+    for name in args.model:
+        _model(name, args, dev, out, gpu)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+def _model(name: str, args, dev, out: dict, gpu: bool) -> None:
+    cfg = model_configs(tiny=False)[name] if gpu else next(iter(model_configs(tiny=True).values()))
+    with torch.device(dev):
+        hf = hf_model(cfg, torch.float16)
+    for scheme in args.schemes.split(","):
+        m = from_pretrained(hf, None if scheme == "fp16" else scheme, device=dev, dtype=torch.float16)
+        for b in args.batch:
+            ms, step = runtime_decode(m, b, CTX if gpu else 8, gpu)
+            tok = torch.zeros(b, dtype=torch.long, device=dev)
+            pos = torch.full((b,), CTX if gpu else 8, device=dev)
+            rows = profile_step(functools.partial(step, tok, pos), top=args.top) if args.top and gpu else []
+            out[f"{name} b={b} {scheme}"] = {"step_us": ms * 1e3, "kernels": rows}
+            print(f"== {name} batch {b} {scheme}: {ms * 1e3:.0f} us/step, {b / ms * 1e3:.0f} tok/s")
+            for r in rows:
+                print(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.1f}  {r['kernel']}")
+            del step
+        del m
+        gc.collect()
+        torch.cuda.empty_cache()
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
