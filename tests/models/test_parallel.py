@@ -180,6 +180,38 @@ def _run_checks(rank: int, tmp: str):
                        ("qwen3", {"tie_word_embeddings": True}), ("qwen2", {"num_key_value_heads": 4})]:
         check(f"fp32 {kind} {over}", lambda: fp32(kind, over))
 
+    def fused_norm(scheme):
+        """The blocks hand their partial sums to the norm after them: with Parallel.all_reduce_rms_norm taking the
+        message (here a stand-in with the fused op's bits: the partials gathered, summed as the one-shot all-reduce
+        sums them, then the rms_norm kernel; GPUs run the kernel itself), the model is TP=1's, every norm after the
+        embeddings goes through it (int8 codes and scales straight into the next GEMM with w8a8), and every rank
+        agrees."""
+        from qkernels import reference as ref
+        from qkernels import rms_norm as norm_op
+        dt = torch.float32 if scheme is None else qdt
+        hf = hf_model("llama", dtype=dt).to(dev)
+        one, two = both(hf, scheme, dt)
+        calls = []
+
+        def op(x, residual, weight, eps, quantize=None):
+            parts = [torch.empty_like(x) for _ in range(WORLD)]
+            dist.all_gather(parts, x.contiguous(), group=two.tp.group)
+            calls.append(quantize)
+            out = norm_op(ref.all_reduce_sum(parts), weight, eps, residual=residual, quantize=quantize)
+            return out if isinstance(out, tuple) else (out,)
+        two.tp.all_reduce_rms_norm = op
+        torch.manual_seed(10)
+        ids = torch.randint(0, 96, (2, 9), device=dev)
+        want, got = one(ids).float(), two(ids).float()
+        assert len(calls) == 2 * len(two.layers), calls
+        assert set(calls) == ({None} if scheme is None else {None, "int8"}), calls
+        if scheme is None:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        else:   # per shard: per-token activation scales over a rank's slice of K
+            assert rel(got, want) < 3e-2, rel(got, want)
+        assert same_on_ranks(got)
+        assert same_on_ranks(two.generate(ids, 6))
+
     def sampling():
         one, two = both(hf_model("llama").to(dev))
         out = two.generate([[3, 4, 5]], 24, temperature=0.9, top_k=40, top_p=0.95)   # no seed: rank 0 draws one
@@ -215,6 +247,9 @@ def _run_checks(rank: int, tmp: str):
                                                                   torch.cuda.get_device_capability(dev) >= (8, 9)
                                                                   else ()):
         check(f"scheme {scheme}", lambda: scheme_case(scheme))
+
+    check("fused all-reduce + norm, fp32", lambda: fused_norm(None))
+    check("fused all-reduce + norm, w8a8", lambda: fused_norm("w8a8"))
 
     def from_dirs():
         # rank 0 writes each directory, every rank reads it (as ranks read one checkpoint)
@@ -317,7 +352,8 @@ def tp_results(tmp_path_factory):
 CHECKS = (["fp32 llama {}", "fp32 llama {'tie_word_embeddings': True, 'num_key_value_heads': 1}",
            "fp32 qwen3 {'tie_word_embeddings': True}", "fp32 qwen2 {'num_key_value_heads': 4}", "sampling"]
           + [f"scheme {s}" for s in ("w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8")]
-          + ["directories", "act-order", "refused splits"])
+          + ["fused all-reduce + norm, fp32", "fused all-reduce + norm, w8a8", "directories", "act-order",
+             "refused splits"])
 
 
 @pytest.mark.parametrize("name", CHECKS)

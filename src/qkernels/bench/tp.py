@@ -14,10 +14,11 @@ Method:
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth of one GPU measured
   in the same run.
 - TP=N runs twice on the same model: with the runtime's all-reduce (ops/collective.py's one-shot kernel at decode
-  sizes, where the GPUs reach each other's memory) and with NCCL's for every all-reduce ("allreduce" in a row).
+  sizes, where the GPUs reach each other's memory, fused with the RMSNorm after it) and with NCCL's for every
+  all-reduce, each followed by the norm ("allreduce" in a row).
 - profile: one stretch of 20 replays on every rank (torch.profiler on rank 0), GPU time per kernel name per
   step, for every row (the file's "profiles"); the all-reduce time is that of the all-reduce kernels (NCCL's or
-  the one-shot one; it includes a rank's wait for the others to arrive).
+  the one-shot ones, the fused all-reduce + norm with its norm; it includes a rank's wait for the others).
 On a machine without a GPU a tiny model runs through the Triton interpreter over gloo, to show the path works.
 """
 from __future__ import annotations
@@ -186,10 +187,10 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                 # then torch.distributed's for all of them on the same model
                 lib = dist.get_backend()                  # torch.distributed's all-reduce: NCCL (gloo on CPUs)
                 paths = [lib] if world > 1 and m.tp.peers is None else ["one-shot", lib] if world > 1 else [""]
-                peers = m.tp.peers if world > 1 else None
+                peers = (m.tp.peers, m.tp.norm_peers) if world > 1 else None
                 for path in paths:
                     if world > 1:
-                        m.tp.peers = peers if path == "one-shot" else None
+                        m.tp.peers, m.tp.norm_peers = peers if path == "one-shot" else (None, None)
                     ms, run_ = _decode_ms(m, gpu, dist.barrier if world > 1 else (lambda: None))
                     ar, kernels = _profile(run_, rank) if gpu else (float("nan"), [])
                     label = f"{mname} {scheme} tp={world}" + (f", {path} all-reduce" if path else "")

@@ -15,8 +15,9 @@ writes k, v into the static cache; decode (one token per sequence) runs the flas
 cache in place; a prompt (prefill) runs PyTorch's scaled_dot_product_attention.
 
 Tensor parallel (parallel.py): built with a Parallel, each rank holds its heads' and its intermediate slice's
-rows / columns and a slice of the vocabulary; the attention and MLP outputs are summed over the ranks by one
-all-reduce each, the logits gathered.
+rows / columns and a slice of the vocabulary; the attention and MLP outputs are each rank's partial sums, summed
+over the ranks by the norm after them (reduce_norm: one all-reduce each, fused with the norm where it fits), the
+logits gathered.
 
 Where kernels cannot run (a CPU without TRITON_INTERPRET=1) every op runs its reference twin.
 """
@@ -34,7 +35,7 @@ from ..nn.linear import QuantizedLinear
 from .config import ModelArgs
 from .generate import generate
 from .vision import Prompt, prompt
-from .parallel import Parallel, all_reduce
+from .parallel import Parallel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,6 +53,17 @@ def rms_norm(x, weight, eps, residual=None, quantize=None):
     h = out[-1] if residual is not None else x
     y = out[:-1] if residual is not None else out
     return (y[0] if len(y) == 1 else y), h
+
+
+def reduce_norm(x, weight, eps, residual, quantize, tp: Parallel | None):
+    """rms_norm of x summed over the ranks of tp (x: this rank's partial; tp None: x itself): the all-reduce fused
+    with the norm where Parallel.all_reduce_rms_norm takes the message, else all-reduce, then rms_norm."""
+    if tp is not None:
+        out = tp.all_reduce_rms_norm(x, residual, weight, eps, quantize)
+        if out is not None:
+            return (out[0] if len(out) == 2 else out[:-1]), out[-1]
+        x = tp.all_reduce(x)
+    return rms_norm(x, weight, eps, residual, quantize)
 
 
 def silu_and_mul(gate_up, quantize=None):
@@ -149,7 +161,7 @@ class Attention(nn.Module):
                 mask = torch.arange(start + T, device=q.device)[None, :] <= i + start
                 o = F.scaled_dot_product_attention(qt, k, v, attn_mask=mask, enable_gqa=True)
             o = o.transpose(1, 2)
-        return all_reduce(project(self.wo, o.reshape(B * T, -1), dtype), self.tp)
+        return project(self.wo, o.reshape(B * T, -1), dtype)       # tensor parallel: this rank's partial sum
 
 
 def _qkv_rope_cache(qkv, positions, cos, sin, kc, vc, n_heads, n_kv, q_norm=None, k_norm=None, eps=1e-6,
@@ -179,7 +191,7 @@ class FeedForward(nn.Module):
             h = gu.forward_swiglu(x)          # SwiGLU in the GEMV's epilogue at decode sizes
         else:
             h = silu_and_mul(project(gu, x, dtype), quantize=act_format(self.w_down))
-        return all_reduce(project(self.w_down, h, dtype), self.tp)
+        return project(self.w_down, h, dtype)                       # tensor parallel: this rank's partial sum
 
 
 class Block(nn.Module):
@@ -190,11 +202,15 @@ class Block(nn.Module):
         self.attention_norm = nn.Parameter(torch.empty(args.dim, device="meta"))
         self.ffn_norm = nn.Parameter(torch.empty(args.dim, device="meta"))
         self.eps = args.norm_eps
+        self.tp = tp
 
     def forward(self, x, residual, step: Step):
-        y, h = rms_norm(x, self.attention_norm, self.eps, residual, act_format(self.attention.wqkv))
+        """x: the embeddings (residual None) or the block before's MLP output (tensor parallel: each rank's partial
+        sum, summed by the norm here); returns this block's MLP output so, and the residual stream."""
+        tp = self.tp if residual is not None else None
+        y, h = reduce_norm(x, self.attention_norm, self.eps, residual, act_format(self.attention.wqkv), tp)
         a = self.attention(y, step, h.dtype)
-        y, h = rms_norm(a, self.ffn_norm, self.eps, h, act_format(self.feed_forward.w_gate_up))
+        y, h = reduce_norm(a, self.ffn_norm, self.eps, h, act_format(self.feed_forward.w_gate_up), self.tp)
         return self.feed_forward(y, h.dtype), h
 
 
@@ -286,9 +302,10 @@ class Transformer(nn.Module):
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, step)
-            if mm is not None and i < len(mm.deep):      # deepstack: the early layers' image tokens get features
+            # deepstack: the early layers' image tokens get features (added to one rank's partial under TP)
+            if mm is not None and i < len(mm.deep) and (self.tp is None or self.tp.rank == 0):
                 x = x.index_add(0, mm.where, mm.deep[i].to(x.dtype))
-        y, _ = rms_norm(x, self.norm, self.args.norm_eps, residual)
+        y, _ = reduce_norm(x, self.norm, self.args.norm_eps, residual, None, self.tp)
         y = y.view(B, T, -1)
         if logits_at is not None:
             y = y[torch.arange(B, device=y.device), logits_at]

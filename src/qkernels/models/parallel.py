@@ -1,5 +1,7 @@
 """Tensor parallelism over torch.distributed: the decoder's layers split over the ranks of a process group
-(NCCL on GPUs, gloo on CPUs), with one all-reduce per attention block and one per MLP block.
+(NCCL on GPUs, gloo on CPUs), with one all-reduce per attention block and one per MLP block. Each block hands its
+partial output to the RMSNorm after it, which sums it over the ranks first: on GPUs mapped to each other, in one
+kernel with the norm where the message fits (Parallel.all_reduce_rms_norm: decode), else all-reduce then norm.
 
     q|k|v, gate|up    column-parallel: a rank holds the output rows of its query heads (and of the KV heads
                       they read) and its slice of the intermediate size, computed from the full input
@@ -28,8 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.linear import QuantizedLinear
-from ..ops.collective import PeerBuffers, one_shot_all_reduce
+from ..ops.collective import ROW_MAX, PeerBuffers, one_shot_all_reduce, one_shot_all_reduce_rms_norm
 from ..schemes import PER_CHANNEL
+
+# the buffers of the all-reduce fused with the next RMSNorm: a decode step's rows up to batch 64 at hidden size 8192
+# in fp16 (Llama-3-70B), one program per row (256 at most)
+NORM_CAPACITY_BYTES = 1 << 20
 
 if torch.distributed.is_available():
     # torch.distributed.nn's functions take group=group.WORLD as a default, read when that module is imported
@@ -73,6 +79,7 @@ class Parallel:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.peers = None               # ops.collective.PeerBuffers once connect() found the GPUs mapped to each other
+        self.norm_peers = None          # and those of the all-reduce fused with the next RMSNorm (its own buffers)
 
     def connect(self, device: torch.device) -> None:
         """On GPUs that reach each other's memory (NVLink / PCIe peer access: every rank checks its peers), set up
@@ -94,11 +101,12 @@ class Parallel:
             return
         peers, why = None, ""
         try:
-            peers = PeerBuffers.create(self.group, torch.device("cuda", here))
+            peers = (PeerBuffers.create(self.group, torch.device("cuda", here)),
+                     PeerBuffers.create(self.group, torch.device("cuda", here), NORM_CAPACITY_BYTES))
         except (RuntimeError, OSError) as e:         # no symmetric memory here: NCCL for every all-reduce
             why = f"{type(e).__name__}: {e}"
         if _all_ranks(peers is not None, device, self.group):
-            self.peers = peers
+            self.peers, self.norm_peers = peers
         else:
             import warnings
             warnings.warn(f"tensor parallel: the one-shot all-reduce could not be set up on every rank"
@@ -179,6 +187,20 @@ class Parallel:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def all_reduce_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                            quantize: str | None = None) -> tuple | None:
+        """rms_norm(sum of x over the ranks, weight, eps, residual=residual, quantize=quantize) in one kernel
+        (ops.collective.one_shot_all_reduce_rms_norm: the unfused sequence's bits) where the message fits its
+        buffers; None elsewhere (the caller all-reduces, then normalizes)."""
+        p = self.norm_peers
+        if p is None or residual is None or x.device != p.device or x.dtype not in (torch.float16, torch.bfloat16,
+                                                                                    torch.float32):
+            return None
+        rows, n = x.numel() // max(x.shape[-1], 1), x.shape[-1]
+        if n > ROW_MAX or rows > p.max_programs or x.numel() * x.element_size() > p.capacity_bytes:
+            return None
+        return one_shot_all_reduce_rms_norm(x, residual, weight, eps, p, quantize)
+
     def embed(self, ids: torch.Tensor, weight: torch.Tensor, vocab: int) -> torch.Tensor:
         """Vocab-parallel lookup: each rank its own rows, zeros elsewhere, summed (exactly: one rank adds
         a non-zero row)."""
@@ -243,10 +265,6 @@ def from_group(tp_group) -> Parallel | None:
         raise RuntimeError("tp_group was given but torch.distributed is not initialized")
     p = Parallel(tp_group)
     return p if p.world > 1 else None
-
-
-def all_reduce(x: torch.Tensor, tp: Parallel | None) -> torch.Tensor:
-    return x if tp is None else tp.all_reduce(x)
 
 
 # ---------------------------------------------------------------------------------------------
