@@ -362,3 +362,50 @@ def test_tp2_matches_tp1(tp_results, name):
         pytest.skip("fp8 needs sm_89+")
     failed = {rank: res.get(name) for rank, res in enumerate(tp_results) if res.get(name) != "ok"}
     assert not failed, "\n".join(f"rank {r}: {why}" for r, why in failed.items())
+
+
+# ---------------------------------------------------------------------------------------------
+# a rank that fails mid-decode
+
+
+def _failing_worker(rank: int, port: int, tmp: str):
+    """Two ranks decode; rank 1's process ends after the third token (as a crash would). Rank 0 must end with an
+    error naming rank 1, not hang: it writes what it raised and how long after rank 1 left."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from qkernels.models import from_pretrained
+
+    from .test_llama import hf_model
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=300))
+    model = from_pretrained(hf_model("llama"), device="cpu", dtype=torch.float32)
+    left = []
+
+    def on_tokens(new):
+        left.append(time.monotonic())
+        if rank == 1 and len(left) == 3:
+            os._exit(0)                  # no clean-up, no goodbye: the peers only see its connections close
+
+    try:
+        model.generate([3, 4, 5], 12, on_tokens=on_tokens)
+        res = {"raised": None}
+    except RuntimeError as e:
+        res = {"raised": str(e), "after_s": time.monotonic() - left[-1]}
+    with open(os.path.join(tmp, f"failed{rank}.json"), "w") as f:
+        json.dump(res, f)
+    os._exit(0)                          # the group is broken: no destroy_process_group
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="gloo on the CPU: on GPUs the one-shot kernels' bounded wait is "
+                    "tested emulated (tests/ops/test_collective.py)")
+def test_a_rank_that_fails_mid_decode_is_named_not_waited_for(tmp_path):
+    spawn_workers(_failing_worker, WORLD, (str(tmp_path),), 600, "the tensor-parallel workers")
+    assert not (tmp_path / "failed1.json").exists()          # rank 1 ended before it could write
+    res = json.load(open(tmp_path / "failed0.json"))
+    assert res["raised"] and "rank 1 stopped answering" in res["raised"], res
+    assert "tensor parallel: an all-reduce failed on rank 0 of 2" in res["raised"], res
+    assert res["after_s"] < 60, res

@@ -96,6 +96,27 @@ def test_all_reduce_rms_norm_emulated_equals_the_unfused_sequence(dtype, quantiz
         assert flags[1][:M].tolist() == [epoch] * M and peers.epochs[:M].tolist() == [epoch] * M
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["one-shot", "with the norm"])
+def test_a_peer_that_never_arrives_ends_the_wait_and_is_named(fused):
+    """Rank 1 of two never signals (its process died): rank 0's kernel waits its bounded time, writes the rank to the
+    status word and returns instead of spinning forever; check() raises naming rank 1, and keeps raising."""
+    from qkernels.ops.collective import one_shot_all_reduce_rms_norm
+    world, capacity = 2, 4 * BLOCK * 4
+    peers, data, flags = _emulated(world, capacity)
+    peers.timeout_s = 0.05
+    x = torch.randn(3, 64, device=DEVICE)
+    peers.check()                                             # nothing to report yet
+    if fused:
+        one_shot_all_reduce_rms_norm(x, torch.zeros_like(x), None, 1e-6, peers)
+    else:
+        one_shot_all_reduce(x, peers)
+    assert peers.status.item() == 2
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"rank 1 of 2 did not reach an all-reduce within 0.05 s \(rank 0"):
+            peers.check()
+    assert flags[1][:3 if fused else 1].tolist() == [1] * (3 if fused else 1)   # rank 0 signalled all the same
+
+
 def test_all_reduce_rms_norm_refuses_what_does_not_fit():
     from qkernels.ops.collective import ROW_MAX, one_shot_all_reduce_rms_norm
     peers, _, _ = _emulated(2, 4 * BLOCK * 4)

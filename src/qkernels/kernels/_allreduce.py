@@ -14,8 +14,13 @@ and a kernel that cannot start before the previous one ends. Here one kernel doe
 
 Every rank adds the same values in the same order, so the ranks get the same bits. Slots alternate between two
 halves: a rank writes half e % 2 of a peer again only at epoch e + 2, which it reaches after the peer signalled
-e + 1, that is after the peer's kernel of epoch e (its reads of that half) had finished. A rank that never
-arrives (a peer that failed) leaves the others waiting, as a collective does.
+e + 1, that is after the peer's kernel of epoch e (its reads of that half) had finished.
+
+A rank that never arrives (a peer whose process or GPU failed) would leave the others spinning forever: the wait is
+bounded (WAIT: nanoseconds of %globaltimer on a GPU; under the interpreter, which has no timer, polls), and a
+program that gives up writes peer + 1 into the status word and goes on with what its buffer holds. The launcher's
+caller reads the status at its next host synchronization and raises, naming that rank (ops/collective.py,
+PeerBuffers.check): the result of a call that timed out is never used.
 """
 import triton
 import triton.language as tl
@@ -25,11 +30,23 @@ from ._fused import _rstd, _store_rows
 
 
 @triton.jit
-def _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, slot,
-                      RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr):
+def _clock(e, TIMER: tl.constexpr):
+    """Nanoseconds of the GPU's global timer (TIMER), else 0: the interpreter counts polls instead (e: any int32 the
+    asm takes as an operand, unused)."""
+    if TIMER:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [e], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+    return tl.zeros([], tl.int64)
+
+
+@triton.jit
+def _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr, slot,
+                      wait, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+                      TIMER: tl.constexpr):
     """Program pid's part of the exchange (the module's docstring): its epoch advanced, x [BLOCK] (at offs, this
     rank's values) pushed into slot [half, RANK] of every rank's buffer, its signal to every peer, the wait for
-    theirs; returns the fp32 sum of the WORLD slots at offs in rank order."""
+    theirs (at most `wait`: ns with TIMER, else polls; a peer that did not signal in time is written to status_ptr
+    as its rank + 1); returns the fp32 sum of the WORLD slots at offs in rank order."""
     e = tl.load(epoch_ptr + pid) + 1         # advanced below, once every warp of the program has read it
     half = (e % 2).to(tl.int64)
     per16: tl.constexpr = 128 // data_ptr.dtype.element_ty.primitive_bitwidth       # elements per 16 bytes
@@ -44,8 +61,16 @@ def _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag
     for r in tl.static_range(WORLD):
         if r != RANK:
             seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
-            while seen < e:
+            t0 = _clock(e, TIMER)
+            spent = tl.zeros([], tl.int64)
+            while (seen < e) & (spent < wait):
                 seen = tl.atomic_add(flags_ptr + r * MAX_PROGRAMS + pid, 0, sem="acquire", scope="sys")
+                if TIMER:
+                    spent = _clock(e, TIMER) - t0
+                else:
+                    spent += 1
+            if seen < e:             # rank r never arrived: say so, and end instead of hanging
+                tl.atomic_xchg(status_ptr, r + 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()              # every thread's loads after the wait; every warp has read the epoch
     tl.store(epoch_ptr + pid, e)
     acc = tl.zeros(x.shape, dtype=tl.float32)
@@ -56,27 +81,28 @@ def _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag
 
 
 @triton.jit
-def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, numel, slot,
-                                RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-                                BLOCK: tl.constexpr):
+def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr,
+                                numel, slot, wait, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+                                BLOCK: tl.constexpr, TIMER: tl.constexpr):
     """x, out [numel]; data_ptr: this rank's data buffer [2, WORLD, slot] in x's dtype; flags_ptr: its flag pad
     [WORLD, MAX_PROGRAMS] int32; rank r's copies lie data_deltas[r] 16-byte units and flag_deltas[r] int32 elements
-    away from this rank's, as mapped on this GPU (int64 [WORLD]); epoch_ptr: int32 [MAX_PROGRAMS], this rank's own."""
+    away from this rank's, as mapped on this GPU (int64 [WORLD]); epoch_ptr: int32 [MAX_PROGRAMS], this rank's own;
+    status_ptr: int32 [1], 0 unless a peer did not arrive within `wait` (the module's docstring)."""
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask)
-    acc = _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, slot, RANK,
-                            WORLD, MAX_PROGRAMS)
+    acc = _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr,
+                            slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
     tl.store(out_ptr + offs, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, data_ptr, flags_ptr, data_deltas,
-                                flag_deltas, epoch_ptr, N, slot, eps,
+                                flag_deltas, epoch_ptr, status_ptr, N, slot, eps, wait,
                                 RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
                                 BLOCK_N: tl.constexpr, HAS_W: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr,
-                                IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr):
+                                IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr, TIMER: tl.constexpr):
     """The all-reduce of one row (program p: row p of x [M, N], every rank's partial of it) fused with what follows
     it in a decoder block: a = the sum over the ranks in rank order (fp32, rounded to x's dtype: the one-shot
     all-reduce's bits), h = a + residual (rounded as an eager add; written to rout), then RMSNorm of h with weight,
@@ -92,8 +118,8 @@ def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, dat
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + offs, mask=cmask)
-    acc = _exchange_and_sum(x, offs, cmask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, slot,
-                            RANK, WORLD, MAX_PROGRAMS)
+    acc = _exchange_and_sum(x, offs, cmask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr,
+                            status_ptr, slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     a = _cast(acc, DT).to(tl.float32)
     res = tl.load(r_ptr + offs, mask=cmask, other=0.0).to(tl.float32)

@@ -178,6 +178,8 @@ def generate(model: torch.nn.Module, input_ids, max_new_tokens: int, temperature
     step = None
     for n in range(max_new_tokens):
         new = tok.tolist()
+        if model.tp is not None:      # a rank that failed ends the decode here, named, instead of hanging it
+            model.tp.raise_if_failed()
         if n == 0:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)

@@ -23,6 +23,7 @@ A row-parallel layer quantized while loading gets per-channel scales over its ow
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ from ..schemes import PER_CHANNEL
 # the buffers of the all-reduce fused with the next RMSNorm: a decode step's rows up to batch 64 at hidden size 8192
 # in fp16 (Llama-3-70B), one program per row (256 at most)
 NORM_CAPACITY_BYTES = 1 << 20
+PROBE_S = 5.0        # after a failed collective: how long the ranks still alive wait for one another to check in
 
 if torch.distributed.is_available():
     # torch.distributed.nn's functions take group=group.WORLD as a default, read when that module is imported
@@ -103,6 +105,7 @@ class Parallel:
         try:
             peers = (PeerBuffers.create(self.group, torch.device("cuda", here)),
                      PeerBuffers.create(self.group, torch.device("cuda", here), NORM_CAPACITY_BYTES))
+            peers[1].status = peers[0].status        # one status word: check() reads it once
         except (RuntimeError, OSError) as e:         # no symmetric memory here: NCCL for every all-reduce
             why = f"{type(e).__name__}: {e}"
         if _all_ranks(peers is not None, device, self.group):
@@ -184,8 +187,50 @@ class Parallel:
         import torch.distributed as dist
         if self.peers is not None and self.peers.fits(x):
             return one_shot_all_reduce(x, self.peers)
-        dist.all_reduce(x, group=self.group)
+        with self._collective("an all-reduce"):
+            dist.all_reduce(x, group=self.group)
         return x
+
+    def raise_if_failed(self) -> None:
+        """Raise if an all-reduce of the one-shot kernels gave up waiting for a rank (PeerBuffers.check: their
+        wait is bounded, so a failed rank ends the others' decode with an error naming it instead of a hang).
+        Reads a status word from the GPU: generate calls it where it reads each step's tokens anyway."""
+        if self.peers is not None:
+            self.peers.check()
+
+    @contextlib.contextmanager
+    def _collective(self, what: str):
+        """torch.distributed's collectives: a failure (a rank whose process ended: gloo sees its connection close)
+        raises an error naming the ranks that no longer answer."""
+        try:
+            yield
+        except RuntimeError as e:
+            gone = self._unresponsive()
+            who = ("a peer rank" if not gone else f"rank {gone[0]}" if len(gone) == 1 else f"ranks {gone}")
+            raise RuntimeError(f"tensor parallel: {what} failed on rank {self.rank} of {self.world}: {who} stopped "
+                               f"answering (its process or device has likely failed): {e}") from e
+
+    def _unresponsive(self, wait_s: float = PROBE_S) -> list[int]:
+        """After a failed collective: the ranks of the group that do not check in through the default group's
+        store within wait_s (every surviving rank checks in), or [0] where the store itself is gone (its host is
+        the default group's rank 0)."""
+        import time
+
+        import torch.distributed as dist
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            name = (self.group or dist.group.WORLD).group_name
+            key = [f"qkernels/tp/{name}/alive/{dist.get_global_rank(self.group, r) if self.group else r}"
+                   for r in range(self.world)]
+            store.set(key[self.rank], "1")
+            deadline = time.monotonic() + wait_s
+            while True:
+                gone = [r for r in range(self.world) if not store.check([key[r]])]
+                if not gone or time.monotonic() > deadline:
+                    return gone
+                time.sleep(0.05)
+        except (RuntimeError, ValueError, OSError):
+            return [0]
 
     def all_reduce_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                             quantize: str | None = None) -> tuple | None:
@@ -219,7 +264,8 @@ class Parallel:
             x = F.pad(x, (0, n - x.shape[1]))
         x = x.contiguous()
         out = x.new_empty(self.world * x.numel())
-        _all_gather(out, x.view(-1), group=self.group)
+        with self._collective("the logits' all-gather"):
+            _all_gather(out, x.view(-1), group=self.group)
         return out.view(self.world, -1, n).permute(1, 0, 2).reshape(*lead, self.world * n)[..., :vocab]
 
     def broadcast_seed(self, seed: int | None) -> int:
@@ -228,7 +274,8 @@ class Parallel:
         t = torch.tensor([seed if seed is not None else int(torch.randint(0, 2 ** 62, ()))], dtype=torch.int64)
         if dist.get_backend(self.group) == "nccl":
             t = t.cuda()
-        dist.broadcast(t, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
+        with self._collective("the seed's broadcast"):
+            dist.broadcast(t, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
         return int(t.item())
 
 

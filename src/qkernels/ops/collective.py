@@ -17,16 +17,20 @@ reference.all_reduce_rms_norm for the fused op (its norm computes as ops.fused.r
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from .. import reference as ref
-from .._runtime import alloc, cdiv, check_tensor, launch, next_pow2
+from .._runtime import alloc, cdiv, check_tensor, is_interpreter, launch, next_pow2
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK = 2048                     # elements per program
 CAPACITY_BYTES = 1 << 16         # the largest message (bytes) a PeerBuffers takes: decode, batch 8 of hidden size 4096
 ROW_MAX = 16384                  # the fused all-reduce + norm: the widest row one program holds
+# how long a rank waits in an all-reduce for a peer before it gives up and reports it (PeerBuffers.check)
+TIMEOUT_S = float(os.environ.get("QKERNELS_TP_TIMEOUT_S", "60"))
+INTERPRETER_POLLS_PER_S = 7000   # the interpreter has no timer: it counts polls of a peer's flag (about 0.14 ms each)
 
 
 @functools.cache
@@ -41,14 +45,17 @@ class PeerBuffers:
     max_programs]: flag [r, p] is the last epoch rank r signalled to program p), where every rank's copies of both
     lie in this GPU's address space (data_deltas: 16-byte units from this rank's data, flag_deltas: int32 elements
     from its flags; int64 [world]), and its own epochs (int32 [max_programs]). `create` makes them in symmetric
-    memory."""
+    memory. A peer that does not arrive within timeout_s (a failed process or GPU) is written to `status` (its rank +
+    1) by the waiting kernel, which then ends instead of spinning forever; `check` raises on it."""
 
     def __init__(self, rank: int, world: int, data: torch.Tensor, flags: torch.Tensor, data_deltas: torch.Tensor,
-                 flag_deltas: torch.Tensor, capacity_bytes: int, keep: tuple = ()):
+                 flag_deltas: torch.Tensor, capacity_bytes: int, keep: tuple = (), timeout_s: float = TIMEOUT_S):
         self.rank, self.world, self.capacity_bytes, self.device = rank, world, capacity_bytes, data.device
         self.data, self.flags, self.data_deltas, self.flag_deltas = data, flags, data_deltas, flag_deltas
         self.max_programs = flags.numel() // world
         self.epochs = torch.zeros(self.max_programs, dtype=torch.int32, device=data.device)
+        self.status = torch.zeros(1, dtype=torch.int32, device=data.device)
+        self.timeout_s = timeout_s
         self._views = {dt: data.view(dt) for dt in DTYPES}
         self._keep = keep               # the symmetric memory's handles: the peers map it
 
@@ -70,6 +77,22 @@ class PeerBuffers:
         dist.barrier(group)                      # every rank's flags are zero before anyone signals
         return cls(rank, world, data, flags, deltas(data, handles[0].buffer_ptrs, rank, 16),
                    deltas(flags, handles[1].buffer_ptrs, rank, 4), capacity_bytes, handles)
+
+    def wait_args(self) -> dict:
+        """The kernels' bound on a wait: nanoseconds of the GPU's timer, or the interpreter's polls."""
+        timer = not is_interpreter()
+        wait = self.timeout_s * (1e9 if timer else INTERPRETER_POLLS_PER_S)
+        return {"wait": max(1, int(wait)), "TIMER": timer}
+
+    def check(self) -> None:
+        """Raise if a call through these buffers gave up waiting for a peer (reads the status word: a host
+        synchronization; call it where the host synchronizes anyway). Once set, the status stays: the group is
+        broken."""
+        bad = int(self.status.item())
+        if bad:
+            raise RuntimeError(f"tensor parallel: rank {bad - 1} of {self.world} did not reach an all-reduce within "
+                               f"{self.timeout_s:g} s (rank {self.rank} waited for it): its process or GPU has "
+                               f"likely failed; the results since are not used (QKERNELS_TP_TIMEOUT_S sets the wait)")
 
     def fits(self, x: torch.Tensor) -> bool:
         return (x.device == self.device and x.dtype in DTYPES and x.numel() * x.element_size() <= self.capacity_bytes
@@ -101,9 +124,11 @@ def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers) -> torch.Tensor:
     if x.numel() == 0:
         return out
     slot = peers.capacity_bytes // x.element_size()
+    w = peers.wait_args()
     launch(_k()._one_shot_all_reduce_kernel, (cdiv(x.numel(), BLOCK),), x, out, peers._views[x.dtype], peers.flags,
-           peers.data_deltas, peers.flag_deltas, peers.epochs, x.numel(), slot, RANK=peers.rank, WORLD=peers.world,
-           MAX_PROGRAMS=peers.max_programs, BLOCK=BLOCK, num_warps=4)
+           peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status, x.numel(), slot, w["wait"],
+           RANK=peers.rank, WORLD=peers.world, MAX_PROGRAMS=peers.max_programs, BLOCK=BLOCK, TIMER=w["TIMER"],
+           num_warps=4)
     return out
 
 
@@ -139,11 +164,12 @@ def one_shot_all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight
     if M and not N and q:
         scale.fill_(1.0)                 # as rms_norm: an empty row's scale
     if M and N:
+        w = peers.wait_args()
         launch(_k()._all_reduce_rms_norm_kernel, (M,), x2, r2, weight.contiguous() if weight is not None else x2,
                y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y, rout, scale if q else x2,
-               peers._views[x.dtype], peers.flags, peers.data_deltas, peers.flag_deltas, peers.epochs, N,
-               peers.capacity_bytes // x.element_size(), eps, RANK=peers.rank, WORLD=peers.world,
-               MAX_PROGRAMS=peers.max_programs, BLOCK_N=next_pow2(N), HAS_W=weight is not None,
+               peers._views[x.dtype], peers.flags, peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status,
+               N, peers.capacity_bytes // x.element_size(), eps, w["wait"], RANK=peers.rank, WORLD=peers.world,
+               MAX_PROGRAMS=peers.max_programs, BLOCK_N=next_pow2(N), HAS_W=weight is not None, TIMER=w["TIMER"],
                num_warps=4 if N <= 4096 else 8, **(_quant_meta(q, x.device) if q else _NO_QUANT))
     out = (y.reshape(x.shape),) if not q else (y.reshape(x.shape), scale.reshape(*x.shape[:-1], 1))
     return out + (rout.reshape(x.shape),)
