@@ -298,20 +298,32 @@ def test_weight_only_prefill_targets_from_graph_rows():
 
 def test_tp_table_and_targets(tmp_path):
     root = tmp_path / "results"
-    row = lambda m, s, tp, us, x=None, ar=None: dict(  # noqa: E731
-        op="decode", provider="qkernels runtime", mode="graph", model=m, layers=2, scheme=s, batch=1, ctx=128, tp=tp,
-        median_us=us, tokens_per_s=1e6 / us, bw_share=0.5, allreduce=ar, allreduce_us=20.0, speedup_vs_tp1=x)
+    row = lambda m, s, tp, us, x=None, ar=None, b=1: dict(  # noqa: E731
+        op="decode", provider="qkernels runtime", mode="graph", model=m, layers=2, scheme=s, batch=b, ctx=128, tp=tp,
+        median_us=us, tokens_per_s=b * 1e6 / us, bw_share=0.5, allreduce=ar, allreduce_us=20.0, speedup_vs_tp1=x)
+    pre = lambda tp, ms, x=None: dict(  # noqa: E731
+        op="prefill", provider="qkernels runtime", mode="eager", model="llama3-70b", layers=2, scheme="w4a16",
+        batch=1, prompt=2048, tp=tp, median_us=ms * 1e3, ttft_ms=ms, allreduce=None, ttft_vs_tp1=x)
     _write(root, "h200", "tp", [row("llama3-8b", "w4a16", 1, 2000.0),
                                 row("llama3-8b", "w4a16", 2, 1250.0, 1.6, "one-shot"),
                                 row("llama3-8b", "w4a16", 2, 1600.0, 1.25, "nccl"),
+                                row("llama3-8b", "w4a16", 1, 4000.0, b=16),
+                                row("llama3-8b", "w4a16", 2, 2000.0, 2.0, "one-shot", b=16),
                                 row("llama3-70b", "w4a16", 1, 9000.0),
-                                row("llama3-70b", "w4a16", 2, 6000.0, 1.5, "nccl")])
+                                row("llama3-70b", "w4a16", 2, 6000.0, 1.5, "nccl"),
+                                pre(1, 100.0), pre(2, 55.0, 0.55)])
     text = report.build(root)
-    assert "| llama3-8b | w4a16 | 2 | one-shot | 1250 | 800 | 50% | 20 | 1.6 |" in text
-    assert "| llama3-8b | w4a16 | 2 | nccl | 1600 | 625 | 50% | 20 | 1.25 |" in text
+    assert "| llama3-8b | w4a16 | 1 | 2 | one-shot | 1250 | 800 | 50% | 20 | 1.6 |" in text
+    assert "| llama3-8b | w4a16 | 1 | 2 | nccl | 1600 | 625 | 50% | 20 | 1.25 |" in text
+    assert "| llama3-8b | w4a16 | 16 | 2 | one-shot | 2000 | 8000 | 50% | 20 | 2 |" in text
+    assert "| llama3-70b | w4a16 | 2 | 2048 | 55 | 0.55 |" in text
     # the target on the runtime's own path (a TP degree's first row), not the NCCL comparison
-    assert "- llama3-8b W4A16 TP=2 ≥ 1.5x TP=1 (one-shot all-reduce): 1.60x — met" in text
-    assert "- llama3-70b W4A16 TP=2 ≥ 1.6x TP=1 (nccl all-reduce): 1.50x — **not met**" in text
+    assert "- llama3-8b W4A16 batch 1: TP=2 ≥ 1.5x TP=1 (one-shot all-reduce): 1.60x — met" in text
+    assert "- llama3-8b W4A16 batch 16: TP=2 ≥ 1.6x TP=1 (one-shot all-reduce): 2.00x — met" in text
+    assert "- llama3-70b W4A16 batch 1: TP=2 ≥ 1.8x TP=1 (nccl all-reduce): 1.50x — **not met**" in text
+    assert "- llama3-70b W4A16 batch 16: TP=2 ≥ 1.8x TP=1: not in this run — **not measured**" in text
+    assert "- llama3-8b FP16 batch 1: TP=2 ≥ 1.75x TP=1: not in this run — **not measured**" in text
+    assert "- llama3-70b W4A16 TTFT at 2048 tokens: TP=2 ≤ 0.6x TP=1: 0.55x — met" in text
 
 
 def test_ppl_targets_group_calibrated_methods_by_group_size():

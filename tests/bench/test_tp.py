@@ -24,17 +24,21 @@ def _bench(out, *extra):
 def test_bench_tp_rows_and_merge(tmp_path):
     path = _bench(tmp_path)
     doc = json.loads(path.read_text())
-    rows = {(r["model"], r["tp"]): r for r in doc["rows"]}
-    assert set(rows) == {("tiny-llama", 1), ("tiny-llama", 2)}
-    two = rows[("tiny-llama", 2)]
-    assert two["allreduce"] == "gloo" and two["speedup_vs_tp1"] > 0 and two["tokens_per_s"] > 0
+    dec = {(r["model"], r["tp"], r["batch"]): r for r in doc["rows"] if r["op"] == "decode"}
+    assert set(dec) == {("tiny-llama", tp, b) for tp in (1, 2) for b in (1, 2)}     # batches 1 and 16 on a GPU
+    for b in (1, 2):
+        two = dec[("tiny-llama", 2, b)]
+        assert two["allreduce"] == "gloo" and two["speedup_vs_tp1"] > 0 and two["tokens_per_s"] > 0
+    pre = {r["tp"]: r for r in doc["rows"] if r["op"] == "prefill"}
+    assert set(pre) == {1, 2} and pre[2]["ttft_vs_tp1"] > 0 and pre[1]["prompt"] == 16
+    rows = {(r["model"], r["tp"]): r for r in doc["rows"] if r["op"] == "decode" and r["batch"] == 1}
     # a run of named models replaces their rows and keeps the others'
     other = dict(rows[("tiny-llama", 1)], model="other-model", median_us=1.0)
     doc["rows"].append(other)
     doc["profiles"] = {"other-model fp16 tp=1": [{"kernel": "k", "us_per_step": 1.0, "calls_per_step": 1}]}
     path.write_text(json.dumps(doc))
     doc = json.loads(_bench(tmp_path, "--models", "tiny-llama").read_text())
-    models = sorted((r["model"], r["tp"]) for r in doc["rows"])
+    models = sorted({(r["model"], r["tp"]) for r in doc["rows"]})
     assert models == [("other-model", 1), ("tiny-llama", 1), ("tiny-llama", 2)]
     assert next(r for r in doc["rows"] if r["model"] == "other-model")["median_us"] == 1.0
     assert "other-model fp16 tp=1" in doc["profiles"]

@@ -5,11 +5,14 @@ Models: random weights with the real configs' shapes (Llama-3-8B; Llama-3-70B, 8
 rank for its own shard only (RandomWeights), so a 70B model needs no checkpoint and no full copy anywhere.
 
 Method:
-- decode, batch 1: a 128-token prompt prefilled into the static cache, then one decode step captured as a
-  CUDA graph (models.generate.DecodeGraph; with TP the NCCL all-reduces are captured in it) and replayed:
-  10 warm-up replays, then 100 back to back between CUDA events, every rank in lockstep (a barrier before).
-  Time per step = the span / 100, on rank 0. TP=1 runs on rank 0 alone (the other ranks wait), where the
-  weights fit one GPU.
+- decode, batch 1 and 16 (BATCHES): a 128-token prompt per sequence prefilled into the static cache, then one
+  decode step for the batch captured as a CUDA graph (models.generate.DecodeGraph; with TP the all-reduces are
+  captured in it) and replayed: 10 warm-up replays, then 100 back to back between CUDA events, every rank in
+  lockstep (a barrier before). Time per step = the span / 100, on rank 0. TP=1 runs on rank 0 alone (the other
+  ranks wait), where the weights fit one GPU.
+- prefill: TTFT of one 2048-token prompt (PREFILL; the forward into the cache, logits of the last position), CUDA
+  events, median of 5 after one warm-up, every rank in lockstep; on the runtime's all-reduce path only (prefill's
+  messages are past the one-shot buffers: NCCL either way).
 - share of the weight-bandwidth floor: bytes one rank's step reads (its weights but the embedding table, its
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth of one GPU measured
   in the same run.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import json
+import statistics
 import time
 import zlib
 
@@ -36,6 +40,7 @@ from .harness import Row, copy_bandwidth_gbps, method_text, on_gpu, results_dir,
 
 SCHEMES = ("fp16", "w4a16")
 CTX, WARMUP, STEPS = 128, 10, 100
+BATCHES, PREFILL = (1, 16), 2048   # decode batches; the prefill row's prompt (on the CPU: (1, 2), 16)
 PROFILE_TOP = 16                   # kernels kept per profile (by GPU time)
 
 
@@ -96,18 +101,44 @@ def _weight_bytes(cfg, scheme: str) -> float:
     return n * layer * per + 2 * c["vocab_size"] * d * 2
 
 
-def _decode_ms(model, gpu: bool, lockstep) -> tuple[float, object]:
-    """ms per decode step of the captured graph; every rank of the model's group runs it in lockstep."""
+def _prefill_ms(model, gpu: bool, lockstep, T: int) -> float:
+    """Median ms of one T-token prompt's forward into the cache (logits of its last position); every rank of the
+    model's group runs it in lockstep."""
+    dev = model.device
+    model.setup_caches(1, T + 64)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, model.args.vocab_size, (1, T), generator=g).to(dev)
+    at = torch.full((1,), T - 1, device=dev)
+    times = []
+    with torch.inference_mode():
+        for i in range(6 if gpu else 2):
+            lockstep()
+            t0 = time.perf_counter()
+            if gpu:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+            model(ids, 0, logits_at=at)
+            if gpu:
+                b.record()
+                b.synchronize()
+            if i:                                   # the first: warm-up
+                times.append(a.elapsed_time(b) if gpu else (time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _decode_ms(model, gpu: bool, lockstep, batch: int = 1) -> tuple[float, object]:
+    """ms per decode step of the captured graph for `batch` sequences; every rank of the model's group runs it in
+    lockstep."""
     from ..models.generate import DecodeGraph
     dev = model.device
-    model.setup_caches(1, CTX + 64)
+    model.setup_caches(batch, CTX + 64)
     g = torch.Generator(device="cpu").manual_seed(0)          # the same prompt on every rank
-    ids = torch.randint(0, model.args.vocab_size, (1, CTX), generator=g).to(dev)
+    ids = torch.randint(0, model.args.vocab_size, (batch, CTX), generator=g).to(dev)
     with torch.inference_mode():
-        model(ids, 0, logits_at=torch.full((1,), CTX - 1, device=dev))
-    step = DecodeGraph(model, 1, use_graph=gpu)
-    tok = torch.zeros(1, dtype=torch.long, device=dev)
-    pos = torch.full((1,), CTX, device=dev)
+        model(ids, 0, logits_at=torch.full((batch,), CTX - 1, device=dev))
+    step = DecodeGraph(model, batch, use_graph=gpu)
+    tok = torch.zeros(batch, dtype=torch.long, device=dev)
+    pos = torch.full((batch,), CTX, device=dev)
     steps = STEPS if gpu else 2
     for _ in range(WARMUP if gpu else 1):
         step(tok, pos)
@@ -167,9 +198,9 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
         if layers:
             cfg.num_hidden_layers = layers
         for scheme in schemes:
-            sizes = {"model": mname, "layers": cfg.num_hidden_layers, "scheme": scheme, "batch": 1, "ctx": CTX}
+            sizes = {"model": mname, "layers": cfg.num_hidden_layers, "scheme": scheme, "ctx": CTX}
             q = None if scheme == "fp16" else scheme
-            t1 = None
+            t1, ttft1 = {}, None
             for world, group in ((1, single), (tp, None)):
                 if world == 1 and _weight_bytes(cfg, scheme) > 0.8 * mem:
                     if rank == 0:
@@ -188,28 +219,42 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                 lib = dist.get_backend()                  # torch.distributed's all-reduce: NCCL (gloo on CPUs)
                 paths = [lib] if world > 1 and m.tp.peers is None else ["one-shot", lib] if world > 1 else [""]
                 peers = (m.tp.peers, m.tp.norm_peers) if world > 1 else None
+                lockstep = dist.barrier if world > 1 else (lambda: None)
                 for path in paths:
                     if world > 1:
                         m.tp.peers, m.tp.norm_peers = peers if path == "one-shot" else (None, None)
-                    ms, run_ = _decode_ms(m, gpu, dist.barrier if world > 1 else (lambda: None))
-                    ar, kernels = _profile(run_, rank) if gpu else (float("nan"), [])
-                    label = f"{mname} {scheme} tp={world}" + (f", {path} all-reduce" if path else "")
-                    if kernels:
-                        profiles[label] = kernels
-                    nbytes = step_bytes(m, 1, CTX)
-                    share = nbytes / (ms * 1e-3) / (bw * 1e9) if gpu else float("nan")
-                    t1 = ms if world == 1 else t1
-                    extra = {"tokens_per_s": 1e3 / ms, "step_bytes_per_rank": nbytes, "bw_share": share,
-                             "allreduce": path or None, "allreduce_us": ar if world > 1 else float("nan"),
-                             "capture_s": run_[0].capture_s, "build_s": build_s,
-                             "speedup_vs_tp1": (t1 / ms) if t1 and world > 1 else None}
-                    rows.append(Row("decode", "qkernels runtime", ms * 1e3, "graph" if gpu else "eager",
-                                    dict(sizes, tp=world), extra))
-                    if rank == 0:
-                        print(f"{label}: {ms * 1e3:.0f} us/step, {1e3 / ms:.1f} tok/s, {100 * share:.0f}% of one "
-                              f"GPU's floor, all-reduce {ar:.0f} us/step"
-                              + (f", {t1 / ms:.2f}x tp=1" if t1 and world > 1 else ""), flush=True)
-                    del run_
+                    for b in BATCHES if gpu else (1, 2):
+                        ms, run_ = _decode_ms(m, gpu, lockstep, b)
+                        ar, kernels = _profile(run_, rank) if gpu else (float("nan"), [])
+                        label = f"{mname} {scheme} tp={world} b={b}" + (f", {path} all-reduce" if path else "")
+                        if kernels:
+                            profiles[label] = kernels
+                        nbytes = step_bytes(m, b, CTX)
+                        share = nbytes / (ms * 1e-3) / (bw * 1e9) if gpu else float("nan")
+                        if world == 1:
+                            t1[b] = ms
+                        x = t1[b] / ms if b in t1 and world > 1 else None
+                        extra = {"tokens_per_s": b * 1e3 / ms, "step_bytes_per_rank": nbytes, "bw_share": share,
+                                 "allreduce": path or None, "allreduce_us": ar if world > 1 else float("nan"),
+                                 "capture_s": run_[0].capture_s, "build_s": build_s, "speedup_vs_tp1": x}
+                        rows.append(Row("decode", "qkernels runtime", ms * 1e3, "graph" if gpu else "eager",
+                                        dict(sizes, tp=world, batch=b), extra))
+                        if rank == 0:
+                            print(f"{label}: {ms * 1e3:.0f} us/step, {b * 1e3 / ms:.1f} tok/s, {100 * share:.0f}% of "
+                                  f"one GPU's floor, all-reduce {ar:.0f} us/step"
+                                  + (f", {x:.2f}x tp=1" if x else ""), flush=True)
+                        del run_
+                    if path == paths[0]:           # prefill: the runtime's path (its messages go to NCCL anyway)
+                        T = PREFILL if gpu else 16
+                        ms = _prefill_ms(m, gpu, lockstep, T)
+                        ttft1 = ms if world == 1 else ttft1
+                        x = ms / ttft1 if ttft1 and world > 1 else None
+                        rows.append(Row("prefill", "qkernels runtime", ms * 1e3, "eager",
+                                        dict(sizes, tp=world, batch=1, prompt=T),
+                                        {"ttft_ms": ms, "allreduce": path or None, "ttft_vs_tp1": x}))
+                        if rank == 0:
+                            print(f"{mname} {scheme} tp={world}: TTFT {T} tokens {ms:.1f} ms"
+                                  + (f", {x:.2f}x tp=1" if x else ""), flush=True)
                 del m
                 gc.collect()
                 if gpu:
