@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.linear import QuantizedLinear
-from ..ops.collective import ROW_MAX, PeerBuffers, one_shot_all_reduce, one_shot_all_reduce_rms_norm
+from ..ops.collective import PeerBuffers, one_shot_all_reduce, one_shot_all_reduce_rms_norm
 from ..schemes import PER_CHANNEL
 
 # the buffers of the all-reduce fused with the next RMSNorm: a decode step's rows up to batch 64 at hidden size 8192
@@ -105,7 +105,7 @@ class Parallel:
         try:
             peers = (PeerBuffers.create(self.group, torch.device("cuda", here)),
                      PeerBuffers.create(self.group, torch.device("cuda", here), NORM_CAPACITY_BYTES))
-            peers[1].status = peers[0].status        # one status word: check() reads it once
+            peers[1].status = peers[0].status        # one status word: raise_if_failed reads it once
         except (RuntimeError, OSError) as e:         # no symmetric memory here: NCCL for every all-reduce
             why = f"{type(e).__name__}: {e}"
         if _all_ranks(peers is not None, device, self.group):
@@ -238,11 +238,7 @@ class Parallel:
         (ops.collective.one_shot_all_reduce_rms_norm: the unfused sequence's bits) where the message fits its
         buffers; None elsewhere (the caller all-reduces, then normalizes)."""
         p = self.norm_peers
-        if p is None or residual is None or x.device != p.device or x.dtype not in (torch.float16, torch.bfloat16,
-                                                                                    torch.float32):
-            return None
-        rows, n = x.numel() // max(x.shape[-1], 1), x.shape[-1]
-        if n > ROW_MAX or rows > p.max_programs or x.numel() * x.element_size() > p.capacity_bytes:
+        if p is None or residual is None or not p.fits_rows(x):
             return None
         return one_shot_all_reduce_rms_norm(x, residual, weight, eps, p, quantize)
 

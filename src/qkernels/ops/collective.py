@@ -95,8 +95,15 @@ class PeerBuffers:
                                f"likely failed; the results since are not used (QKERNELS_TP_TIMEOUT_S sets the wait)")
 
     def fits(self, x: torch.Tensor) -> bool:
+        """Whether one_shot_all_reduce takes x with these buffers."""
         return (x.device == self.device and x.dtype in DTYPES and x.numel() * x.element_size() <= self.capacity_bytes
                 and cdiv(x.numel(), BLOCK) <= self.max_programs)
+
+    def fits_rows(self, x: torch.Tensor) -> bool:
+        """Whether one_shot_all_reduce_rms_norm takes x [..., N] with these buffers: a program per row."""
+        n = x.shape[-1] if x.dim() else 0
+        return (x.device == self.device and x.dtype in DTYPES and n <= ROW_MAX and x.dim() >= 1
+                and x.numel() // max(n, 1) <= self.max_programs and x.numel() * x.element_size() <= self.capacity_bytes)
 
 
 def deltas(t: torch.Tensor, bases: list[int], rank: int, unit: int) -> torch.Tensor:
@@ -154,8 +161,7 @@ def one_shot_all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight
     eps, q = _check_eps(eps), _check_quantize(quantize)
     x2, r2 = x.reshape(-1, N).contiguous(), residual.reshape(-1, N).contiguous()
     M = x2.shape[0]
-    if (N > ROW_MAX or M > peers.max_programs or x.device != peers.device
-            or x2.numel() * x2.element_size() > peers.capacity_bytes):
+    if not peers.fits_rows(x):
         raise ValueError(f"x ({M} rows of {N}, {x2.numel() * x2.element_size()} bytes on {x.device}) must be on "
                          f"{peers.device}, at most {peers.max_programs} rows of at most {ROW_MAX} and "
                          f"{peers.capacity_bytes} bytes: a larger message goes through torch.distributed")
