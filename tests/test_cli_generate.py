@@ -125,6 +125,25 @@ def test_generate_with_images_streams_what_the_runtime_generates(tmp_path, capsy
     assert out.out.strip() == ("describe the image" + tok.decode(new)).strip()
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="--tp 2 needs 2 GPUs")
+def test_generate_with_an_image_tensor_parallel(tmp_path, capsys):
+    """--image with --tp 2 under torchrun: the vision encoder whole on each rank, the language model split; the
+    same text as one process, printed once."""
+    import os
+    import subprocess
+    import sys
+    d = _vl_model_dir(tmp_path / "m")
+    args = ["generate", str(d), "--image", _png(tmp_path / "a.png", 16, 24), "--prompt", "describe the image",
+            "--max-new-tokens", "6", "--dtype", "float32"]
+    assert cli.main(args) == 0
+    alone = capsys.readouterr().out
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "qkernels.cli", *args, "--tp", "2"], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout == alone and alone.startswith("describe the image")
+
+
 def test_generate_image_errors_name_the_file(tmp_path, capsys):
     d = _vl_model_dir(tmp_path / "m")
     bad = tmp_path / "broken.png"

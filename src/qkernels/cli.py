@@ -200,10 +200,6 @@ def cmd_generate(args) -> int:
     if not tok_file.exists():
         print(f"error: {args.model} has no tokenizer.json (the tokenizers package reads it)", file=sys.stderr)
         return 2
-    if args.image and args.tp > 1:
-        print("error: --image with --tp: the vision encoder is not split over GPUs; run it on one GPU",
-              file=sys.stderr)
-        return 2
     rank = _init_tp(args.tp, "generate")
     say = (lambda *a, **k: print(*a, **k)) if rank == 0 else (lambda *a, **k: None)   # rank 0 speaks
     from tokenizers import Tokenizer

@@ -248,6 +248,28 @@ def _run_checks(rank: int, tmp: str):
                                                                   else ()):
         check(f"scheme {scheme}", lambda: scheme_case(scheme))
 
+    def images():
+        """Qwen3-VL with images under TP: the vision tower whole on every rank, the language model split; logits of
+        prompts with images (two images, and a batch of two prompts) and greedy tokens after them as TP=1's."""
+        if not hasattr(transformers, "Qwen3VLConfig"):
+            return
+        from .test_vision import hf_vl, prompt_with
+        from .test_vision import images as pixels
+        hf = hf_vl().to(dev)
+        one, two = both(hf)
+        assert two.visual is not None
+        torch.manual_seed(11)                      # the same pixels on every rank
+        pv, grid = pixels([[1, 4, 6], [1, 2, 4]])
+        pv, grid = pv.to(dev), grid.to(dev)
+        ids = torch.tensor([prompt_with([6, 2], [[5, 6, 7], [8, 9], [10]])], device=dev)
+        want, got = one(ids, pixel_values=pv, image_grid_thw=grid), two(ids, pixel_values=pv, image_grid_thw=grid)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        assert same_on_ranks(got)
+        g1 = one.generate(ids, STEPS // 2, pixel_values=pv, image_grid_thw=grid)
+        g2 = two.generate(ids, STEPS // 2, pixel_values=pv, image_grid_thw=grid)
+        assert torch.equal(g1, g2) and same_on_ranks(g2)
+    check("images", images)
+
     check("fused all-reduce + norm, fp32", lambda: fused_norm(None))
     check("fused all-reduce + norm, w8a8", lambda: fused_norm("w8a8"))
 
@@ -352,7 +374,7 @@ def tp_results(tmp_path_factory):
 CHECKS = (["fp32 llama {}", "fp32 llama {'tie_word_embeddings': True, 'num_key_value_heads': 1}",
            "fp32 qwen3 {'tie_word_embeddings': True}", "fp32 qwen2 {'num_key_value_heads': 4}", "sampling"]
           + [f"scheme {s}" for s in ("w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8")]
-          + ["fused all-reduce + norm, fp32", "fused all-reduce + norm, w8a8", "directories", "act-order",
+          + ["images", "fused all-reduce + norm, fp32", "fused all-reduce + norm, w8a8", "directories", "act-order",
              "refused splits"])
 
 

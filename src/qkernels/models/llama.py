@@ -294,11 +294,7 @@ class Transformer(nn.Module):
             else:
                 rope_pos = torch.arange(pos, pos + T, device=self.device)[None] + self.rope_delta[:B, None]
         step = Step(B, T, pos, pos + 1 if isinstance(pos, torch.Tensor) else None, rope, rope_pos)
-        if mm is not None:
-            x = mm.embeds
-        else:
-            x = (self.tp.embed(input_ids, self.tok_embeddings.weight, self.args.vocab_size) if self.tp else
-                 self.tok_embeddings(input_ids)).view(B * T, -1)
+        x = mm.embeds if mm is not None else self.embed(input_ids).view(B * T, -1)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, step)
@@ -311,6 +307,12 @@ class Transformer(nn.Module):
             y = y[torch.arange(B, device=y.device), logits_at]
         logits = self.output(y)
         return self.tp.gather_vocab(logits, self.args.vocab_size) if self.tp else logits
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [..., dim] (tensor parallel: each rank's vocabulary slice, summed over the ranks)."""
+        if self.tp is not None:
+            return self.tp.embed(input_ids, self.tok_embeddings.weight, self.args.vocab_size)
+        return self.tok_embeddings(input_ids)
 
     def _images(self, input_ids, pos, pixel_values, image_grid_thw, lengths) -> Prompt:
         if self.visual is None:

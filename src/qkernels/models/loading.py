@@ -357,8 +357,8 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         head = _float_linear(model.tok_embeddings.weight, None, device, dtype)
         head.weight = model.tok_embeddings.weight                      # tied: one tensor
     model.output = _quantize(head, "lm_head", scheme if quantize_lm_head else None, skipped)
-    if src.config.get("model_type") in VISION_PREFIX and src.config.get("vision_config") and tp is None:
-        model.visual = load_vision(src, device, dtype, scheme, skipped)
+    if src.config.get("model_type") in VISION_PREFIX and src.config.get("vision_config"):
+        model.visual = load_vision(src, device, dtype, scheme, skipped)      # tensor parallel: whole on every rank
     if skipped:
         warnings.warn(f"from_pretrained({scheme.name!r}): {len(skipped)} linear layer(s) left in high precision: "
                       + "; ".join(skipped), stacklevel=2)

@@ -288,7 +288,7 @@ def prompt(model, input_ids: torch.Tensor, pixel_values: torch.Tensor, image_gri
             t = start + sizes[i]
         delta[b] = cur - lengths[b]
     dev = model.device
-    x = model.tok_embeddings(input_ids).view(B * T, -1)
+    x = model.embed(input_ids).view(B * T, -1)
     where = torch.cat(where).to(dev)
     x = x.index_copy(0, where, embeds.to(x.dtype))
     inv = ref.rope_inv_freq(model.args.head_dim, model.args.rope_theta, model.args.rope_scaling).to(dev)
