@@ -424,8 +424,8 @@ def _batched_decode_targets(rows: list[dict]) -> list[str]:
                            f"projections", got, 1.0)
     marlin = [r for r in mine if r["provider"].startswith("marlin")]
     if not marlin and mine:
-        out.append(f"- Marlin at M = 1, 16, 32, 64 beside qkernels w4a16: not measured (no build of it in this "
-                   f"benchmark). Published: {MARLIN_PUBLISHED}")
+        out.append(f"- Marlin at M = 1, 16, 32, 64 beside qkernels w4a16: no build of it ran in this benchmark; "
+                   f"its published figure: {MARLIN_PUBLISHED}")
     return out
 
 
