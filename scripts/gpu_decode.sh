@@ -11,13 +11,15 @@
 #   codes, then the W8A8 linears at M <= 16, the GEMVs quantizing x against quantize + the GEMM just tuned),
 #   GEMM_BUCKETS ("16 1"; "32 64 128 256" for batched decode, GEMM_KINDS "int8 fp8"), GEMM_BUDGET_S; SKIP_WO=1
 #   skips the weight-only sweep;
-#   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100): the
-#   weight-only sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
+#   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100),
+#   WO_BITS ("4 8"), WO_MODELS ("llama3-8b": whose decode shapes; "llama3-8b qwen3-1.7b" for both): the weight-only
+#   sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
 #   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too), DECODE_SHAPES (NxK,...: all of the models' by default),
 #   DECODE_MS (M,...: all of the bench's by default): the decode-GEMV rows measured, merged into the committed file;
 #   SKIP_HOST=1 skips `bench host`;
 #   after the sweeps the table before and after them in the runtime's decode step (scripts/table_ab.py; AB_SCHEMES
-#   "w4a16 w8a8", SKIP_AB=1 to skip: about 2 minutes): keep only what the step confirms.
+#   "w4a16 w8a8", AB_MODELS "llama3-8b", AB_BATCHES "1 8 32", SKIP_AB=1 to skip: about 2 minutes a model): keep only
+#   what the step confirms.
 # Writes OUTDIR/decode.log (everything), OUTDIR/<gpu>.json (the config table after the sweeps) and
 # OUTDIR/<gpu>/{decode_gemv,host}.json (benchmarks/results/<gpu>/'s, the new rows merged in).
 set -uo pipefail
@@ -40,15 +42,18 @@ if [ -z "${SKIP_TUNE:-}" ]; then
   python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets ${GEMM_BUCKETS:-16 1} --chain \
     --budget-s "${GEMM_BUDGET_S:-1e9}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
   if [ -z "${SKIP_WO:-}" ]; then
-    python3 scripts/tune_weight_only.py --chain --bits 4 8 --buckets ${WO_BUCKETS:-16} --paths ${WO_PATHS:-gvt} \
-      --budget-s "${WO_BUDGET_S:-100}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
+    python3 scripts/tune_weight_only.py --chain --bits ${WO_BITS:-4 8} --buckets ${WO_BUCKETS:-16} \
+      --paths ${WO_PATHS:-gvt} --models ${WO_MODELS:-llama3-8b} --budget-s "${WO_BUDGET_S:-100}" 2>&1 \
+      | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
   fi
   cp "src/qkernels/configs/$SLUG.json" "$OUT/"
   if [ -z "${SKIP_AB:-}" ]; then
     # a chain times one shape's calls back to back; the decode step is what the table serves (docs/design/weight-only.md, "A
     # decode-chain sweep that misled"): both tables in the runtime's step, before anything is kept
-    python3 scripts/table_ab.py --table "$OUT/table_before" --table shipped --schemes ${AB_SCHEMES:-w4a16 w8a8} \
-      --batches 1 8 32 2>&1 | tee -a "$LOG" | tail -8
+    for model in ${AB_MODELS:-llama3-8b}; do
+      python3 scripts/table_ab.py --table "$OUT/table_before" --table shipped --model "$model" \
+        --schemes ${AB_SCHEMES:-w4a16 w8a8} --batches ${AB_BATCHES:-1 8 32} 2>&1 | tee -a "$LOG" | tail -8
+    done
   fi
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
