@@ -531,15 +531,11 @@ def test_wg_tail_plan():
         WO.launch._plan(dict(path="gvt", TILES=1, WPT=8, num_warps=1, TAIL=2), 1, 64, 4096, 4, 128, False, True)
 
 
-def test_wg_maxnreg_is_a_compile_option_of_wg_only():
-    """maxnreg (registers per thread capped) reaches the wg launch with the constexprs; refused on other paths and
-    with WS."""
+def test_wg_maxnreg_reaches_the_launch():
+    """maxnreg (registers per thread capped) reaches the wg launch with the constexprs, as a compile option."""
     cfg = dict(path="wg", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=3, num_warps=4, maxnreg=80)
     _, _, _, cx, _ = WO.launch._plan(cfg, 64, 4096, 4096, 4, 128, False, True)
     assert cx["maxnreg"] == 80
-    for bad in (dict(path="gvt", TILES=1, WPT=8, num_warps=1, maxnreg=64), dict(cfg, WS=True)):
-        with pytest.raises(RuntimeError, match="maxnreg .* is a wg config key, without WS"):
-            WO.launch._plan(bad, 64, 4096, 4096, 4, 128, False, True)
 
 
 @gpu
