@@ -2,7 +2,11 @@
 into src/qkernels/configs/<gpu>.json ("w4a16" / "w8a16"). Each candidate is timed with CUDA-graph
 replay on the three Llama-3-8B shapes; the score is the geometric mean of time / best time per shape.
 Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]
-           [--chain [--models llama3-8b qwen3-1.7b]] [--paths gv gvt ...]
+           [--chain [--models llama3-8b qwen3-1.7b] | --shapes NxK ...] [--paths gv gvt ...]
+
+--shapes NxK ... (one-call graphs, as the default): time these shapes instead of Llama-3-8B's and write only shape
+overrides against the buckets' configs, which stay as they are (another model's shapes at its prefill sizes: a
+vision encoder's linears at M = 256-1024, say).
 
 --chain (decode buckets, M <= 256: batched decode included): each candidate is timed as a decode step runs it
 instead, on the decode shapes of --models (Llama-3-8B's by default; its lm_head aside), separate (a Hugging Face
@@ -246,6 +250,22 @@ def from_log(log: Path, table: dict, bits_list: list, chain_set: list = CHAIN_SH
                 _attach_fallback(tab, bucket, fb)
 
 
+def overrides_only(tab: dict, kind: str, bucket, shapes: list, results: list, score) -> bool:
+    """--shapes: the shape overrides of `shapes` against the bucket's config in tab (which stays), from one bucket's
+    results [(time per shape, config)]; Gluon-path overrides take the bucket's fallback (or the best other
+    config's). False (nothing written) where the bucket's config is not among the results."""
+    bucket_cfg = {k: v for k, v in tab[str(bucket)].items() if k != "fallback"}
+    if not any(r[1] == bucket_cfg for r in results):
+        print(f"{kind} M={bucket}: the bucket's config failed on these shapes; no overrides", flush=True)
+        return False
+    configs.set_shape_overrides(tab, kind, bucket, shapes, results, bucket_cfg, configs.OVERRIDE_GAIN)
+    others = [r for r in results if r[1]["path"] not in WO.SUPPORTED]
+    fb = tab[str(bucket)].get("fallback") or (min(others, key=score)[1] if others else None)
+    if fb is not None:
+        _attach_fallback(tab, bucket, fb)
+    return True
+
+
 def _attach_fallback(tab: dict, bucket, fallback: dict) -> None:
     """Gluon-path configs (tc, wg) of a bucket and its shape overrides carry `fallback`, which runs where their
     kernels do not (GPU, group size, K)."""
@@ -268,14 +288,22 @@ def main():
     ap.add_argument("--models", nargs="+", default=["llama3-8b"],
                     help="--chain (or --from-log of such a sweep): the decode shapes of these models but their "
                          "lm_heads (bench.decode_gemv.SHAPES); the bucket configs are chosen over all of them")
+    ap.add_argument("--shapes", nargs="+", metavar="NxK",
+                    help="time these shapes (not with --chain or --from-log): only shape overrides are written, "
+                         "against the buckets' configs in the table")
     args = ap.parse_args()
     if args.chain and (args.from_log or max(args.buckets) > 256):
         ap.error("--chain times decode buckets (--buckets of 256 or less) and cannot replay logs (--from-log)")
+    if args.shapes and (args.chain or args.from_log):
+        ap.error("--shapes times one-call graphs against the table's bucket configs: not with --chain or --from-log")
     try:
         chain_set = chain_shapes(args.models)
+        own = [tuple(int(v) if v.isdigit() else 0 for v in s.lower().split("x")) for s in args.shapes or []]
+        if any(len(t) != 2 or min(t) < 1 for t in own):
+            raise ValueError(f"--shapes: expected NxK pairs such as 4096x2048, got {args.shapes}")
     except ValueError as e:
         ap.error(str(e))
-    shapes = chain_set if args.chain else SHAPES
+    shapes = chain_set if args.chain else own or SHAPES
     if args.from_log:
         path = Path(configs.__file__).parent / f"{args.gpu}.json"
         table = json.loads(path.read_text())
@@ -310,6 +338,13 @@ def main():
             results = []
             # tc, gv: 4-bit only
             cands = [c for c in candidates(m) if bits == 4 or c["path"] not in ("tc", "gv")]
+            bucket = {k: v for k, v in (tab.get(str(m)) or {}).items() if k != "fallback"}
+            if own:         # --shapes: overrides against the bucket's own config, which must be timed too
+                if not bucket:
+                    print(f"{key} M={m}: no bucket config in the table to set overrides against; skipped", flush=True)
+                    continue
+                if bucket not in cands:
+                    cands.insert(0, bucket)
             if args.paths:
                 cands = [c for c in cands if c["path"] in args.paths]
                 # the table's bucket config, its fallback and its shape overrides compete too
@@ -336,6 +371,13 @@ def main():
                 print(f"{key} M={m:5d} {cfg} {['%.2f' % t for t in times]}", flush=True)
             best_per_shape = [min(r[0][i] for r in results) for i in range(len(shapes))]
             score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(shapes))  # noqa
+            if own:
+                if not overrides_only(tab, key, m, shapes, results, score):
+                    continue
+                table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))
+                path.write_text(json.dumps(table, indent=1) + "\n")
+                wrote = True
+                continue
             times, cfg = min(results, key=score)
             tab[str(m)] = cfg
             configs.set_shape_overrides(tab, key, m, shapes, results, cfg,

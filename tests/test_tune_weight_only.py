@@ -1,5 +1,5 @@
-"""scripts/tune_weight_only.py without a GPU: the decode shapes its --chain sweeps time for --models, and the shape
-overrides it replays from a sweep's log (--from-log) for those models."""
+"""scripts/tune_weight_only.py without a GPU: the decode shapes its --chain sweeps time for --models, the shape
+overrides it replays from a sweep's log (--from-log) for those models, and the overrides alone of a --shapes sweep."""
 import importlib.util
 from pathlib import Path
 
@@ -47,3 +47,19 @@ def test_from_log_of_a_two_model_chain_sweep(tune, tmp_path):
     # the same log read as a one-model sweep names the mismatch instead of pairing times with the wrong shapes
     with pytest.raises(ValueError, match=r"times 12 shapes, expected 3 \(a plain sweep\) or 6"):
         tune.from_log(log, {"w8a16": {"1": dict(a)}}, [8])
+
+
+def test_shapes_sweep_writes_overrides_only(tune):
+    """--shapes: overrides against the bucket's config, which stays; a Gluon override takes the bucket's fallback; a
+    shape where nothing is clearly faster keeps the bucket's config (its stale override dropped)."""
+    fb = dict(path="mm", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_N=8, num_warps=4, num_stages=4)
+    a = dict(path="wg", BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
+    b = dict(path="wg", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4)
+    tab = {"1024": dict(a, fallback=fb), "1024:N1024:K1024": dict(b, fallback=fb)}
+    shapes = [(3072, 1024), (1024, 1024)]
+    results = [([10.0, 10.0], a), ([6.0, 9.9], b), ([8.0, 12.0], fb)]
+    assert tune.overrides_only(tab, "w4a16", 1024, shapes, results, lambda r: sum(r[0]))
+    assert tab["1024"] == dict(a, fallback=fb)                           # the bucket's config stays
+    assert tab["1024:N3072:K1024"] == dict(b, fallback=fb)               # 6.0 < 0.95 x 10.0
+    assert "1024:N1024:K1024" not in tab                                # 9.9: not clearly faster, dropped
+    assert not tune.overrides_only(tab, "w4a16", 1024, shapes, [([1.0, 1.0], b)], lambda r: 0)   # bucket untimed
