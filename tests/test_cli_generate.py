@@ -38,18 +38,23 @@ def test_generate_needs_a_tokenizer(tmp_path, capsys):
     assert "tokenizer.json" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="--tp 2 needs 2 GPUs")
-def test_generate_tensor_parallel_under_torchrun(tmp_path, capsys):
+def _torchrun_tp2(args: list):
+    """`qkernels <args> --tp 2` in two processes under torchrun."""
     import os
     import subprocess
     import sys
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "qkernels.cli",
+                           *args, "--tp", "2"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="--tp 2 needs 2 GPUs")
+def test_generate_tensor_parallel_under_torchrun(tmp_path, capsys):
     _model_dir(tmp_path)
     args = ["generate", str(tmp_path), "--prompt", "hello world", "--max-new-tokens", "6", "--dtype", "float32"]
     assert cli.main(args) == 0
     alone = capsys.readouterr().out
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
-                          "qkernels.cli", *args, "--tp", "2"], capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    run = _torchrun_tp2(args)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout == alone                      # the same greedy text, printed once (by rank 0)
     assert "tensor parallel over 2" in run.stderr and run.stderr.count("tok/s") == 1
@@ -129,17 +134,12 @@ def test_generate_with_images_streams_what_the_runtime_generates(tmp_path, capsy
 def test_generate_with_an_image_tensor_parallel(tmp_path, capsys):
     """--image with --tp 2 under torchrun: the vision encoder whole on each rank, the language model split; the
     same text as one process, printed once."""
-    import os
-    import subprocess
-    import sys
     d = _vl_model_dir(tmp_path / "m")
     args = ["generate", str(d), "--image", _png(tmp_path / "a.png", 16, 24), "--prompt", "describe the image",
             "--max-new-tokens", "6", "--dtype", "float32"]
     assert cli.main(args) == 0
     alone = capsys.readouterr().out
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
-                          "qkernels.cli", *args, "--tp", "2"], capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    run = _torchrun_tp2(args)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout == alone and alone.startswith("describe the image")
 
