@@ -30,6 +30,9 @@ def test_merge_replaces_the_named_models_and_stamps_every_row():
     # rows stamped by an earlier merge keep their own run; a document of another GPU is not merged
     again = merge_by_model(got, _doc("2026-01-09T00:00", "GPU X", [_row("a", "w4a16", 300.0)]), ["a"])
     assert {r["model"]: r["date"] for r in again["rows"]} == {"b": "2026-01-01T00:00", "a": "2026-01-09T00:00"}
+    # a run of some schemes replaces theirs only: the model's fp16 row from the earlier run stays
+    assert sorted((r["model"], r["scheme"], r["date"]) for r in again["rows"]) == [
+        ("a", "fp16", "2026-01-05T00:00"), ("a", "w4a16", "2026-01-09T00:00"), ("b", "fp16", "2026-01-01T00:00")]
     other = merge_by_model(old, _doc("2026-01-05T00:00", "GPU Y", [_row("a", "fp16", 1.0)]), ["a"])
     assert [r["model"] for r in other["rows"]] == ["a"]
     assert merge_by_model(None, new, ["a"])["rows"][0]["date"] == "2026-01-05T00:00"

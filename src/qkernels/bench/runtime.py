@@ -100,11 +100,13 @@ def _hf_converted(hf, scheme: str):
 
 def merge_by_model(old: dict | None, new: dict, models: list[str]) -> dict:
     """The runtime results document `new` (its rows from this run, of `models`) merged into `old` (the GPU's
-    earlier document, or None): old rows and profiles of other models kept (harness.merge_results)."""
-    out = merge_results(old, new, lambda r: r.get("model") in models)
+    earlier document, or None, harness.merge_results): an old row goes where this run measured its model, provider and
+    scheme again; the rest stay (other models; a model's schemes left out of this run). Profiles likewise, by key."""
+    ran = {(r.get("model"), r.get("provider"), r.get("scheme")) for r in new["rows"]}
+    out = merge_results(old, new, lambda r: r.get("model") in models and (r.get("model"), r.get("provider"),
+                                                                          r.get("scheme")) in ran)
     if old and old.get("gpu") == new.get("gpu"):
-        profiles = {k: v for k, v in old.get("profiles", {}).items() if k.split(" ")[0] not in models}
-        out["profiles"] = {**profiles, **new.get("profiles", {})}
+        out["profiles"] = {**old.get("profiles", {}), **new.get("profiles", {})}
     return out
 
 
@@ -217,7 +219,8 @@ def profile_step(step, top: int = 12) -> list[dict]:
     return rows[:top]
 
 
-def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[Row]:
+def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_schemes=None) -> list[Row]:
+    """`hf_schemes`: the Hugging Face path's (HF_SCHEMES; with `schemes` named, those of HF_SCHEMES among them)."""
     import transformers  # noqa: F401
     from ..models import from_pretrained
     gpu = on_gpu()
@@ -243,7 +246,9 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
             hf = hf_model(cfg, dt)
         hf_mb = sum(t.numel() * t.element_size() for t in hf.parameters()) / 2**20
         # HF's graph-captured decode first (its compiled models' state gone before ours run)
-        for scheme in HF_SCHEMES if gpu and cfg.model_type != "qwen3_vl" else ():
+        if hf_schemes is None:
+            hf_schemes = HF_SCHEMES if schemes == SCHEMES else tuple(s for s in HF_SCHEMES if s in schemes)
+        for scheme in hf_schemes if gpu and cfg.model_type != "qwen3_vl" else ():
             hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
             for b in (1,):
                 t0 = time.perf_counter()
@@ -310,7 +315,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None) -> list[R
             tok, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
             profiles[f"{mname} {scheme}"] = profile_step(functools.partial(step, tok, pos))
             del step, m
-        for scheme in PROFILED_HF if gpu and cfg.model_type != "qwen3_vl" else ():
+        for scheme in [s for s in PROFILED_HF if s in hf_schemes] if gpu and cfg.model_type != "qwen3_vl" else ():
             gc.collect()
             torch.cuda.empty_cache()
             hm = _hf_converted(hf, scheme)
