@@ -20,8 +20,9 @@ Method:
   sizes, where the GPUs reach each other's memory, fused with the RMSNorm after it) and with NCCL's for every
   all-reduce, each followed by the norm ("allreduce" in a row).
 - profile: one stretch of 20 replays on every rank (torch.profiler on rank 0), GPU time per kernel name per
-  step, for every row (the file's "profiles"); the all-reduce time is that of the all-reduce kernels (NCCL's or
-  the one-shot ones, the fused all-reduce + norm with its norm; it includes a rank's wait for the others).
+  step, for every row (the file's "profiles"; a prefill row's over 20 prefills, per prefill); the all-reduce time
+  is that of the all-reduce kernels (NCCL's or the one-shot ones, the fused all-reduce + norm with its norm; it
+  includes a rank's wait for the others).
 On a machine without a GPU a tiny model runs through the Triton interpreter over gloo, to show the path works.
 """
 from __future__ import annotations
@@ -101,29 +102,32 @@ def _weight_bytes(cfg, scheme: str) -> float:
     return n * layer * per + 2 * c["vocab_size"] * d * 2
 
 
-def _prefill_ms(model, gpu: bool, lockstep, T: int) -> float:
-    """Median ms of one T-token prompt's forward into the cache (logits of its last position); every rank of the
-    model's group runs it in lockstep."""
+def _prefill_ms(model, gpu: bool, lockstep, T: int) -> tuple[float, object]:
+    """(median ms, a callable running it once) of one T-token prompt's forward into the cache (logits of its last
+    position); every rank of the model's group runs it in lockstep."""
     dev = model.device
     model.setup_caches(1, T + 64)
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, model.args.vocab_size, (1, T), generator=g).to(dev)
     at = torch.full((1,), T - 1, device=dev)
+
+    @torch.inference_mode()
+    def prefill():
+        model(ids, 0, logits_at=at)
     times = []
-    with torch.inference_mode():
-        for i in range(6 if gpu else 2):
-            lockstep()
-            t0 = time.perf_counter()
-            if gpu:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-            model(ids, 0, logits_at=at)
-            if gpu:
-                b.record()
-                b.synchronize()
-            if i:                                   # the first: warm-up
-                times.append(a.elapsed_time(b) if gpu else (time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    for i in range(6 if gpu else 2):
+        lockstep()
+        t0 = time.perf_counter()
+        if gpu:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+        prefill()
+        if gpu:
+            b.record()
+            b.synchronize()
+        if i:                                   # the first: warm-up
+            times.append(a.elapsed_time(b) if gpu else (time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), prefill
 
 
 def _decode_ms(model, gpu: bool, lockstep, batch: int = 1) -> tuple[float, object]:
@@ -159,17 +163,17 @@ def _decode_ms(model, gpu: bool, lockstep, batch: int = 1) -> tuple[float, objec
     return (time.perf_counter() - t0) * 1e3 / steps, (step, tok, pos)
 
 
-def _profile(run, rank: int) -> tuple[float, list[dict]]:
-    """(GPU time per step of the all-reduce kernels (NCCL's, the one-shot one), GPU time per kernel name per step)
-    over 20 replays, profiled on rank 0; every other rank of the group replays them in lockstep."""
+def _profile(fn, rank: int) -> tuple[float, list[dict]]:
+    """(GPU time per call of the all-reduce kernels (NCCL's, the one-shot one), GPU time per kernel name per call)
+    over 20 calls of `fn` (a decode step's replay, a prefill), profiled on rank 0; every other rank of the group
+    calls it in lockstep."""
     from .runtime import profile_step
-    step, tok, pos = run
     if rank != 0:
-        for _ in range(23):                      # profile_step's 3 warm-up replays, then its 20
-            step(tok, pos)
+        for _ in range(23):                      # profile_step's 3 warm-up calls, then its 20
+            fn()
         torch.cuda.synchronize()
         return float("nan"), []
-    kernels = profile_step(lambda: step(tok, pos), top=10 ** 6)
+    kernels = profile_step(fn, top=10 ** 6)
     ar = sum(k["us_per_step"] for k in kernels if "nccl" in k["kernel"].lower() or "all_reduce" in k["kernel"])
     return ar, kernels[:PROFILE_TOP]
 
@@ -225,7 +229,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                         m.tp.peers, m.tp.norm_peers = peers if path == "one-shot" else (None, None)
                     for b in BATCHES if gpu else (1, 2):
                         ms, run_ = _decode_ms(m, gpu, lockstep, b)
-                        ar, kernels = _profile(run_, rank) if gpu else (float("nan"), [])
+                        step, tok, pos = run_
+                        ar, kernels = _profile(lambda: step(tok, pos), rank) if gpu else (float("nan"), [])
                         label = f"{mname} {scheme} tp={world} b={b}" + (f", {path} all-reduce" if path else "")
                         if kernels:
                             profiles[label] = kernels
@@ -246,12 +251,17 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                         del run_
                     if path == paths[0]:           # prefill: the runtime's path (its messages go to NCCL anyway)
                         T = PREFILL if gpu else 16
-                        ms = _prefill_ms(m, gpu, lockstep, T)
+                        ms, prefill = _prefill_ms(m, gpu, lockstep, T)
+                        ar, kernels = _profile(prefill, rank) if gpu else (float("nan"), [])
+                        if kernels:
+                            profiles[f"{mname} {scheme} tp={world} prefill {T}"] = kernels
                         ttft1 = ms if world == 1 else ttft1
                         x = ms / ttft1 if ttft1 and world > 1 else None
                         rows.append(Row("prefill", "qkernels runtime", ms * 1e3, "eager",
                                         dict(sizes, tp=world, batch=1, prompt=T),
-                                        {"ttft_ms": ms, "allreduce": path or None, "ttft_vs_tp1": x}))
+                                        {"ttft_ms": ms, "allreduce": path or None, "ttft_vs_tp1": x,
+                                         "allreduce_us": ar if world > 1 else float("nan")}))
+                        del prefill
                         if rank == 0:
                             print(f"{mname} {scheme} tp={world}: TTFT {T} tokens {ms:.1f} ms"
                                   + (f", {x:.2f}x tp=1" if x else ""), flush=True)
