@@ -2,7 +2,9 @@
 # Tensor parallelism on a machine of two GPUs in one call: the TP tests over NCCL (tests/ops/test_collective.py,
 # tests/models/test_parallel.py, the `generate --tp 2` CLI test), then `qkernels bench runtime --tp 2` under torchrun (TP=2 beside TP=1 in the same
 # run; OUTDIR/<gpu>/tp.json). Usage: scripts/gpu_tp.sh OUTDIR [bench args, e.g. --models llama3-8b]
-# SKIP_TESTS=1: the benchmark alone.
+# SKIP_TESTS=1: the benchmark alone. TUNE_TP=1: before it, a rank's decode shapes (Llama-3-8B's, split 2 ways) swept
+# at the M = 1 and 16 buckets on one GPU (scripts/tune_weight_only.py --chain --tp 2: W4A16 shape overrides only,
+# OUTDIR/<gpu>.json), so the TP=2 rows run them; TUNE_TP_BUDGET_S (200).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_tp.sh OUTDIR [bench args...]}
 shift
@@ -17,5 +19,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest tests/ops/test_collective.py tests/models/test_parallel.py tests/test_cli_generate.py -q \
     -p no:cacheprovider 2>&1 \
     | tee "$OUT/tests_tp.log" | tail -15
+fi
+if [ -n "${TUNE_TP:-}" ]; then
+  python3 scripts/tune_weight_only.py --chain --tp 2 --bits 4 --buckets 1 16 --models llama3-8b \
+    --budget-s "${TUNE_TP_BUDGET_S:-200}" 2>&1 | tee "$OUT/tune_tp.log" | grep -E "==>|failed|budget|wrote" | head -20
+  cp src/qkernels/configs/*.json "$OUT/" 2>/dev/null
 fi
 torchrun --nproc-per-node 2 -m qkernels.cli bench runtime --tp 2 --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_tp.log"

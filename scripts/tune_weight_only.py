@@ -2,11 +2,13 @@
 into src/qkernels/configs/<gpu>.json ("w4a16" / "w8a16"). Each candidate is timed with CUDA-graph
 replay on the three Llama-3-8B shapes; the score is the geometric mean of time / best time per shape.
 Usage: PYTHONPATH=src python3 scripts/tune_weight_only.py [--bits 4 8] [--buckets 1 16 ...]
-           [--chain [--models llama3-8b qwen3-1.7b] | --shapes NxK ...] [--paths gv gvt ...]
+           [--chain [--models llama3-8b qwen3-1.7b] [--tp 2]] [--shapes NxK ...] [--paths gv gvt ...]
 
---shapes NxK ... (one-call graphs, as the default): time these shapes instead of Llama-3-8B's and write only shape
-overrides against the buckets' configs, which stay as they are (another model's shapes at its prefill sizes: a
-vision encoder's linears at M = 256-1024, say).
+--shapes NxK ... (one-call graphs, as the default; chained with --chain): time these shapes instead of Llama-3-8B's
+and write only shape overrides against the buckets' configs, which stay as they are (another model's shapes at its
+prefill sizes: a vision encoder's linears at M = 256-1024, say). --tp N (with --chain) does the same for the shapes
+one rank of a tensor-parallel runtime runs in its decode step (rank_shapes: --models' q|k|v and gate|up split along
+N, o and down along K), e.g. `--chain --tp 2 --buckets 1 16 --models llama3-8b`.
 
 --chain (decode buckets, M <= 256: batched decode included): each candidate is timed as a decode step runs it
 instead, on the decode shapes of --models (Llama-3-8B's by default; its lm_head aside), separate (a Hugging Face
@@ -51,6 +53,30 @@ def chain_shapes(models: list) -> list:
 
 
 CHAIN_SHAPES = chain_shapes(["llama3-8b"])
+# the runtime's projections under tensor parallelism (models.parallel), by bench.decode_gemv.SHAPES's layer names:
+# (name, the dimension split over the ranks): column-parallel ones N, row-parallel ones K ("q, o" is o's shape: q is
+# in q|k|v)
+TP_SPLIT = {"q|k|v": ("q|k|v", "N"), "gate|up": ("gate|up", "N"), "q, o": ("o", "K"), "down": ("down", "K")}
+
+
+def rank_shapes(models: list, tp: int) -> list:
+    """The weight shapes one of `tp` ranks runs in the runtime's decode step of each model (its lm_head aside),
+    each shape once."""
+    from qkernels.bench.decode_gemv import SHAPES as DECODE
+    out = []
+    for model in models:
+        if model not in DECODE:
+            raise ValueError(f"models: expected names of bench.decode_gemv.SHAPES ({', '.join(DECODE)}), got {model!r}")
+        for n, k, layer in DECODE[model]:
+            if layer not in TP_SPLIT:
+                continue
+            name, dim = TP_SPLIT[layer]
+            if (n if dim == "N" else k) % tp:
+                raise ValueError(f"tp: {model}'s {name} ({n}x{k}) does not split {tp} ways along {dim}")
+            shape = (n // tp, k) if dim == "N" else (n, k // tp)
+            if shape not in out:
+                out.append(shape)
+    return out
 
 
 def gemv(bn, bk, w, s, min_programs=0):
@@ -250,15 +276,17 @@ def from_log(log: Path, table: dict, bits_list: list, chain_set: list = CHAIN_SH
                 _attach_fallback(tab, bucket, fb)
 
 
-def overrides_only(tab: dict, kind: str, bucket, shapes: list, results: list, score) -> bool:
-    """--shapes: the shape overrides of `shapes` against the bucket's config in tab (which stays), from one bucket's
-    results [(time per shape, config)]; Gluon-path overrides take the bucket's fallback (or the best other
-    config's). False (nothing written) where the bucket's config is not among the results."""
+def overrides_only(tab: dict, kind: str, bucket, shapes: list, results: list, score,
+                   gain: float = configs.OVERRIDE_GAIN) -> bool:
+    """--shapes / --tp: the shape overrides of `shapes` against the bucket's config in tab (which stays), from one
+    bucket's results [(time per shape, config)], where one beats it by `gain`; Gluon-path overrides take the
+    bucket's fallback (or the best other config's). False (nothing written) where the bucket's config is not among
+    the results."""
     bucket_cfg = {k: v for k, v in tab[str(bucket)].items() if k != "fallback"}
     if not any(r[1] == bucket_cfg for r in results):
         print(f"{kind} M={bucket}: the bucket's config failed on these shapes; no overrides", flush=True)
         return False
-    configs.set_shape_overrides(tab, kind, bucket, shapes, results, bucket_cfg, configs.OVERRIDE_GAIN)
+    configs.set_shape_overrides(tab, kind, bucket, shapes, results, bucket_cfg, gain)
     others = [r for r in results if r[1]["path"] not in WO.SUPPORTED]
     fb = tab[str(bucket)].get("fallback") or (min(others, key=score)[1] if others else None)
     if fb is not None:
@@ -289,21 +317,29 @@ def main():
                     help="--chain (or --from-log of such a sweep): the decode shapes of these models but their "
                          "lm_heads (bench.decode_gemv.SHAPES); the bucket configs are chosen over all of them")
     ap.add_argument("--shapes", nargs="+", metavar="NxK",
-                    help="time these shapes (not with --chain or --from-log): only shape overrides are written, "
-                         "against the buckets' configs in the table")
+                    help="time these shapes (not with --from-log): only shape overrides are written, against the "
+                         "buckets' configs in the table")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="with --chain: the shapes of one of this many tensor-parallel ranks of --models, as --shapes "
+                         "(overrides only)")
     args = ap.parse_args()
     if args.chain and (args.from_log or max(args.buckets) > 256):
         ap.error("--chain times decode buckets (--buckets of 256 or less) and cannot replay logs (--from-log)")
-    if args.shapes and (args.chain or args.from_log):
-        ap.error("--shapes times one-call graphs against the table's bucket configs: not with --chain or --from-log")
+    if args.shapes and args.from_log:
+        ap.error("--shapes times shapes against the table's bucket configs: not with --from-log")
+    if args.tp != 1 and (not args.chain or args.shapes or args.tp < 1):
+        ap.error(f"--tp: expected a rank count > 1 with --chain (decode shapes) and without --shapes, got --tp "
+                 f"{args.tp}{'' if args.chain else ' without --chain'}{' with --shapes' if args.shapes else ''}")
     try:
         chain_set = chain_shapes(args.models)
         own = [tuple(int(v) if v.isdigit() else 0 for v in s.lower().split("x")) for s in args.shapes or []]
         if any(len(t) != 2 or min(t) < 1 for t in own):
             raise ValueError(f"--shapes: expected NxK pairs such as 4096x2048, got {args.shapes}")
+        if args.tp > 1:
+            own = rank_shapes(args.models, args.tp)
     except ValueError as e:
         ap.error(str(e))
-    shapes = chain_set if args.chain else own or SHAPES
+    shapes = own or (chain_set if args.chain else SHAPES)
     if args.from_log:
         path = Path(configs.__file__).parent / f"{args.gpu}.json"
         table = json.loads(path.read_text())
@@ -339,7 +375,7 @@ def main():
             # tc, gv: 4-bit only
             cands = [c for c in candidates(m) if bits == 4 or c["path"] not in ("tc", "gv")]
             bucket = {k: v for k, v in (tab.get(str(m)) or {}).items() if k != "fallback"}
-            if own:         # --shapes: overrides against the bucket's own config, which must be timed too
+            if own:         # --shapes / --tp: overrides against the bucket's own config, which must be timed too
                 if not bucket:
                     print(f"{key} M={m}: no bucket config in the table to set overrides against; skipped", flush=True)
                     continue
@@ -372,7 +408,8 @@ def main():
             best_per_shape = [min(r[0][i] for r in results) for i in range(len(shapes))]
             score = lambda r: math.exp(sum(math.log(t / b) for t, b in zip(r[0], best_per_shape)) / len(shapes))  # noqa
             if own:
-                if not overrides_only(tab, key, m, shapes, results, score):
+                if not overrides_only(tab, key, m, shapes, results, score,
+                                      configs.CHAIN_OVERRIDE_GAIN if args.chain else configs.OVERRIDE_GAIN):
                     continue
                 table[key] = dict(sorted(tab.items(), key=lambda kv: (int(kv[0].split(":")[0]), kv[0])))
                 path.write_text(json.dumps(table, indent=1) + "\n")

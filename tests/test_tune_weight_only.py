@@ -1,6 +1,7 @@
 """scripts/tune_weight_only.py without a GPU: the decode shapes its --chain sweeps time for --models, the shape
 overrides it replays from a sweep's log (--from-log) for those models, and the overrides alone of a --shapes sweep."""
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,41 @@ def test_shapes_sweep_writes_overrides_only(tune):
     assert tab["1024:N3072:K1024"] == dict(b, fallback=fb)               # 6.0 < 0.95 x 10.0
     assert "1024:N1024:K1024" not in tab                                # 9.9: not clearly faster, dropped
     assert not tune.overrides_only(tab, "w4a16", 1024, shapes, [([1.0, 1.0], b)], lambda r: 0)   # bucket untimed
+
+
+def test_rank_shapes_of_a_tensor_parallel_runtime(tune):
+    """--tp: the runtime's merged q|k|v and gate|up split along N over the ranks, o and down along K; the separate
+    projections a Hugging Face model runs (k, v; gate, up) and lm_head are not a rank's."""
+    assert tune.rank_shapes(["llama3-8b"], 2) == [(4096, 2048), (3072, 4096), (14336, 4096), (4096, 7168)]
+    assert tune.rank_shapes(["llama3-8b", "qwen3-1.7b"], 2)[4:] == [(2048, 1024), (2048, 2048), (6144, 2048),
+                                                                  (2048, 3072)]
+    with pytest.raises(ValueError, match=r"llama3-8b's o \(4096x4096\) does not split 5 ways along K"):
+        tune.rank_shapes(["llama3-8b"], 5)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "2"], "--tp: expected a rank count > 1 with --chain .* without --chain"),
+    (["--chain", "--tp", "2", "--shapes", "4096x4096", "--buckets", "1"], "with --shapes"),
+    (["--chain", "--tp", "0", "--buckets", "1"], "got --tp 0"),
+    (["--chain", "--tp", "3", "--buckets", "1"], r"does not split 3 ways"),
+])
+def test_tp_arguments_are_checked_before_any_timing(tune, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr("sys.argv", ["tune_weight_only.py"] + argv)
+    with pytest.raises(SystemExit):
+        tune.main()
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_chained_overrides_take_the_chain_gain(tune):
+    """--tp / --shapes with --chain: a decode chain's timings repeat within ~0.3%, so a shape gets its own config at
+    the chain gain (2%), not the one-call graphs' 5%."""
+    a = dict(path="gv", BLOCK_N=4, num_warps=4)
+    b = dict(path="gvt", TILES=1, WPT=8, num_warps=1)
+    tab = {"1": dict(a)}
+    results = [([10.0], a), ([9.7], b)]
+    assert tune.overrides_only(tab, "w4a16", 1, [(3072, 4096)], results, lambda r: sum(r[0]),
+                               tune.configs.CHAIN_OVERRIDE_GAIN)
+    assert tab["1:N3072:K4096"] == b and tab["1"] == a
+    tab = {"1": dict(a)}
+    tune.overrides_only(tab, "w4a16", 1, [(3072, 4096)], results, lambda r: sum(r[0]))
+    assert "1:N3072:K4096" not in tab                                    # 9.7 is not 5% faster
