@@ -2,7 +2,11 @@
 (bench.runtime.profile_step), per scheme, beside the step's median time. Random weights of the real config.
 
   python3 scripts/profile_step.py --model qwen3-1.7b [llama3-8b] --batch 16 [64] --schemes fp16,w4a16 [--top 16]
-      [--json PATH]
+      [--json PATH] [--prefill 2048 [262]]
+
+--prefill T: a T-token prompt's forward instead (batch 1, eager, as bench runtime's TTFT rows time it): its median
+time beside the sum of its kernels' GPU time; where the sum is well short of the time, the host (Python, launches)
+sets the pace, not the kernels.
 
 The kernels that differ between two schemes' steps are where one loses to the other. Spans of kernels that start
 early under programmatic dependent launch include their wait for the kernel before (bench/runtime.py's method): with
@@ -21,7 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-from qkernels.bench.model import hf_model, model_configs  # noqa: E402
+from qkernels.bench.model import _median_ms, hf_model, model_configs  # noqa: E402
 from qkernels.bench.runtime import CTX, profile_step, runtime_decode  # noqa: E402
 from qkernels.models import from_pretrained  # noqa: E402
 
@@ -33,6 +37,8 @@ def main() -> None:
     ap.add_argument("--schemes", default="fp16,w4a16")
     ap.add_argument("--top", type=int, default=16, help="kernels listed per step; 0: the step time only")
     ap.add_argument("--json", default=None, help="write {model, batch, scheme: {step_us, kernels}} here")
+    ap.add_argument("--prefill", type=int, nargs="+", default=None, metavar="T",
+                    help="profile T-token prompts' forward (batch 1) instead of the decode step")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
@@ -50,7 +56,9 @@ def _model(name: str, args, dev, out: dict, gpu: bool) -> None:
         hf = hf_model(cfg, torch.float16)
     for scheme in args.schemes.split(","):
         m = from_pretrained(hf, None if scheme == "fp16" else scheme, device=dev, dtype=torch.float16)
-        for b in args.batch:
+        for t in args.prefill or ():
+            _prefill(m, name, scheme, t, args, dev, out, gpu)
+        for b in () if args.prefill else args.batch:
             ms, step = runtime_decode(m, b, CTX if gpu else 8, gpu)
             tok = torch.zeros(b, dtype=torch.long, device=dev)
             pos = torch.full((b,), CTX if gpu else 8, device=dev)
@@ -66,6 +74,25 @@ def _model(name: str, args, dev, out: dict, gpu: bool) -> None:
     del hf
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def _prefill(m, name: str, scheme: str, t: int, args, dev, out: dict, gpu: bool) -> None:
+    """One t-token prompt's forward into the cache (logits of its last position): median ms, and its kernels."""
+    m.setup_caches(1, t + 64)
+    ids = torch.randint(0, m.args.vocab_size, (1, t), device=dev)
+    at = torch.full((1,), t - 1, device=dev)
+
+    @torch.inference_mode()
+    def forward():
+        m(ids, 0, logits_at=at)
+    ms = _median_ms(forward, dev, 10 if gpu else 1)
+    rows = profile_step(forward, top=10 ** 6) if args.top and gpu else []
+    gpu_us = sum(r["us_per_step"] for r in rows)
+    out[f"{name} prefill {t} {scheme}"] = {"us": ms * 1e3, "kernels_us": gpu_us, "kernels": rows[:args.top]}
+    print(f"== {name} prefill {t} tokens {scheme}: {ms * 1e3:.0f} us"
+          + (f", its kernels' GPU time {gpu_us:.0f} us ({100 * gpu_us / (ms * 1e3):.0f}%)" if rows else ""))
+    for r in rows[:args.top]:
+        print(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.1f}  {r['kernel']}")
 
 
 if __name__ == "__main__":

@@ -14,3 +14,15 @@ def test_profile_step_times_each_scheme_and_batch(tmp_path):
     doc = json.loads(out.read_text())
     assert sorted(k.split(" ", 1)[1] for k in doc) == ["b=1 fp16", "b=1 w4a16", "b=2 fp16", "b=2 w4a16"]
     assert all(v["step_us"] > 0 for v in doc.values())
+
+
+def test_profile_step_times_prefill(tmp_path):
+    """--prefill T: a T-token prompt's forward per scheme instead of the decode step (named by --model; on a CPU the
+    bench's tiny model runs)."""
+    out = tmp_path / "prefill.json"
+    run = run_script("profile_step.py", "--prefill", "12", "--schemes", "fp16,w4a16", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert [l.split(":")[0] for l in run.stdout.splitlines() if l.startswith("== ")] == [
+        "== qwen3-1.7b prefill 12 tokens fp16", "== qwen3-1.7b prefill 12 tokens w4a16"], run.stdout
+    doc = json.loads(out.read_text())
+    assert sorted(doc) == ["qwen3-1.7b prefill 12 fp16", "qwen3-1.7b prefill 12 w4a16"] and all(v["us"] > 0 for v in doc.values())
