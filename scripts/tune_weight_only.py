@@ -119,13 +119,15 @@ def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1, tail=1, per_sm=1, ws=False, maxnreg=None):
+def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1, tail=1, per_sm=1, ws=False, maxnreg=None,
+       xbar=False):
     """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
     on the H100 / H200's 132 SMs); kc: 64-k chunks per ring stage (one barrier and one refill per stage); tail > 1:
     the last, partial wave's tiles (SMs x per_sm programs a wave) split along K up to `tail` ways; ws: a producer
-    warp issues the ring's copies (warp-specialized); maxnreg: registers per thread capped (more programs per SM)."""
+    warp issues the ring's copies (warp-specialized); maxnreg: registers per thread capped (more programs per SM);
+    xbar: the x tiles on barriers of their own (one CTA barrier fewer per refill, a second mbarrier wait)."""
     c = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w, **({"WS": True} if ws else {}),
-             **({"maxnreg": maxnreg} if maxnreg else {}))
+             **({"maxnreg": maxnreg} if maxnreg else {}), **({"XBAR": True} if xbar else {}))
     c = c if kc == 1 else dict(c, KC=kc)
     c = c if tail == 1 else dict(c, TAIL=tail, **({"PER_SM": per_sm} if per_sm > 1 else {}))
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
@@ -227,11 +229,11 @@ def candidates(m: int) -> list[dict]:
         # warpgroup that multiplies, the loop's latency-bound part)
         c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc, ws=True) for st, kc, sp, mp in
               [(4, 1, 4, 792), (3, 1, 8, 1056), (2, 2, 4, 792)]]
-        # registers capped: the M = 64 tile holds 111 registers a thread (4 programs per SM; ncu, H200: 59% of issue
-        # slots used), 80 compile without spills (offline sm_90 compile), 64 at M <= 32; with 3 stages 6 programs
-        # fit an SM's shared memory
-        c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, maxnreg=r) for st, sp, mp, r in
-              [(4, 4, 792, 80 if bm > 32 else 64), (3, 8, 1056, 80 if bm > 32 else 64), (3, 4, 792, 96)]]
+        # the same with the x tiles on barriers of their own (XBAR: 3 CTA barriers per chunk instead of 4 in the
+        # loop's SASS, 361 instructions per two chunks instead of 355). Registers capped (maxnreg 64 / 80 / 96) won
+        # no bucket or shape in an H200 sweep at M = 16-64 (logs/pdl_decode_step_h200.log): no longer tried
+        c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc, xbar=True) for st, kc, sp, mp in
+              [(4, 1, 4, 792), (3, 1, 8, 1056), (2, 2, 4, 792)]]
     if 64 <= m <= 256:
         c += [wg(bm, bn, w, st, split=4) for bm, bn, w, st in
               [(64, 64, 4, 6), (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4)]]

@@ -455,7 +455,11 @@ def test_gvt_tails_scales_and_fallback(cfg):
                                  dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4, WS=True),
                                  dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, KC=2, SPLIT_K=3,
                                       MIN_PROGRAMS=1 << 30, WS=True),
-                                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=4, TAIL=4, WS=True)])
+                                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=4, TAIL=4, WS=True),
+                                 dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=3, SPLIT_K=3, MIN_PROGRAMS=1 << 30,
+                                      XBAR=True),
+                                 dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=2, KC=2, XBAR=True),
+                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, TAIL=3, XBAR=True)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
@@ -463,8 +467,8 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
     are read but not stored, split-K slices of unequal length), ring stages of several 64-k chunks (KC; K / 64 not a
     multiple of KC: one chunk per stage),
     a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, integer zero points taken as such or not,
-    per channel; group 32 and K % 64 take the fallback; the last wave split (TAIL) and the warp-specialized loop
-    (WS). Against the reference."""
+    per channel; group 32 and K % 64 take the fallback; the last wave split (TAIL), the warp-specialized loop
+    (WS) and the x tiles on barriers of their own (XBAR). Against the reference."""
     cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "mm", bits, 200, 320, DEVICE)
     for M, N, k, group_size, sym in ((1, 200, 320, 64, True), (130, 200, 640, 128, False), (300, 72, 512, -1, True),
@@ -486,7 +490,9 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
                                  dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, STAGES=2, KC=2),
                                  dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, STAGES=4),
                                  dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, TAIL=3),
-                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, KC=2, WS=True)])
+                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, KC=2, WS=True),
+                                 dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=4, SPLIT_K=4, MIN_PROGRAMS=1 << 30,
+                                      XBAR=True)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
@@ -536,6 +542,17 @@ def test_wg_maxnreg_reaches_the_launch():
     cfg = dict(path="wg", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=3, num_warps=4, maxnreg=80)
     _, _, _, cx, _ = WO.launch._plan(cfg, 64, 4096, 4096, 4, 128, False, True)
     assert cx["maxnreg"] == 80
+
+
+def test_wg_xbar_reaches_the_launch_and_is_refused_elsewhere():
+    """XBAR (the x tiles on barriers of their own) is a wg constexpr; with WS (the producer warp issues the copies)
+    or on another path the config is refused, naming the key."""
+    cfg = dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=3, num_warps=4, XBAR=True)
+    _, _, _, cx, _ = WO.launch._plan(cfg, 32, 4096, 4096, 4, 128, False, True)
+    assert cx["XBAR"] is True
+    for bad in (dict(cfg, WS=True), dict(path="gvt", TILES=1, WPT=8, num_warps=1, XBAR=True)):
+        with pytest.raises(RuntimeError, match="XBAR .* is a wg config key, not with WS"):
+            WO.launch._plan(bad, 32, 4096, 4096, 4, 128, False, True)
 
 
 @gpu

@@ -38,18 +38,31 @@ BK: gl.constexpr = gl.constexpr(64)     # k per step: one 64-k chunk (32 code by
 
 
 @gluon.jit
-def _wg_issue_codes(x_desc, w_desc, c_ring, bars, stage, off_n, up0, k0, pred, BITS: gl.constexpr, KC: gl.constexpr,
-                    SWIGLU: gl.constexpr):
-    """Start ring stage `stage` (KC 64-k chunks from k0): its barrier expects the x tiles and code bytes of all KC
-    chunks; here the TMA copies of the code bytes, one 32-byte-wide box per row and chunk at 4 bits (ring entry
-    KC stage + c), two at 8 (entries 2 (KC stage + c) and + 1: k and k + 32). SWIGLU: each box is two half-height
-    boxes, gate rows from off_n into the entry's first half, up rows from off_n + up0 into its second.
-    _wg_issue_x adds the x tiles."""
-    bar = bars.index(stage)
+def _wg_expect(x_desc, w_desc, bars, xbars, stage, pred, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr,
+               XBAR: gl.constexpr):
+    """Start ring stage `stage` (KC 64-k chunks): its barrier expects the code bytes and x tiles of all KC chunks;
+    XBAR: the code bytes on `bars`, the x tiles on `xbars` (a separate allocation: the compiler's shared-memory
+    barrier analysis then orders the stage's copies behind both expects with one CTA barrier, not one per copy)."""
     CPS: gl.constexpr = BITS // 4
     NBOX: gl.constexpr = 2 if SWIGLU else 1
+    codes: gl.constexpr = KC * CPS * NBOX * w_desc.block_type.nbytes
+    if XBAR:
+        mbarrier.expect(bars.index(stage), codes, pred=pred)
+        mbarrier.expect(xbars.index(stage), KC * x_desc.block_type.nbytes, pred=pred)
+    else:
+        mbarrier.expect(bars.index(stage), codes + KC * x_desc.block_type.nbytes, pred=pred)
+
+
+@gluon.jit
+def _wg_issue_codes(w_desc, c_ring, bars, stage, off_n, up0, k0, pred, BITS: gl.constexpr, KC: gl.constexpr,
+                    SWIGLU: gl.constexpr):
+    """The TMA copies of ring stage `stage`'s code bytes (KC 64-k chunks from k0, after _wg_expect), one
+    32-byte-wide box per row and chunk at 4 bits (ring entry KC stage + c), two at 8 (entries 2 (KC stage + c) and
+    + 1: k and k + 32). SWIGLU: each box is two half-height boxes, gate rows from off_n into the entry's first
+    half, up rows from off_n + up0 into its second. _wg_issue_x adds the x tiles."""
+    bar = bars.index(stage)
+    CPS: gl.constexpr = BITS // 4
     HB: gl.constexpr = w_desc.block_type.shape[0]
-    mbarrier.expect(bar, KC * (x_desc.block_type.nbytes + CPS * NBOX * w_desc.block_type.nbytes), pred=pred)
     for c in gl.static_range(KC):
         for h in gl.static_range(CPS):
             kk = (k0 + c * BK) // 2 if BITS == 4 else k0 + c * BK + h * (BK // 2)
@@ -62,11 +75,12 @@ def _wg_issue_codes(x_desc, w_desc, c_ring, bars, stage, off_n, up0, k0, pred, B
 
 
 @gluon.jit
-def _wg_issue_x(x_desc, x_ring, bars, stage, off_m, k0, pred, KC: gl.constexpr):
-    """The TMA copies of ring stage `stage`'s KC x tiles (entries KC stage + c)."""
+def _wg_issue_x(x_desc, x_ring, xbars, stage, off_m, k0, pred, KC: gl.constexpr):
+    """The TMA copies of ring stage `stage`'s KC x tiles (entries KC stage + c), completing on xbars (the code
+    bytes' barriers unless XBAR)."""
     for c in gl.static_range(KC):
-        tma.async_copy_global_to_shared(x_desc, [off_m, k0 + c * BK], bars.index(stage), x_ring.index(stage * KC + c),
-                                        pred=pred)
+        tma.async_copy_global_to_shared(x_desc, [off_m, k0 + c * BK], xbars.index(stage),
+                                        x_ring.index(stage * KC + c), pred=pred)
 
 
 def _pairs_asm(magic: str) -> str:
@@ -152,12 +166,15 @@ def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constex
 
 
 @gluon.jit
-def _wg_codes(c_ring, bars, step, al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr):
+def _wg_codes(c_ring, bars, xbars, step, al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr,
+              KC: gl.constexpr, XBAR: gl.constexpr):
     """Wait for the stage holding chunk `step` (stage step // KC mod STAGES; a wait on a stage already complete
-    returns at once) and read the chunk's code bytes as 16-bit pairs in the A-operand layout: 8-bit, the pairs of k
-    and of k + 32; 4-bit, the pairs of both (twice, the same value)."""
+    returns at once; XBAR: for its x tiles too) and read the chunk's code bytes as 16-bit pairs in the A-operand
+    layout: 8-bit, the pairs of k and of k + 32; 4-bit, the pairs of both (twice, the same value)."""
     g = step // KC
     mbarrier.wait(bars.index(g % STAGES), (g // STAGES) & 1)
+    if XBAR:
+        mbarrier.wait(xbars.index(g % STAGES), (g // STAGES) & 1)
     BN: gl.constexpr = c_ring.shape[1]
     pl: gl.constexpr = _pairs_layout(gl.to_linear_layout(al, [BN, BK // 2]))
     CPS: gl.constexpr = BITS // 4
@@ -187,19 +204,21 @@ def _wg_mma(acc, lo, hi, xs):
 
 
 @gluon.jit
-def _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, pred, BITS: gl.constexpr,
-               KC: gl.constexpr, STAGES: gl.constexpr, SWIGLU: gl.constexpr):
+def _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, xbars, g, steps, s0, off_m, off_n, up0, pred,
+               BITS: gl.constexpr, KC: gl.constexpr, STAGES: gl.constexpr, SWIGLU: gl.constexpr, XBAR: gl.constexpr):
     """Load stage group g (chunks g KC ...) into ring stage g mod STAGES, if it is in the slice (and pred)."""
     pred = pred & (g * KC < steps)
     k0 = (s0 + g * KC) * BK
-    _wg_issue_codes(x_desc, w_desc, c_ring, bars, g % STAGES, off_n, up0, k0, pred, BITS, KC, SWIGLU)
-    _wg_issue_x(x_desc, x_ring, bars, g % STAGES, off_m, k0, pred, KC)
+    _wg_expect(x_desc, w_desc, bars, xbars, g % STAGES, pred, BITS, KC, SWIGLU, XBAR)
+    _wg_issue_codes(w_desc, c_ring, bars, g % STAGES, off_n, up0, k0, pred, BITS, KC, SWIGLU)
+    _wg_issue_x(x_desc, x_ring, xbars, g % STAGES, off_m, k0, pred, KC)
 
 
 @gluon.jit
-def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, empty, s_p, off_m, off_n, up0,
-             GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
-             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr, WS: gl.constexpr):
+def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, xbars, empty, s_p, off_m, off_n,
+             up0, GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
+             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr, WS: gl.constexpr,
+             XBAR: gl.constexpr):
     """Chunk `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the chunk
     after next; wait for the previous chunk's wgmmas (its tile's registers are then free); if that chunk was its
     stage's last, refill the stage with the chunks STAGES stages on, once every warp is past it (WS: hand the stage
@@ -221,21 +240,22 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
         g = (step - 1) // KC + STAGES       # the stage the previous chunk was in, refilled with stage g
         if KC == 1:     # every chunk ends its stage (the barrier unconditional, as branch-free code)
             gl.thread_barrier()
-            _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, step >= 1, BITS, KC,
-                       STAGES, SWIGLU)
+            _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, xbars, g, steps, s0, off_m, off_n, up0, step >= 1, BITS,
+                       KC, STAGES, SWIGLU, XBAR)
         elif (step >= 1) & ((step - 1) % KC == KC - 1):
             gl.thread_barrier()
-            _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, g, steps, s0, off_m, off_n, up0, True, BITS, KC,
-                       STAGES, SWIGLU)
-    codes = _wg_codes(c_ring, bars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC)
+            _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, xbars, g, steps, s0, off_m, off_n, up0, True, BITS, KC,
+                       STAGES, SWIGLU, XBAR)
+    codes = _wg_codes(c_ring, bars, xbars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC, XBAR)
     nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
     return acc, nlo, nhi, sz_after
 
 
 @gluon.jit
-def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, GROUP: gl.constexpr,
-             INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr, mma: gl.constexpr,
-             STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr, WS: gl.constexpr):
+def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, xbars, empty, steps, s0, off_m, off_n, up0,
+             GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
+             mma: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr,
+             WS: gl.constexpr, XBAR: gl.constexpr):
     """The main loop over the slice's chunks (sz: the first chunk's (scale, zero) words, or None: loaded here);
     with WS, the default partition of the warp-specialized kernel (the ring filled by _wg_produce). Returns (acc,)
     once every wgmma is done."""
@@ -243,7 +263,7 @@ def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, of
     BM: gl.constexpr = x_ring.shape[1]
     if sz is None:
         sz = _wg_sz(s_p, 0, steps, s0, GROUP)
-    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, 0, al, STAGES, BITS, KC), sz, INT_Z, dt, st, al, BITS)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, xbars, 0, al, STAGES, BITS, KC, XBAR), sz, INT_Z, dt, st, al, BITS)
     if GROUP != PER_CHANNEL:
         sz = _wg_sz(s_p, 1, steps, s0, GROUP)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
@@ -251,11 +271,12 @@ def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, of
     # (registers): a single loop-carried tile made ptxas hold the next tile's dequantization until the wgmma
     # reading the carried registers was done.
     for j in range(steps // 2):
-        acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, empty,
-                                     s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU, WS)
+        acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, xbars,
+                                     empty, s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU,
+                                     WS, XBAR)
         acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars,
-                                   empty, s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU,
-                                   WS)
+                                   xbars, empty, s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC,
+                                   SWIGLU, WS, XBAR)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
     return (warpgroup_mma_wait(0, deps=[acc]),)
@@ -268,8 +289,8 @@ def _wg_produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, o
     then each later stage group g once the consumers have handed its ring stage back (the (g // STAGES - 1)-th
     completion of that stage's `empty` barrier)."""
     for p in gl.static_range(STAGES):
-        _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS, KC,
-                        SWIGLU)
+        _wg_expect(x_desc, w_desc, bars, bars, p, p * KC < steps, BITS, KC, SWIGLU, False)
+        _wg_issue_codes(w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS, KC, SWIGLU)
     _pdl_wait(PDL)
     for p in gl.static_range(STAGES):
         _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
@@ -277,7 +298,8 @@ def _wg_produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, o
         stage = g % STAGES
         mbarrier.wait(empty.index(stage), (g // STAGES - 1) & 1)
         k0 = (s0 + g * KC) * BK
-        _wg_issue_codes(x_desc, w_desc, c_ring, bars, stage, off_n, up0, k0, True, BITS, KC, SWIGLU)
+        _wg_expect(x_desc, w_desc, bars, bars, stage, True, BITS, KC, SWIGLU, False)
+        _wg_issue_codes(w_desc, c_ring, bars, stage, off_n, up0, k0, True, BITS, KC, SWIGLU)
         _wg_issue_x(x_desc, x_ring, bars, stage, off_m, k0, True, KC)
 
 
@@ -287,7 +309,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4, KC: gl.constexpr = 1,
                    SWIGLU: gl.constexpr = False, TAIL: gl.constexpr = 1, WS: gl.constexpr = False,
-                   PDL: gl.constexpr = False):
+                   PDL: gl.constexpr = False, XBAR: gl.constexpr = False):
     """W4A16 / W8A16 (BITS) on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per
     output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
     each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
@@ -307,8 +329,12 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     bytes and (scale, zero) words are fetched before the wait for the previous kernel, x after; the next kernel may
     start once every program is past that wait (_pdl_wait; with WS the producer's). SWIGLU: W is a merged [gate; up]
     projection (N = 2 I rows) and out [M, I] = silu(gate) * up: a tile's first BLOCK_N / 2 rows are gate rows c, its
-    last the up rows I + c (w_desc blocks [BLOCK_N / 2, 32]), paired in the epilogue (_wg_store)."""
+    last the up rows I + c (w_desc blocks [BLOCK_N / 2, 32]), paired in the epilogue (_wg_store). XBAR (not with
+    WS): the x tiles complete on barriers of their own, so that a refill's two expects come first and its copies
+    after them under one CTA barrier, instead of one barrier after each (the compiler orders operations on the same
+    shared allocation, mbarriers included, with a bar.sync between them); each chunk then waits on two barriers."""
     W: gl.constexpr = gl.num_warps()
+    gl.static_assert(not (WS and XBAR), "XBAR: the kernel's own TMA issue (not with WS)")
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_M, 16])
@@ -341,6 +367,12 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
+    if XBAR:
+        xbars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for p in gl.static_range(STAGES):
+            mbarrier.init(xbars.index(p), count=1)
+    else:
+        xbars = bars
 
     if TAIL > 1:
         per = gl.cdiv(K // BK // KC, gl.where(split_tile, TAIL, 1)) * KC
@@ -358,8 +390,8 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
         for p in gl.static_range(STAGES):
             mbarrier.init(empty.index(p), count=1)
         acc, = gl.warp_specialize([
-            (_wg_loop, (None, s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, GROUP,
-                        INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, True)),
+            (_wg_loop, (None, s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, empty, steps, s0, off_m, off_n, up0,
+                        GROUP, INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, True, False)),
             (_wg_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, STAGES, BITS,
                            KC, SWIGLU, PDL)),
         ], [1], [24])
@@ -367,17 +399,20 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
             mbarrier.invalidate(empty.index(p))
     else:
         for p in gl.static_range(STAGES):      # weights only before the wait (PDL)
-            _wg_issue_codes(x_desc, w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS,
-                            KC, SWIGLU)
+            _wg_expect(x_desc, w_desc, bars, xbars, p, p * KC < steps, BITS, KC, SWIGLU, XBAR)
+            _wg_issue_codes(w_desc, c_ring, bars, p, off_n, up0, (s0 + p * KC) * BK, p * KC < steps, BITS, KC,
+                            SWIGLU)
         sz = _wg_sz(s_p, 0, steps, s0, GROUP)
         _pdl_wait(PDL)
         for p in gl.static_range(STAGES):
-            _wg_issue_x(x_desc, x_ring, bars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
+            _wg_issue_x(x_desc, x_ring, xbars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
         # (no `empty` barriers without WS: bars stands in for them, unused)
-        acc, = _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, up0, GROUP,
-                        INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, False)
+        acc, = _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, xbars, bars, steps, s0, off_m, off_n, up0,
+                        GROUP, INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, False, XBAR)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
+        if XBAR:
+            mbarrier.invalidate(xbars.index(p))
 
     if TAIL > 1:
         if split_tile:

@@ -37,6 +37,9 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     p = {k: v for k, v in cfg.items() if k not in ("path", "fallback", "PDL")}      # PDL: a launch option (_launch)
     if cfg["path"] != "wg" and ("TAIL" in p or "PER_SM" in p):
         raise RuntimeError(f"TAIL / PER_SM (the last wave split along K) are wg config keys: {cfg}")
+    if p.get("XBAR") and (cfg["path"] != "wg" or p.get("WS")):
+        raise RuntimeError(f"XBAR (x tiles on barriers of their own) is a wg config key, not with WS (the producer "
+                           f"warp issues the copies there): {cfg}")
     # maxnreg in any config: a compile option passed through with the constexprs (registers per thread capped)
     if cfg["path"] not in SUPPORTED and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
