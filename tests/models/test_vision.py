@@ -67,11 +67,12 @@ def test_vision_tower_matches_transformers_fp32(grids):
 
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a16", "w8a8"])
 def test_quantized_vision_tower_close_to_float(scheme):
-    """With a scheme the blocks' linears are quantized (mergers and patch embedding stay float): within the
-    quantization error of the float tower."""
+    """With a scheme and quantize_vision the blocks' linears are quantized (mergers and patch embedding stay
+    float): within the quantization error of the float tower."""
     dt = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
     hf = hf_vl(dt)
-    m = from_pretrained(hf, scheme, device=DEVICE, dtype=dt, group_size=64 if scheme == "w4a16" else None)
+    m = from_pretrained(hf, scheme, device=DEVICE, dtype=dt, group_size=64 if scheme == "w4a16" else None,
+                        quantize_vision=True)
     blk = m.visual.blocks[0]
     assert all(isinstance(lin, qk.QuantizedLinear) for lin in (blk.qkv, blk.proj, blk.fc1, blk.fc2))
     assert not isinstance(m.visual.merger.fc1, qk.QuantizedLinear)
@@ -80,6 +81,28 @@ def test_quantized_vision_tower_close_to_float(scheme):
         want = hf.model.visual(pv.to(dt), grid_thw=grid).pooler_output.float()
     got = m.visual(pv, grid)[0].float()
     assert ((got - want).norm() / want.norm()).item() < 5e-2
+
+
+@pytest.mark.parametrize("scheme, quantize_vision, quantized", [
+    ("w4a16", None, False), ("w8a16", None, False), ("w8a8", None, True), ("w8a8", False, False),
+    ("w4a16", True, True)])
+def test_which_schemes_quantize_the_vision_tower(scheme, quantize_vision, quantized):
+    """By default the weight-only schemes leave the vision tower's linears in float (it runs at an image's patch
+    count, where fp16 measured faster) and the W8A8 ones quantize them; quantize_vision says otherwise. The
+    language model is quantized either way; a float tower gives transformers' image embeddings (to half-precision
+    rounding), a quantized one stays within its quantization error."""
+    dt = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
+    hf = hf_vl(dt)
+    m = from_pretrained(hf, scheme, device=DEVICE, dtype=dt, quantize_vision=quantize_vision,
+                        group_size=32 if scheme == "w4a16" else None)
+    blk = m.visual.blocks[0]
+    assert all(isinstance(lin, qk.QuantizedLinear) == quantized for lin in (blk.qkv, blk.proj, blk.fc1, blk.fc2))
+    assert isinstance(m.layers[0].attention.wqkv, qk.QuantizedLinear)
+    pv, grid = images([[1, 4, 6]])
+    with torch.no_grad():
+        want = hf.model.visual(pv.to(dt), grid_thw=grid).pooler_output.float()
+    err = ((m.visual(pv, grid)[0].float() - want).norm() / want.norm()).item()
+    assert err < (5e-2 if quantized else 1e-2), err
 
 
 def test_bad_image_inputs_name_the_argument():
