@@ -9,8 +9,8 @@
 # Usage: scripts/gpu_decode.sh OUTDIR
 #   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; GEMM_KINDS ("int8 fp8 w8a8 w8a8-fp8": the GEMMs on
 #   codes, then the W8A8 linears at M <= 16, the GEMVs quantizing x against quantize + the GEMM just tuned),
-#   GEMM_BUCKETS ("16 1"; "32 64 128 256" for batched decode, GEMM_KINDS "int8 fp8"), GEMM_BUDGET_S; SKIP_WO=1
-#   skips the weight-only sweep;
+#   GEMM_BUCKETS ("16 1"; "32 64 128 256" for batched decode, GEMM_KINDS "int8 fp8"), GEMM_BUDGET_S; SKIP_GEMM=1
+#   skips the GEMM sweep, SKIP_WO=1 the weight-only one;
 #   WO_BUCKETS ("16"), WO_PATHS ("gvt": its candidates beside the table's current configs), WO_BUDGET_S (100),
 #   WO_BITS ("4 8"), WO_MODELS ("llama3-8b": whose decode shapes; "llama3-8b qwen3-1.7b" for both): the weight-only
 #   sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
@@ -39,8 +39,10 @@ fi
 if [ -z "${SKIP_TUNE:-}" ]; then
   mkdir -p "$OUT/table_before" && cp "src/qkernels/configs/$SLUG.json" "$OUT/table_before/"
   echo "sweeping the decode configs first (minutes; SKIP_TUNE=1 benches the tables as they are)" | tee -a "$LOG"
-  python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets ${GEMM_BUCKETS:-16 1} --chain \
-    --budget-s "${GEMM_BUDGET_S:-1e9}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
+  if [ -z "${SKIP_GEMM:-}" ]; then
+    python3 scripts/tune_gemm.py --kinds ${GEMM_KINDS:-int8 fp8 w8a8 w8a8-fp8} --buckets ${GEMM_BUCKETS:-16 1} \
+      --chain --budget-s "${GEMM_BUDGET_S:-1e9}" 2>&1 | tee -a "$LOG" | grep -E "==>|failed|budget" | head -40
+  fi
   if [ -z "${SKIP_WO:-}" ]; then
     python3 scripts/tune_weight_only.py --chain --bits ${WO_BITS:-4 8} --buckets ${WO_BUCKETS:-16} \
       --paths ${WO_PATHS:-gvt} --models ${WO_MODELS:-llama3-8b} --budget-s "${WO_BUDGET_S:-100}" 2>&1 \
