@@ -4,7 +4,8 @@
 # run; OUTDIR/<gpu>/tp.json). Usage: scripts/gpu_tp.sh OUTDIR [bench args, e.g. --models llama3-8b]
 # SKIP_TESTS=1: the benchmark alone. TUNE_TP=1: before it, a rank's decode shapes (Llama-3-8B's, split 2 ways) swept
 # at the M = 1 and 16 buckets on one GPU (scripts/tune_weight_only.py --chain --tp 2: W4A16 shape overrides only,
-# OUTDIR/<gpu>.json), so the TP=2 rows run them; TUNE_TP_BUDGET_S (200).
+# OUTDIR/<gpu>.json), so the TP=2 rows run them; TUNE_TP_BUDGET_S (200). Before the bench, scripts/bench_allreduce.py
+# (OUTDIR/allreduce.json: where the one-shot path's 64 KB cap should lie; SKIP_ALLREDUCE=1 skips it).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_tp.sh OUTDIR [bench args...]}
 shift
@@ -19,6 +20,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest tests/ops/test_collective.py tests/models/test_parallel.py tests/test_cli_generate.py -q \
     -p no:cacheprovider 2>&1 \
     | tee "$OUT/tests_tp.log" | tail -15
+fi
+if [ -z "${SKIP_ALLREDUCE:-}" ]; then     # the one-shot all-reduce against NCCL's, 8 KB to 16 MB (seconds)
+  torchrun --nproc-per-node 2 scripts/bench_allreduce.py --json "$OUT/allreduce.json" 2>&1 \
+    | grep -vE "^W1|^\*+$|OMP_NUM_THREADS" | tee "$OUT/allreduce.log"
 fi
 if [ -n "${TUNE_TP:-}" ]; then
   python3 scripts/tune_weight_only.py --chain --tp 2 --bits 4 --buckets 1 16 --models llama3-8b \
