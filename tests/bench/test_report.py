@@ -99,6 +99,13 @@ def test_batched_decode_targets_per_m_range_and_best_peer(tmp_path):
     # no Marlin rows: its published figure, said to be published
     assert ("- Marlin at M = 1, 16, 32, 64 beside qkernels w4a16: no build of it ran in this benchmark; its "
             "published figure: about 3.87x fp16") in text
+    # Marlin built and timed: ours against it at every (shape, M) both ran, the published figure no longer cited
+    _write(root, "h100", "decode_gemv", rows + [row("marlin w4a16 g128 sym", "6144x4096", 1, 6.0),
+                                                 row("marlin w4a16 g128 sym", "28672x4096", 64, 4.0)])
+    text = report.build(root)
+    assert ("- qkernels w4a16 vs marlin w4a16 g128 sym, every M, Llama-3-8B's four decode projections: ≥ 1.0x: 0.80x "
+            "at worst (M = 64, 28672x4096) — **not met**") in text
+    assert "no build of it ran" not in text
 
 
 def test_decode_gemv_fixed_cost_and_streaming_rate(tmp_path):

@@ -1,9 +1,11 @@
 """The peers the benchmarks time our kernels against, built as their users build them: PyTorch's int4 kernel
 (tinygemm: `aten._weight_int4pack_mm`, what torchao's int4 weight-only runs), gemlite (`A16W4_HQQ_INT().from_weights`
 on our w4a16 codes, scales and zero points; `A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`,
-gemlite's own autotune on first call) and bitsandbytes (`Linear4bit` nf4, fp16 compute). A peer's weight bytes are
-its format's nominal size (4-bit g128: codes + fp16 scale and zero per group; nf4: codes + an fp32 absmax per 64).
-Peers not installed on the machine are reported as missing. Used by bench decode_gemv, weight_only, gemm, runtime.
+gemlite's own autotune on first call), bitsandbytes (`Linear4bit` nf4, fp16 compute) and Marlin (IST-DASLab/marlin's
+`marlin.Layer`, groups of 128, symmetric: its only 4-bit format; built from its public source on the GPU machine by
+scripts/build_marlin.sh). A peer's weight bytes are its format's nominal size (4-bit g128: codes + fp16 scale and
+zero per group, Marlin's a scale only; nf4: codes + an fp32 absmax per 64). Peers not installed on the machine are
+reported as missing. Used by bench decode_gemv, weight_only, gemm, runtime.
 """
 from __future__ import annotations
 
@@ -66,6 +68,32 @@ def peers(lin, dev, kinds=None) -> tuple[dict, list]:
         out["bitsandbytes nf4"] = (nf4, N * K // 2 + 4 * (N * K // 64))
     except ImportError:
         missing.append("bitsandbytes: not installed")
+    try:
+        import marlin
+        out["marlin w4a16 g128 sym"] = (_marlin_maker(marlin, lin, dev), N * K // 2 + 2 * N * (K // 128))
+    except ImportError:
+        missing.append("marlin: not built (scripts/build_marlin.sh)")
     if kinds:
         out = {k: v for k, v in out.items() if any(kind in k for kind in kinds)}
     return out, missing
+
+
+def _marlin_maker(marlin, lin, dev, group: int = 128):
+    """Make Marlin layers of `lin` as its users do: the weight fake-quantized to 4-bit symmetric groups (scale =
+    absmax / 7 per group of 128, codes -8..7, as GPTQ's quantizer without act-order), then `Layer.pack(linear,
+    scales [N, K / 128])`. Packed once (Marlin packs through numpy on the host); each further layer a copy."""
+    N, K = lin.weight.shape
+    packed = []
+
+    def make():
+        if not packed:
+            w = lin.weight.detach().to(dev, torch.float32).reshape(N, K // group, group)
+            s = (w.abs().amax(-1, keepdim=True) / 7).clamp_min(1e-6).half().float()
+            fq = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16)
+            fq.weight.data = (torch.clamp(torch.round(w / s), -8, 7) * s).reshape(N, K).half()
+            layer = marlin.Layer(K, N, groupsize=group)
+            layer.pack(fq, s.reshape(N, K // group).half())
+            packed.append(layer.to(dev))
+            return packed[0]
+        return copy.deepcopy(packed[0])
+    return make

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Marlin (IST-DASLab/marlin: the FP16 x INT4 kernel that vLLM's GPTQ / AWQ Marlin kernels grew from), built from its
+# public source as a benchmark peer, on the GPU machine at benchmark time: the source in .peers/marlin (ignored by
+# git: `git archive` of a fetched copy, docs/benchmarks.md "Peers"), built for this GPU's architecture into
+# $MARLIN_SITE (/tmp/qkernels_peers), which the caller puts on PYTHONPATH (bench/peers.py then times it); MARLIN_SRC
+# names another source folder.
+# Usage: scripts/build_marlin.sh        (minutes: one CUDA file of many template instances)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SRC=${MARLIN_SRC:-.peers/marlin}
+SITE=${MARLIN_SITE:-/tmp/qkernels_peers}
+if [ ! -f "$SRC/setup.py" ]; then
+  echo "build_marlin: expected Marlin's source (setup.py, marlin/) in $SRC, got none: put a copy there and carry it" >&2
+  exit 2
+fi
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "build_marlin: needs a CUDA GPU (its architecture picks the build) and nvcc, got no GPU" >&2
+  exit 2
+fi
+ARCH=$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
+mkdir -p "$SITE"
+(cd "$SRC" && TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS=${MAX_JOBS:-16} \
+  python3 -m pip install -q --no-build-isolation --no-deps --no-index --target "$SITE" . 2>&1 | tail -5)
+PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import marlin; print('marlin built for sm_$ARCH:', marlin.__file__)"
