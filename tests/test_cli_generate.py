@@ -130,6 +130,29 @@ def test_generate_with_images_streams_what_the_runtime_generates(tmp_path, capsy
     assert out.out.strip() == ("describe the image" + tok.decode(new)).strip()
 
 
+@pytest.mark.parametrize("flag, want", [([], None), (["--quantize-vision"], True)])
+def test_generate_passes_quantize_vision(tmp_path, monkeypatch, flag, want):
+    """--quantize-vision reaches from_pretrained (absent: None, the scheme's default)."""
+    import qkernels.models as models
+    got = {}
+
+    class Loaded(Exception):
+        pass
+
+    def fake(*a, **kw):
+        got.update(kw)
+        raise Loaded
+    monkeypatch.setattr(models, "from_pretrained", fake)
+    import tokenizers
+    d = tmp_path / "m"
+    d.mkdir()
+    tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "x": 1}, unk_token="[UNK]")).save(
+        str(d / "tokenizer.json"))
+    with pytest.raises(Loaded):
+        cli.main(["generate", str(d), "--prompt", "x", "--scheme", "w4a16"] + flag)
+    assert got["quantize_vision"] is want
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="--tp 2 needs 2 GPUs")
 def test_generate_with_an_image_tensor_parallel(tmp_path, capsys):
     """--image with --tp 2 under torchrun: the vision encoder whole on each rank, the language model split; the

@@ -208,7 +208,8 @@ def cmd_generate(args) -> int:
     if dtype is None and not has_gpu:
         dtype = torch.float32 if args.scheme is None else torch.bfloat16
     t0 = time.perf_counter()
-    model = from_pretrained(args.model, args.scheme, dtype=dtype, progress=rank == 0)
+    model = from_pretrained(args.model, args.scheme, dtype=dtype, progress=rank == 0,
+                            quantize_vision=args.quantize_vision)
     say(f"[loaded {args.model} ({args.scheme or 'float'}, {model.dtype}, {model.device}"
         + (f", tensor parallel over {args.tp}" if args.tp > 1 else "") + f") in {time.perf_counter() - t0:.1f} s]",
         file=sys.stderr)
@@ -348,6 +349,9 @@ def main(argv=None) -> int:
                         "directory's chat template and image processor build the prompt")
     g.add_argument("--scheme", default=None, type=_scheme_arg,
                    help="quantize while loading: w4a16, w8a16, w8a8, w8a8-fp8 (or e.g. w4a16-g64-sym)")
+    g.add_argument("--quantize-vision", action="store_true", default=None,
+                   help="a vision-language model: quantize the vision tower's linears with the scheme too (by "
+                        "default the W8A8 schemes do, the weight-only ones leave it in float)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
