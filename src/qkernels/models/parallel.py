@@ -31,13 +31,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.linear import QuantizedLinear
-from ..ops.collective import PeerBuffers, one_shot_all_reduce, one_shot_all_reduce_rms_norm
+from ..ops.collective import CAPACITY_BYTES, PeerBuffers, one_shot_all_reduce, one_shot_all_reduce_rms_norm
 from ..schemes import PER_CHANNEL
 
 # the buffers of the all-reduce fused with the next RMSNorm: a decode step's rows up to batch 64 at hidden size 8192
 # in fp16 (Llama-3-70B), one program per row (256 at most)
 NORM_CAPACITY_BYTES = 1 << 20
 PROBE_S = 5.0        # after a failed collective: how long the ranks still alive wait for one another to check in
+
+
+def one_shot_bytes() -> int:
+    """The largest all-reduce the one-shot kernel takes (larger ones go to NCCL): QKERNELS_TP_ONESHOT_BYTES, else
+    collective.CAPACITY_BYTES (64 KB: decode's messages). Raised to a prefill's (16 MB for 2048 tokens of hidden
+    size 4096 in fp16), its buffers hold 2 x ranks x that many bytes on every GPU (scripts/bench_allreduce.py
+    measures the sizes where it beats NCCL)."""
+    import os
+    v = os.environ.get("QKERNELS_TP_ONESHOT_BYTES")
+    if v is None:
+        return CAPACITY_BYTES
+    n = int(v) if v.strip().isdigit() else -1
+    if n < 4096 or n % 16:
+        raise ValueError(f"QKERNELS_TP_ONESHOT_BYTES: expected a byte count of at least 4096 and a multiple of 16, "
+                         f"got {v!r}")
+    return n
 
 if torch.distributed.is_available():
     # torch.distributed.nn's functions take group=group.WORLD as a default, read when that module is imported
@@ -85,14 +101,16 @@ class Parallel:
 
     def connect(self, device: torch.device) -> None:
         """On GPUs that reach each other's memory (NVLink / PCIe peer access: every rank checks its peers), set up
-        the one-shot all-reduce of decode-sized messages (ops/collective.py); larger ones, and GPUs without peer
-        access, stay with torch.distributed's all_reduce (NCCL). QKERNELS_TP_ALLREDUCE=nccl keeps NCCL for all.
+        the one-shot all-reduce of decode-sized messages (ops/collective.py; up to one_shot_bytes()); larger ones,
+        and GPUs without peer access, stay with torch.distributed's all_reduce (NCCL). QKERNELS_TP_ALLREDUCE=nccl
+        keeps NCCL for all.
         A collective: every rank calls it (from_pretrained does, once the model is loaded)."""
         import os
 
         import torch.distributed as dist
         if device.type != "cuda" or dist.get_backend(self.group) != "nccl" or self.peers is not None:
             return
+        capacity = one_shot_bytes()         # a bad setting raises here, before any collective
         indices = [None] * self.world
         dist.all_gather_object(indices, device.index if device.index is not None else torch.cuda.current_device(),
                                group=self.group)
@@ -103,7 +121,7 @@ class Parallel:
             return
         peers, why = None, ""
         try:
-            peers = (PeerBuffers.create(self.group, torch.device("cuda", here)),
+            peers = (PeerBuffers.create(self.group, torch.device("cuda", here), capacity),
                      PeerBuffers.create(self.group, torch.device("cuda", here), NORM_CAPACITY_BYTES))
             peers[1].status = peers[0].status        # one status word: raise_if_failed reads it once
         except (RuntimeError, OSError) as e:         # no symmetric memory here: NCCL for every all-reduce
