@@ -33,8 +33,10 @@ SLUG=$(python3 -c 'import torch; from qkernels._runtime import gpu_slug, device_
 print(gpu_slug(device_name(torch.device("cuda"))))')
 if [ -z "${SKIP_TESTS:-}" ]; then
   WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
+  # a kernel that never finishes (a barrier waited on forever) ends its test after 300 s instead of the whole call
+  LIMIT=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300 -o timeout_method=thread")
   python3 -m pytest tests/ops/test_gemm.py tests/ops/test_weight_only.py tests/bench/test_peers.py -q \
-    -p no:cacheprovider $WORKERS 2>&1 | tee -a "$LOG" | tail -8
+    -p no:cacheprovider $WORKERS $LIMIT 2>&1 | tee -a "$LOG" | tail -8
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then
   mkdir -p "$OUT/table_before" && cp "src/qkernels/configs/$SLUG.json" "$OUT/table_before/"
