@@ -233,6 +233,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
     cfgs = model_configs(tiny=not gpu)
     if models:       # vision-language models (their language model) run when named
         cfgs = {k: v for k, v in {**cfgs, **vl_configs(tiny=not gpu)}.items() if k in models}
+    if hf_schemes is None:
+        hf_schemes = HF_SCHEMES if schemes == SCHEMES else tuple(s for s in HF_SCHEMES if s in schemes)
     prompt, ctx = (PROMPT, CTX) if gpu else (16, 8)
     dec_b, pre_b = (DECODE_BATCHES, PREFILL_BATCHES) if gpu else ((1, 2), (1,))
     bw = copy_bandwidth_gbps(dev) if gpu else float("nan")
@@ -251,8 +253,6 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
             hf = hf_model(cfg, dt)
         hf_mb = sum(t.numel() * t.element_size() for t in hf.parameters()) / 2**20
         # HF's graph-captured decode first (its compiled models' state gone before ours run)
-        if hf_schemes is None:
-            hf_schemes = HF_SCHEMES if schemes == SCHEMES else tuple(s for s in HF_SCHEMES if s in schemes)
         for scheme in hf_schemes if gpu and cfg.model_type != "qwen3_vl" else ():
             hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
             for b in (1,):

@@ -12,7 +12,8 @@ Method:
   ranks wait), where the weights fit one GPU.
 - prefill: TTFT of one 2048-token prompt (PREFILL; the forward into the cache, logits of the last position), CUDA
   events, median of 5 after one warm-up, every rank in lockstep; on the runtime's all-reduce path only (prefill's
-  messages are past the one-shot buffers: NCCL either way).
+  messages are past the one-shot buffers at their default size: NCCL either way, unless QKERNELS_TP_ONESHOT_BYTES
+  raises them).
 - share of the weight-bandwidth floor: bytes one rank's step reads (its weights but the embedding table, its
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth of one GPU measured
   in the same run.
@@ -249,7 +250,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                                   f"one GPU's floor, all-reduce {ar:.0f} us/step"
                                   + (f", {x:.2f}x tp=1" if x else ""), flush=True)
                         del run_
-                    if path == paths[0]:           # prefill: the runtime's path (its messages go to NCCL anyway)
+                    if path == paths[0]:           # prefill: the runtime's path (NCCL at the default one-shot cap)
                         T = PREFILL if gpu else 16
                         ms, prefill = _prefill_ms(m, gpu, lockstep, T)
                         ar, kernels = _profile(prefill, rank) if gpu else (float("nan"), [])

@@ -24,6 +24,7 @@ A row-parallel layer quantized while loading gets per-channel scales over its ow
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +46,6 @@ def one_shot_bytes() -> int:
     collective.CAPACITY_BYTES (64 KB: decode's messages). Raised to a prefill's (16 MB for 2048 tokens of hidden
     size 4096 in fp16), its buffers hold 2 x ranks x that many bytes on every GPU (scripts/bench_allreduce.py
     measures the sizes where it beats NCCL)."""
-    import os
     v = os.environ.get("QKERNELS_TP_ONESHOT_BYTES")
     if v is None:
         return CAPACITY_BYTES
@@ -105,8 +105,6 @@ class Parallel:
         and GPUs without peer access, stay with torch.distributed's all_reduce (NCCL). QKERNELS_TP_ALLREDUCE=nccl
         keeps NCCL for all.
         A collective: every rank calls it (from_pretrained does, once the model is loaded)."""
-        import os
-
         import torch.distributed as dist
         if device.type != "cuda" or dist.get_backend(self.group) != "nccl" or self.peers is not None:
             return

@@ -78,11 +78,20 @@ class PeerBuffers:
         return cls(rank, world, data, flags, deltas(data, handles[0].buffer_ptrs, rank, 16),
                    deltas(flags, handles[1].buffer_ptrs, rank, 4), capacity_bytes, handles)
 
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, seconds: float) -> None:
+        """Setting the wait also works out the kernels' arguments for it, once (wait_args: every call passes them)."""
+        self._timeout_s = seconds
+        timer = not is_interpreter()
+        self._wait = {"wait": max(1, int(seconds * (1e9 if timer else INTERPRETER_POLLS_PER_S))), "TIMER": timer}
+
     def wait_args(self) -> dict:
         """The kernels' bound on a wait: nanoseconds of the GPU's timer, or the interpreter's polls."""
-        timer = not is_interpreter()
-        wait = self.timeout_s * (1e9 if timer else INTERPRETER_POLLS_PER_S)
-        return {"wait": max(1, int(wait)), "TIMER": timer}
+        return self._wait
 
     def check(self) -> None:
         """Raise if a call through these buffers gave up waiting for a peer (reads the status word: a host
