@@ -33,7 +33,7 @@ attached and slow what runs after it). With several models in one run a later mo
 model's profiles: a run of one model (`--models NAME`) keeps every row clear of them.
 On a machine without a GPU a tiny model runs through the Triton interpreter to show the path works.
 
-`--models` naming some models (one GPU call may not hold them all) merges their rows into this GPU's runtime.json:
+`--models` naming some models (a run need not time them all) merges their rows into this GPU's runtime.json:
 the named models' rows and profiles are replaced, the others kept. Every row carries the date and versions of
 the run it comes from, so each model's figures stay those of one run.
 """
