@@ -7,7 +7,7 @@
 # with gemlite (which compiles its kernels for every shape). So in 10 minutes: one job with
 # SKIP_BENCH=1, then one with SKIP_TESTS=1 SKIP_TUNE=1 after putting its OUTDIR/<gpu>.json in src/qkernels/configs/.
 # Usage: scripts/gpu_decode.sh OUTDIR
-#   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; GEMM_KINDS ("int8 fp8 w8a8 w8a8-fp8": the GEMMs on
+#   SKIP_TESTS=1 / SKIP_TUNE=1 / SKIP_BENCH=1 skip a step; TESTS (the GPU tests' files; the three decode ones by default); GEMM_KINDS ("int8 fp8 w8a8 w8a8-fp8": the GEMMs on
 #   codes, then the W8A8 linears at M <= 16, the GEMVs quantizing x against quantize + the GEMM just tuned),
 #   GEMM_BUCKETS ("16 1"; "32 64 128 256" for batched decode, GEMM_KINDS "int8 fp8"), GEMM_BUDGET_S; SKIP_GEMM=1
 #   skips the GEMM sweep, SKIP_WO=1 the weight-only one;
@@ -35,7 +35,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-8}")
   # a kernel that never finishes (a barrier waited on forever) ends its test after 300 s instead of the whole call
   LIMIT=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300 -o timeout_method=thread")
-  python3 -m pytest tests/ops/test_gemm.py tests/ops/test_weight_only.py tests/bench/test_peers.py -q \
+  python3 -m pytest ${TESTS:-tests/ops/test_gemm.py tests/ops/test_weight_only.py tests/bench/test_peers.py} -q \
     -p no:cacheprovider $WORKERS $LIMIT 2>&1 | tee -a "$LOG" | tail -8
 fi
 if [ -z "${SKIP_TUNE:-}" ]; then

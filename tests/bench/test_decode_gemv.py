@@ -67,6 +67,25 @@ def test_bench_decode_gemv_ms_merge_by_layer_and_m(tmp_path):
         bd.run(str(tmp_path), ms=["0"])
 
 
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
+def test_bench_decode_gemv_keeps_a_peer_this_run_did_not_time(tmp_path):
+    """A part of the grid run again (--shapes): a peer not installed for this run (its row at a layer and M measured
+    again) keeps its row and date; the providers this run timed replace theirs."""
+    bd.run(str(tmp_path))
+    path = next(tmp_path.rglob("decode_gemv.json"))
+    doc = json.loads(path.read_text())
+    doc["date"] = "2026-01-01T00:00:00+00:00"
+    doc["rows"] = [dict(r, date=doc["date"]) for r in doc["rows"]]
+    doc["rows"].append(dict(doc["rows"][0], provider="gemlite w4a16 g128"))
+    path.write_text(json.dumps(doc))
+    rows = bd.run(str(tmp_path), shapes=["64x128"])
+    new = json.loads(path.read_text())
+    peer = [r for r in new["rows"] if r["provider"] == "gemlite w4a16 g128"]
+    assert len(peer) == 1 and peer[0]["date"] == doc["date"]
+    ours = [r for r in new["rows"] if r["provider"] != "gemlite w4a16 g128"]
+    assert len(ours) == len(rows) and all(r["date"] == new["date"] != doc["date"] for r in ours)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a profile of CUDA kernels: GPU only")
 def test_chain_timeline_sees_every_kernel_of_the_chain():
     """chain_timeline: one profiled replay of a chain of fp16 linears sees one kernel per call, each with a duration

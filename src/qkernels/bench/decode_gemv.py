@@ -18,8 +18,8 @@ bytes; peers not installed on the machine are listed in the JSON as missing. The
 does, M > 16.
 
 `--models` / `--shapes` (N x K) / `--ms` naming a part of the grid (a time-limited job may not hold it all) merge its
-rows into this GPU's decode_gemv.json: the rows of the (layer, M) measured again are replaced, the others kept with
-their dates.
+rows into this GPU's decode_gemv.json: the rows of the (layer, M, provider) measured again are replaced, the others
+kept with their dates (a peer not installed for this run keeps its earlier rows).
 """
 from __future__ import annotations
 
@@ -266,15 +266,17 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None)
 
 def _write(rows: list, missing: list, gpu: bool, prev, grid: dict, ms: tuple, out_root: str,
            measured: set | None = None):
-    """The results file: `rows`, with the (layer, M) measured replacing theirs in `prev` (the GPU's earlier results;
-    the others kept), or alone without `prev`. measured: the (model, "NxK") timed yet (default: the whole grid)."""
+    """The results file: `rows`, with the (layer, M, provider) measured replacing theirs in `prev` (the GPU's earlier
+    results; the others kept), or alone without `prev`. measured: the (model, "NxK") timed yet (default: the whole
+    grid)."""
     meta = {"peers_missing": missing, "span_bytes": SPAN,
             "method": method_text(__doc__, gpu, "tiny shape")}
     doc = results_doc(rows, meta)
     if prev:
         if measured is None:
             measured = {(m, f"{n}x{k}") for m, shapes in grid.items() for n, k, _ in shapes}
-        done = {(m, shape, M) for m, shape in measured for M in ms}
-        doc = merge_results(prev, doc, lambda r: (r.get("model"), r.get("shape"), r.get("M")) in done)
+        ran = {(r["model"], r["shape"], r["M"], r["provider"]) for r in doc["rows"]
+               if (r["model"], r["shape"]) in measured}
+        doc = merge_results(prev, doc, lambda r: (r.get("model"), r.get("shape"), r.get("M"), r.get("provider")) in ran)
     path = write_json("decode_gemv", doc, out_root)
     print(f"wrote {path}")
