@@ -1,5 +1,5 @@
 """The one-shot all-reduce (ops/collective.py) against NCCL's over message sizes, on the GPUs of one host: where the
-one-shot path's cap (collective.CAPACITY_BYTES, 64 KB) should lie for prefill-sized messages.
+runtime's one-shot cap (models.parallel.ONE_SHOT_BYTES, 16 MB; QKERNELS_TP_ONESHOT_BYTES) should lie.
 
   torchrun --nproc-per-node 2 scripts/bench_allreduce.py [--kb 8 64 512 4096 16384] [--dtype float16] [--json PATH]
 
@@ -47,7 +47,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kb", type=int, nargs="+", default=[8, 32, 64, 256, 1024, 4096, 16384])
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
-    ap.add_argument("--json", default=None, help="rank 0 writes {gpu, torch, triton, rows} here")
+    ap.add_argument("--json", default=None, help="rank 0 writes {gpu, torch, triton, date, rows} here "
+                    "(benchmarks/results/<gpu>/allreduce.json)")
     args = ap.parse_args()
     if not torch.cuda.is_available() or "WORLD_SIZE" not in os.environ:
         print("bench_allreduce: needs CUDA GPUs and torchrun (torchrun --nproc-per-node 2 scripts/bench_allreduce.py):"
@@ -57,7 +58,6 @@ def main() -> int:
     if min(args.kb) < 1:
         ap.error(f"--kb: expected sizes of at least 1 KB, got {args.kb}")
     import torch.distributed as dist
-    import triton
 
     from qkernels.ops.collective import PeerBuffers, one_shot_all_reduce
     rank = int(os.environ["RANK"])
@@ -88,10 +88,9 @@ def main() -> int:
             print(f"{kb:7d} KB: one-shot {us['one-shot']:8.1f} us, NCCL {us['nccl']:8.1f} us "
                   f"({us['nccl'] / us['one-shot']:.2f}x)", flush=True)
     if rank == 0 and args.json:
-        from qkernels._runtime import device_name
+        from qkernels.bench.harness import environment
         with open(args.json, "w") as f:
-            json.dump({"gpu": device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
-                       "rows": rows}, f, indent=1)
+            json.dump(dict(environment(), rows=rows), f, indent=1)
     dist.destroy_process_group()
     return 0
 

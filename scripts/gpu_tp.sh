@@ -5,7 +5,7 @@
 # SKIP_TESTS=1: the benchmark alone. TUNE_TP=1: before it, a rank's decode shapes (Llama-3-8B's, split 2 ways) swept
 # at the M = 1 and 16 buckets on one GPU (scripts/tune_weight_only.py --chain --tp 2: W4A16 shape overrides only,
 # OUTDIR/<gpu>.json), so the TP=2 rows run them; TUNE_TP_BUDGET_S (200). Before the bench, scripts/bench_allreduce.py
-# (OUTDIR/allreduce.json: where the one-shot path's 64 KB cap should lie; SKIP_ALLREDUCE=1 skips it).
+# (OUTDIR/allreduce.json: where the one-shot cap, 16 MB by default, should lie; SKIP_ALLREDUCE=1 skips it).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_tp.sh OUTDIR [bench args...]}
 shift

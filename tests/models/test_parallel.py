@@ -111,13 +111,13 @@ def test_groups_cut_in_the_middle_are_refused():
 
 
 def test_one_shot_bytes_from_the_environment(monkeypatch):
-    """QKERNELS_TP_ONESHOT_BYTES sets the one-shot all-reduce's largest message (default 64 KB); a value that is not
+    """QKERNELS_TP_ONESHOT_BYTES sets the one-shot all-reduce's largest message (default 16 MB); a value that is not
     a byte count of at least 4096, a multiple of 16, is refused naming the variable."""
     from qkernels.models.parallel import one_shot_bytes
     monkeypatch.delenv("QKERNELS_TP_ONESHOT_BYTES", raising=False)
-    assert one_shot_bytes() == 1 << 16
-    monkeypatch.setenv("QKERNELS_TP_ONESHOT_BYTES", str(16 << 20))
     assert one_shot_bytes() == 16 << 20
+    monkeypatch.setenv("QKERNELS_TP_ONESHOT_BYTES", str(1 << 16))
+    assert one_shot_bytes() == 1 << 16
     for bad in ("16MB", "100", "65537", "-65536"):
         monkeypatch.setenv("QKERNELS_TP_ONESHOT_BYTES", bad)
         with pytest.raises(ValueError, match=f"QKERNELS_TP_ONESHOT_BYTES: expected a byte count .* got '{bad}'"):

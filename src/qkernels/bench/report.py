@@ -34,6 +34,10 @@ DESCRIPTIONS = {
                    "bytes/s, %) / kernels launched per call.",
     "gemm": "int8 / fp8 GEMMs and W8A8 linears against fp16 cuBLAS, `_int_mm`, `_scaled_mm`, torch.compile and, "
             "in runs where it was installed, gemlite's W8A8 layers, median µs of CUDA-graph replays.",
+    "allreduce": "The all-reduce of tensor parallelism on the GPUs of one host (`torchrun --nproc-per-node N "
+                 "scripts/bench_allreduce.py`): the runtime's one-shot kernel (ops/collective.py) against NCCL's, "
+                 "µs per call over message sizes, calls captured in CUDA graphs, ranks in lockstep, their waits "
+                 "included; both sums checked equal.",
     "host": "Host cost of one eager call of a linear at M = 1 (weight N x K): µs of host time per call of "
             "back-to-back calls not waited for, and its ratio to `F.linear` fp16 on the same host in the same run; "
             "per scheme the layer (`QuantizedLinear`, after its first call) and the functional op.",
@@ -53,9 +57,10 @@ DESCRIPTIONS = {
                   "a random-weight fp16 model of the named shapes: wall time and peak GPU memory, beside one fp16 "
                   "decoder layer's bytes and the calibration activations (a layer's inputs and outputs, fp16).",
 }
-ORDER = ["runtime", "tp", "decode_gemv", "weight_only", "gemm", "host", "quantize", "fused", "model", "model_fusion",
+ORDER = ["runtime", "tp", "allreduce", "decode_gemv", "weight_only", "gemm", "host", "quantize", "fused", "model", "model_fusion",
          "ppl_smollm2", "quantizers"]
-SIZE_KEYS = ("model", "scheme", "shape", "N", "K", "M", "numel", "batch", "prompt", "ctx", "rows", "cols", "hidden")
+SIZE_KEYS = ("model", "scheme", "shape", "N", "K", "M", "numel", "bytes", "world", "batch", "prompt", "ctx", "rows",
+             "cols", "hidden")
 
 
 def _num(v: float, goal: float, digits: int = 2) -> str:

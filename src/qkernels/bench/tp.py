@@ -11,9 +11,9 @@ Method:
   lockstep (a barrier before). Time per step = the span / 100, on rank 0. TP=1 runs on rank 0 alone (the other
   ranks wait), where the weights fit one GPU.
 - prefill: TTFT of one 2048-token prompt (PREFILL; the forward into the cache, logits of the last position), CUDA
-  events, median of 5 after one warm-up, every rank in lockstep; on the runtime's all-reduce path only (prefill's
-  messages are past the one-shot buffers at their default size: NCCL either way, unless QKERNELS_TP_ONESHOT_BYTES
-  raises them).
+  events, median of 5 after one warm-up, every rank in lockstep; on the runtime's all-reduce path only (the
+  one-shot kernel up to its cap, models.parallel.one_shot_bytes(): 16 MB by default, 2048 tokens of Llama-3-8B;
+  the row's "oneshot_bytes"; larger messages NCCL).
 - share of the weight-bandwidth floor: bytes one rank's step reads (its weights but the embedding table, its
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth of one GPU measured
   in the same run.
@@ -250,7 +250,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                                   f"one GPU's floor, all-reduce {ar:.0f} us/step"
                                   + (f", {x:.2f}x tp=1" if x else ""), flush=True)
                         del run_
-                    if path == paths[0]:           # prefill: the runtime's path (NCCL at the default one-shot cap)
+                    if path == paths[0]:           # prefill: the runtime's path (messages past the cap: NCCL)
                         T = PREFILL if gpu else 16
                         ms, prefill = _prefill_ms(m, gpu, lockstep, T)
                         ar, kernels = _profile(prefill, rank) if gpu else (float("nan"), [])
@@ -261,7 +261,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                         rows.append(Row("prefill", "qkernels runtime", ms * 1e3, "eager",
                                         dict(sizes, tp=world, batch=1, prompt=T),
                                         {"ttft_ms": ms, "allreduce": path or None, "ttft_vs_tp1": x,
-                                         "allreduce_us": ar if world > 1 else float("nan")}))
+                                         "allreduce_us": ar if world > 1 else float("nan"),
+                                         "oneshot_bytes": peers[0].capacity_bytes if peers and peers[0] else None}))
                         del prefill
                         if rank == 0:
                             print(f"{mname} {scheme} tp={world}: TTFT {T} tokens {ms:.1f} ms"

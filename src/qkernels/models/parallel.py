@@ -32,23 +32,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.linear import QuantizedLinear
-from ..ops.collective import CAPACITY_BYTES, PeerBuffers, one_shot_all_reduce, one_shot_all_reduce_rms_norm
+from ..ops.collective import PeerBuffers, one_shot_all_reduce, one_shot_all_reduce_rms_norm
 from ..schemes import PER_CHANNEL
 
 # the buffers of the all-reduce fused with the next RMSNorm: a decode step's rows up to batch 64 at hidden size 8192
 # in fp16 (Llama-3-70B), one program per row (256 at most)
 NORM_CAPACITY_BYTES = 1 << 20
+# the largest all-reduce of the one-shot kernel by default: on two H200s it measured faster than NCCL's at every size
+# from 8 KB to 16 MB (scripts/bench_allreduce.py; benchmarks/results/h200/allreduce.json), and Llama-3-8B's TP=2
+# TTFT of 2048 tokens (16 MB messages) went from 58.6 ms through NCCL to 29.2 ms through it (TP=1: 50.8)
+ONE_SHOT_BYTES = 16 << 20
 PROBE_S = 5.0        # after a failed collective: how long the ranks still alive wait for one another to check in
 
 
 def one_shot_bytes() -> int:
     """The largest all-reduce the one-shot kernel takes (larger ones go to NCCL): QKERNELS_TP_ONESHOT_BYTES, else
-    collective.CAPACITY_BYTES (64 KB: decode's messages). Raised to a prefill's (16 MB for 2048 tokens of hidden
-    size 4096 in fp16), its buffers hold 2 x ranks x that many bytes on every GPU (scripts/bench_allreduce.py
-    measures the sizes where it beats NCCL)."""
+    ONE_SHOT_BYTES (16 MB: a prefill of 2048 tokens at hidden size 4096 in fp16). Its buffers hold
+    2 x ranks x that many bytes on every GPU."""
     v = os.environ.get("QKERNELS_TP_ONESHOT_BYTES")
     if v is None:
-        return CAPACITY_BYTES
+        return ONE_SHOT_BYTES
     n = int(v) if v.strip().isdigit() else -1
     if n < 4096 or n % 16:
         raise ValueError(f"QKERNELS_TP_ONESHOT_BYTES: expected a byte count of at least 4096 and a multiple of 16, "
