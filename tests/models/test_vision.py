@@ -105,6 +105,32 @@ def test_which_schemes_quantize_the_vision_tower(scheme, quantize_vision, quanti
     assert err < (5e-2 if quantized else 1e-2), err
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs: GPU only")
+@pytest.mark.parametrize("scheme", [None, "w4a16"])
+@torch.inference_mode()
+def test_an_image_size_seen_twice_runs_as_a_graph_with_the_eager_results(scheme):
+    """The tower's second call at one grid captures it, later calls replay it: embeddings and deepstack features
+    equal the eager computation's bit for bit on fresh pixels; another grid stays eager until it comes back; a tower
+    whose weights moved since is captured anew."""
+    hf = hf_vl(torch.float16)
+    m = from_pretrained(hf, scheme, device=DEVICE, dtype=torch.float16, quantize_vision=scheme is not None)
+    vis = m.visual
+    for call in range(3):
+        pv, grid = images([[1, 4, 6], [1, 2, 2]])
+        got, deep = vis(pv, grid)
+        want = vis._encode(pv.half(), vis.check(pv, grid))
+        assert len(vis.graphs.graphs) == (call >= 1)
+        assert torch.equal(got, want[0]) and len(deep) == len(want) - 1 == 2
+        assert all(torch.equal(a, b) for a, b in zip(deep, want[1:]))
+    pv, grid = images([[1, 2, 4]])
+    vis(pv, grid)
+    assert len(vis.graphs.graphs) == 1
+    vis.pos_embed = torch.nn.Parameter(vis.pos_embed.clone(), requires_grad=False)   # weights elsewhere: new key
+    pv, grid = images([[1, 4, 6], [1, 2, 2]])
+    got, _ = vis(pv, grid)
+    assert torch.equal(got, vis._encode(pv.half(), vis.check(pv, grid))[0]) and len(vis.graphs.graphs) == 1
+
+
 def test_bad_image_inputs_name_the_argument():
     hf = hf_vl()
     m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)

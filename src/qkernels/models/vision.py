@@ -11,10 +11,13 @@ The same computation as transformers' Qwen3VLVisionModel, on the inputs its imag
 - the merger: LayerNorm, the m x m patches of a block concatenated, fc1, GELU, fc2; the deepstack mergers the same
   with the LayerNorm after the concatenation, on the hidden states after their blocks.
 The blocks' linears are quantized like the decoder's (`from_pretrained(..., scheme)`); the norms run the layer_norm
-kernel; the patch embedding, the position table and the mergers stay in the model's float dtype.
+kernel; the patch embedding, the position table and the mergers stay in the model's float dtype. Without gradients on
+a GPU, an image size seen before runs as a CUDA graph (models/graphs.py): at one image's patches the blocks' launches
+cost more host time than GPU time.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -24,6 +27,7 @@ from torch import nn
 
 from .. import reference as ref
 from .._runtime import runs_kernels
+from .graphs import ShapeGraphs
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ class VisionTower(nn.Module):
         half = hd // 2
         self.register_buffer("inv_freq", 1.0 / args.rope_theta ** (torch.arange(0, half, 2).float() / half),
                              persistent=False)
+        # an image size seen twice runs as a CUDA graph from then on (the blocks' launches cost more host time than
+        # their GPU time at one image's patches)
+        self.graphs = ShapeGraphs()
 
     @property
     def device(self) -> torch.device:
@@ -197,18 +204,27 @@ class VisionTower(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
         """(image embeddings [tokens, out_dim], the deepstack features: one [tokens, out_dim] per deepstack block),
-        tokens = patches / merge^2, images in order."""
+        tokens = patches / merge^2, images in order. Without gradients on a GPU, images of sizes seen before run as
+        a CUDA graph (self.graphs; the same kernels, the same results)."""
         grid = self.check(pixel_values, grid_thw)
-        dtype = self.pos_embed.dtype
+        pv = pixel_values.to(self.device, self.pos_embed.dtype)
+        # the key holds where the weights are: a tower moved or re-quantized since a capture is captured anew
+        weights = tuple(t.data_ptr() for t in itertools.chain(self.parameters(), self.buffers()))
+        out = self.graphs((tuple(grid), weights), lambda p: self._encode(p, grid), pv)
+        return out[0], list(out[1:])
+
+    def _encode(self, pixel_values: torch.Tensor, grid: list) -> tuple:
+        """(image embeddings, *deepstack features) of pixel_values (on the tower's device and dtype) on GPU work
+        alone: what a graph of the tower holds."""
         pos, rope = self.positions(grid)
-        x = self.patch_embed(pixel_values.to(self.device, dtype)) + pos.to(dtype)
+        x = self.patch_embed(pixel_values) + pos.to(pixel_values.dtype)
         lengths = [h * w for t, h, w in grid for _ in range(t)]
         deep = []
         for i, blk in enumerate(self.blocks):
             x = blk(x, rope, lengths)
             if i in self.args.deepstack:
                 deep.append(self.deepstack_mergers[self.args.deepstack.index(i)](x))
-        return self.merger(x), deep
+        return (self.merger(x), *deep)
 
 
 def _blocks(grid: torch.Tensor, m: int) -> torch.Tensor:

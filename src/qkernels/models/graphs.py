@@ -1,0 +1,98 @@
+"""CUDA graphs of a forward keyed by its input shapes: a call whose key has been seen `capture_after` times is captured
+once and replayed from then on, the inputs copied into the graph's static buffers and the outputs cloned out of it.
+
+What it is for: the parts of a forward that run eagerly, once per prompt, and whose host work outweighs their GPU
+time (a vision tower's blocks at one image's patches: dozens of small launches per block on a slow host). The decode
+step has its own graph (generate.DecodeGraph). Graphs are used only where they can be: CUDA inputs, no gradient
+recording, not inside another capture, not under the Triton interpreter; elsewhere the function runs as it is. A key
+seen once stays eager (a shape that never comes back costs no capture); at most `max_graphs` graphs are kept (the
+least recently used one is dropped), all in one memory pool. A capture that fails (an operation CUDA graphs cannot
+hold) warns once and leaves this instance eager.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from typing import Callable, Hashable
+
+import torch
+
+from .._runtime import is_interpreter
+
+
+class ShapeGraphs:
+    def __init__(self, capture_after: int = 2, max_graphs: int = 8):
+        if not isinstance(capture_after, int) or capture_after < 1:
+            raise ValueError(f"capture_after must be an int >= 1 (calls of a key before its capture), "
+                             f"got {capture_after!r}")
+        if not isinstance(max_graphs, int) or max_graphs < 1:
+            raise ValueError(f"max_graphs must be an int >= 1, got {max_graphs!r}")
+        self.capture_after, self.max_graphs = capture_after, max_graphs
+        self.enabled = True
+        self.seen: dict = {}
+        self.graphs: OrderedDict = OrderedDict()      # key -> (graph, static inputs, static outputs)
+        self.pool = None
+
+    def usable(self, inputs: tuple) -> bool:
+        return (self.enabled and not torch.is_grad_enabled() and not is_interpreter()
+                and all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+                and not torch.cuda.is_current_stream_capturing())
+
+    def __call__(self, key: Hashable, fn: Callable, *inputs: torch.Tensor):
+        """fn(*inputs): a tensor or a tuple of tensors, computed on the GPU from inputs alone (no host reads of
+        them, no host-to-device copies) whenever the call's key is the same; replayed from a graph once the key has
+        come `capture_after` times, else run eagerly."""
+        if not inputs:
+            raise ValueError("ShapeGraphs needs at least one input tensor (the graph's static input)")
+        if not self.usable(inputs):
+            return fn(*inputs)
+        key = (key, tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
+        entry = self.graphs.get(key)
+        if entry is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.seen[key] < self.capture_after:
+                return fn(*inputs)
+            entry = self._capture(key, fn, inputs)
+            if entry is None:
+                return fn(*inputs)
+        self.graphs.move_to_end(key)
+        graph, static_in, static_out = entry
+        for s, t in zip(static_in, inputs):
+            s.copy_(t)
+        graph.replay()
+        if isinstance(static_out, torch.Tensor):
+            return static_out.clone()
+        return tuple(t.clone() for t in static_out)
+
+    def _capture(self, key, fn: Callable, inputs: tuple):
+        dev = inputs[0].device
+        static_in = tuple(t.clone() for t in inputs)
+        try:
+            s = torch.cuda.Stream(dev)
+            s.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(s):
+                fn(*static_in)                       # first-call work (allocations, plans) outside the capture
+            torch.cuda.current_stream(dev).wait_stream(s)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_out = fn(*static_in)
+        except RuntimeError as e:
+            self.enabled = False
+            warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); running eagerly from "
+                          f"here on", RuntimeWarning, stacklevel=3)
+            return None
+        if not (isinstance(static_out, torch.Tensor)
+                or isinstance(static_out, tuple) and all(isinstance(t, torch.Tensor) for t in static_out)):
+            raise TypeError(f"fn must return a tensor or a tuple of tensors, got {type(static_out).__name__}")
+        self.graphs[key] = (graph, static_in, static_out)
+        self.seen.pop(key, None)
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        return self.graphs[key]
+
+    def clear(self) -> None:
+        """Drop every graph (the buffers they write may be gone: a cache reallocated, weights moved)."""
+        self.graphs.clear()
+        self.seen.clear()

@@ -1,0 +1,91 @@
+"""models/graphs.py: ShapeGraphs captures a function per input signature seen twice and replays it; the replayed
+results equal the eager ones bit for bit on fresh inputs, outputs are the caller's own, and where graphs cannot be
+used (the CPU, gradients recorded, a capture that fails) the function runs eagerly."""
+import warnings
+
+import pytest
+import torch
+
+from qkernels.models.graphs import ShapeGraphs
+
+from ..conftest import DEVICE, ON_GPU
+
+
+def _fn(x, w):
+    """torch ops and one of our kernels (the RMSNorm) on a GPU."""
+    from qkernels.models.llama import rms_norm
+    y, _ = rms_norm(x @ w, torch.ones(w.shape[1], device=x.device, dtype=x.dtype), 1e-6)
+    return y, (x.float().sum(0) * 2).to(x.dtype)
+
+
+def test_bad_settings_name_the_argument():
+    with pytest.raises(ValueError, match="capture_after must be an int >= 1 .* got 0"):
+        ShapeGraphs(capture_after=0)
+    with pytest.raises(ValueError, match="max_graphs must be an int >= 1, got 0"):
+        ShapeGraphs(max_graphs=0)
+    with pytest.raises(ValueError, match="at least one input tensor"):
+        ShapeGraphs()("k", lambda: torch.zeros(1))
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's eager path")
+def test_on_the_cpu_the_function_runs_as_it_is():
+    g = ShapeGraphs(capture_after=1)
+    for _ in range(3):
+        x = torch.randn(8, 16)
+        with torch.no_grad():
+            got = g("k", lambda t: t * 3, x)
+        torch.testing.assert_close(got, x * 3, rtol=0, atol=0)
+    assert not g.graphs
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU only")
+@torch.inference_mode()
+def test_replays_equal_eager_on_fresh_inputs():
+    g = ShapeGraphs()
+    w = torch.randn(64, 128, device=DEVICE, dtype=torch.float16) / 8
+    for call in range(4):
+        x = torch.randn(32, 64, device=DEVICE, dtype=torch.float16)
+        got = g("f", _fn, x, w)
+        want = _fn(x, w)
+        assert len(g.graphs) == (call >= 1)               # captured at the key's second call
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        got[0].fill_(float("nan"))                        # the caller's own copy: the next replay does not see it
+    again = g("f", _fn, x, w)
+    assert torch.equal(again[0], want[0])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU only")
+@torch.inference_mode()
+def test_one_graph_per_shape_and_the_oldest_dropped():
+    g = ShapeGraphs(capture_after=1, max_graphs=2)
+    w = torch.randn(64, 128, device=DEVICE, dtype=torch.float16) / 8
+    for rows in (8, 16, 8, 24):
+        x = torch.randn(rows, 64, device=DEVICE, dtype=torch.float16)
+        got = g("f", _fn, x, w)
+        assert torch.equal(got[0], _fn(x, w)[0])
+    assert [k[1][0][0][0] for k in g.graphs] == [8, 24]   # 16 was the least recently used
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU only")
+def test_eager_where_gradients_are_recorded():
+    g = ShapeGraphs(capture_after=1)
+    x = torch.randn(8, 16, device=DEVICE, requires_grad=True)
+    y = g("k", lambda t: t * 3, x)
+    y.sum().backward()
+    assert not g.graphs and torch.equal(x.grad, torch.full_like(x, 3))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU only")
+@torch.inference_mode()
+def test_a_capture_that_fails_warns_and_stays_eager():
+    """A host read of a GPU value cannot be captured: the capture fails, a warning says so, the result is the
+    eager one, and the instance stays eager."""
+    g = ShapeGraphs(capture_after=1)
+    x = torch.randn(8, device=DEVICE)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = g("k", lambda t: t * float(t.sum().item()), x)
+    assert any("CUDA graph capture failed" in str(w.message) for w in seen)
+    assert torch.equal(got, x * float(x.sum().item())) and not g.enabled and not g.graphs
+    assert torch.equal(g("k", lambda t: t + 1, x), x + 1)
