@@ -28,4 +28,17 @@ ARCH=$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capabilit
 mkdir -p "$SITE"
 (cd "$BUILD" && TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS=${MAX_JOBS:-16} \
   python3 -m pip install -q --no-build-isolation --no-deps --no-index --target "$SITE" . 2>&1 | tail -5)
-PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import marlin; print('marlin built for sm_$ARCH:', marlin.__file__)"
+# one call on the GPU before any benchmark imports it: a kernel that faults poisons its process's CUDA context, so a
+# build that fails here is removed (the bench then lists Marlin as missing) instead of ending the benchmark's run
+if ! PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 - <<'EOF'
+import torch, marlin
+layer = marlin.Layer(256, 256, groupsize=128).cuda()
+out = layer(torch.randn(16, 256, dtype=torch.half, device="cuda"))
+torch.cuda.synchronize()
+print("marlin built for sm_%d%d:" % torch.cuda.get_device_capability(), marlin.__file__, "one call ran")
+EOF
+then
+  echo "build_marlin: the built kernel failed its first call on this GPU; removed from $SITE" >&2
+  rm -rf "$SITE"/marlin*
+  exit 3
+fi
