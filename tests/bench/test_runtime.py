@@ -66,6 +66,9 @@ def test_image_rows_of_a_vision_language_model(tmp_path):
                                                               ("qkernels runtime", "w4a16"), ("HF eager", "fp16")}
     ours = [r for r in img if r.provider == "qkernels runtime"]
     assert all(r.extra["vision_ms"] > 0 and r.extra["ttft_ms"] > 0 and r.extra["tokens_per_s"] > 0 for r in ours)
+    assert all(r.extra["vision_eager_ms"] > 0 and r.extra["ttft_eager_ms"] > 0 for r in ours)
+    pre = [r for r in rows if r.op == "prefill" and r.sizes["batch"] == 1]     # the text prompt's TTFT, both ways
+    assert pre and all(r.extra["ttft_ms"] > 0 and r.extra["ttft_eager_ms"] > 0 for r in pre)
     text = report.build(tmp_path)
     assert "#### tiny-qwen3-vl: one 32x32 image in a 11-token prompt" in text
     assert "- image: W4A16 TTFT ≤ 0.8x transformers' eager fp16:" in text

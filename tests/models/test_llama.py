@@ -91,6 +91,81 @@ def test_graph_replay_equals_eager():
     assert m.generate(prompts, 12, use_graph=True) == m.generate(prompts, 12, use_graph=False)
 
 
+class PaddedEagerly:
+    """In place of a model's prefill graphs: every prompt takes the padded path, its forward run eagerly (the
+    padding on any device, the CPU included); records the keys (batch, padded length, position)."""
+
+    def __init__(self):
+        self.keys = []
+
+    def usable(self, inputs) -> bool:
+        return True
+
+    def clear(self) -> None:
+        pass
+
+    def __call__(self, key, fn, *inputs):
+        self.keys.append(key[1:4])
+        return fn(*inputs)
+
+
+def _caches(m, upto):
+    return [(layer.attention.cache.k[:, :, :upto].clone(), layer.attention.cache.v[:, :, :upto].clone())
+            for layer in m.layers]
+
+
+@torch.no_grad()
+def test_a_prompt_padded_for_its_graph_gives_the_unpadded_logits_and_cache(monkeypatch):
+    """The prefill graph's padding (a chunk's tokens up to a multiple of PREFILL_GRAPH_ROUND): the logits at
+    logits_at and the cache rows of the real tokens as the unpadded forward's, for a first chunk and one after
+    it; a chunk whose padded length would pass the cache runs unpadded."""
+    from qkernels.models.graphs import eager
+    m = from_pretrained(hf_model("qwen3"), device=DEVICE, dtype=torch.float32)
+    m.setup_caches(2, 128)
+    ids, more = torch.randint(0, 96, (2, 13), device=DEVICE), torch.randint(0, 96, (2, 5), device=DEVICE)
+    at, at2 = torch.tensor([12, 7], device=DEVICE), torch.tensor([4, 2], device=DEVICE)
+    with eager():
+        want, want2 = m(ids, 0, logits_at=at), m(more, 13, logits_at=at2)
+    cache = _caches(m, 18)
+    stand = PaddedEagerly()
+    monkeypatch.setattr(m, "prefill_graphs", stand)
+    for layer in m.layers:                         # poison: every real row must be written again
+        layer.attention.cache.k.fill_(float("nan"))
+        layer.attention.cache.v.fill_(float("nan"))
+    got, got2 = m(ids, 0, logits_at=at), m(more, 13, logits_at=at2)
+    assert stand.keys == [(2, 64, 0), (2, 64, 13)]
+    for g, w in ((got, want), (got2, want2)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * w.abs().max().item())
+    for (k, v), (k0, v0) in zip(_caches(m, 18), cache):
+        torch.testing.assert_close(k, k0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, v0, rtol=1e-5, atol=1e-5)
+    m.prefill_graphs = stand = PaddedEagerly()
+    m.max_seq_len = 60                             # as if the cache held 60 positions: 13 + 64 would not fit
+    torch.testing.assert_close(m(more, 13, logits_at=at2), want2, rtol=1e-5, atol=1e-5 * want2.abs().max().item())
+    assert stand.keys == []
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs: GPU only")
+@torch.inference_mode()
+def test_prefill_graph_captured_at_a_padded_length_second_prompt_and_replayed():
+    """Prompts of 13, 14 and 15 tokens share the 64-token graph: the first runs eagerly, the second captures it,
+    the third replays it; each one's logits as the unpadded eager forward's; generate with the graphs gives the
+    tokens of generate(use_graph=False)."""
+    from qkernels.models.graphs import eager
+    m = from_pretrained(hf_model("qwen3"), device=DEVICE, dtype=torch.float32)
+    m.setup_caches(2, 256)
+    for call, T in enumerate((13, 14, 15)):
+        ids = torch.randint(0, 96, (2, T), device=DEVICE)
+        at = torch.tensor([T - 1, T // 2], device=DEVICE)
+        got = m(ids, 0, logits_at=at)
+        assert len(m.prefill_graphs.graphs) == (call >= 1)
+        with eager():
+            want = m(ids, 0, logits_at=at)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    prompts = [[5, 9, 3, 7, 1, 1, 2], [1, 2]]
+    assert m.generate(prompts, 12) == m.generate(prompts, 12) == m.generate(prompts, 12, use_graph=False)
+
+
 def test_stop_tokens_end_a_sequence():
     m = from_pretrained(hf_model("llama"), device=DEVICE, dtype=torch.float32)
     full = m.generate([3, 4, 5], 12)

@@ -198,6 +198,35 @@ def test_batched_prompts_with_different_images_match_one_by_one():
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+@torch.no_grad()
+def test_a_prompt_with_images_padded_for_its_graph_gives_the_unpadded_logits(monkeypatch):
+    """The prefill graph's padding with images (two prompts of one batch: per-token rotary rows padded, the image
+    tokens' flat indices moved to the padded layout, the deepstack features added there) and for the text chunk
+    after them (its rotary rows continued from the prompt's offset): the logits as the unpadded forward's."""
+    from qkernels.models.graphs import eager
+
+    from .test_llama import PaddedEagerly
+    hf = hf_vl()
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    m.setup_caches(2, 160)
+    (pa, ga), (pb, gb) = images([[1, 4, 6]]), images([[1, 6, 4]])
+    a = prompt_with([6], [[5, 6, 7], [8, 9]])
+    b = prompt_with([6], [[10, 11, 12], [13, 14, 15]])
+    ids = torch.tensor([a + [0], b], device=DEVICE)
+    lengths, at = [len(a), len(b)], torch.tensor([len(a) - 1, len(b) - 1], device=DEVICE)
+    kw = dict(pixel_values=torch.cat([pa, pb]), image_grid_thw=torch.cat([ga, gb]), lengths=lengths)
+    more, at2 = torch.randint(0, 140, (2, 3), device=DEVICE), torch.tensor([2, 1], device=DEVICE)
+    T = ids.shape[1]
+    with eager():
+        want, want2 = m(ids, 0, logits_at=at, **kw), m(more, T, logits_at=at2)
+    stand = PaddedEagerly()
+    monkeypatch.setattr(m, "prefill_graphs", stand)
+    got, got2 = m(ids, 0, logits_at=at, **kw), m(more, T, logits_at=at2)
+    assert stand.keys == [(2, 64, 0), (2, 64, T)]
+    for g, w in ((got, want), (got2, want2)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * w.abs().max().item())
+
+
 def test_generate_with_an_image_follows_transformers_greedy():
     """32 greedy tokens after a prompt with an image (prefill into the cache, then decode with the prompt's rotary
     offset): each token transformers' argmax given the same prefix."""

@@ -13,7 +13,8 @@ Method:
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth measured in the
   same run (bench.harness.copy_bandwidth_gbps).
 - prefill: one forward of [batch, 2048] tokens (logits of the last position), CUDA events, median of 5;
-  TTFT = the batch-1 prefill time. capture_s: the decode step's warm-up + graph capture.
+  TTFT = the batch-1 prefill time, as a CUDA graph where the runtime has one (models/llama.py: a prompt of up to
+  4096 padded tokens; captured before the timing), beside ttft_eager_ms (every launch from the host). capture_s: the decode step's warm-up + graph capture.
 - peak memory: torch.cuda.max_memory_allocated over the runtime's prefill and decode (weights, caches and
   activations; the source HF model's bytes subtracted).
 - profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1), the runtime's and
@@ -21,8 +22,9 @@ Method:
   launch): a kernel's span then includes the time its programs wait for the kernel before, so spans overlap and
   add up to more than the step.
 - image rows (Qwen3-VL, `--models qwen3-vl-2b`): one 448x448 image in a 64-token question; the vision encoder's time,
-  TTFT of the prompt with its image (encoder included: one forward into the cache, median of 5) and the batch-1
-  decode step after it; beside it transformers' eager fp16 model's forward of the same prompt (its compiled path
+  TTFT of the prompt with its image (encoder included: one forward into the cache, median of 5), both as the
+  runtime's CUDA graphs run them (captured before the timing) and eager (vision_eager_ms, ttft_eager_ms), and the
+  batch-1 decode step after it; beside it transformers' eager fp16 model's forward of the same prompt (its compiled path
   does not take images).
 - Hugging Face rows (batch 1): the source model's forward compiled with a static cache (torch.compile,
   mode="reduce-overhead", fullgraph: its documented fast path), fp16, and converted copies: w4a16 and w8a8 by
@@ -172,6 +174,7 @@ def image_rows(m, hf, cfg, sizes: dict, scheme: str, gpu: bool) -> list[Row]:
     its image (the encoder included: one forward into the cache) beside the GPU time of its kernels (a profile of
     20 forwards), and the batch-1 decode step after it; beside fp16, transformers' eager model on the same prompt
     (its TTFT: one forward)."""
+    from ..models.graphs import eager
     dev = m.device
     image, question = (IMAGE, QUESTION) if gpu else (IMAGE_CPU, QUESTION_CPU)
     ids, pv, grid, types = image_prompt(cfg, dev, image, question)
@@ -180,6 +183,10 @@ def image_rows(m, hf, cfg, sizes: dict, scheme: str, gpu: bool) -> list[Row]:
     at = torch.full((1,), L - 1, device=dev)
     reps = 5 if gpu else 1
     forward = torch.inference_mode()(lambda: m(ids, 0, logits_at=at, pixel_values=pv, image_grid_thw=grid))
+    with torch.inference_mode(), eager():      # no graphs: every launch from the host
+        vision_eager_ms = _median_ms(lambda: m.visual(pv, grid), dev, reps)
+        ttft_eager_ms = _median_ms(forward, dev, reps)
+    forward(), forward()                       # the prompt's graphs (an image size, a padded length seen twice)
     with torch.inference_mode():
         vision_ms = _median_ms(lambda: m.visual(pv, grid), dev, reps)
     ttft_ms = _median_ms(forward, dev, reps)
@@ -190,9 +197,11 @@ def image_rows(m, hf, cfg, sizes: dict, scheme: str, gpu: bool) -> list[Row]:
     label = dict(sizes, batch=1, image=f"{image[0]}x{image[1]}", prompt=L)
     rows = [Row("image", "qkernels runtime", ttft_ms * 1e3, "eager", dict(label, scheme=scheme),
                 {"vision_ms": vision_ms, "ttft_ms": ttft_ms, "ttft_kernels_ms": gpu_ms,
+                 "vision_eager_ms": vision_eager_ms, "ttft_eager_ms": ttft_eager_ms,
                  "tokens_per_s": 1 / (dec_ms * 1e-3)})]
-    print(f"{sizes['model']} {scheme} image {image}: vision {vision_ms:.1f} ms, TTFT {ttft_ms:.1f} ms (its kernels "
-          f"{gpu_ms:.1f} ms), decode {1 / (dec_ms * 1e-3):.1f} tok/s", flush=True)
+    print(f"{sizes['model']} {scheme} image {image}: vision {vision_ms:.1f} ms (eager {vision_eager_ms:.1f}), TTFT "
+          f"{ttft_ms:.1f} ms (eager {ttft_eager_ms:.1f}; its kernels {gpu_ms:.1f} ms), decode "
+          f"{1 / (dec_ms * 1e-3):.1f} tok/s", flush=True)
     if scheme == "fp16":
         import inspect
         kw = dict(input_ids=ids, pixel_values=pv.to(torch.float16), image_grid_thw=grid)
@@ -228,6 +237,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
     """`hf_schemes`: the Hugging Face path's (HF_SCHEMES; with `schemes` named, those of HF_SCHEMES among them)."""
     import transformers  # noqa: F401
     from ..models import from_pretrained
+    from ..models.graphs import eager
     gpu = on_gpu()
     dev = torch.device("cuda" if gpu else "cpu")
     cfgs = model_configs(tiny=not gpu)
@@ -285,10 +295,14 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
                 ids = torch.randint(0, text.vocab_size, (b, prompt), device=dev)
                 at = torch.full((b,), prompt - 1, device=dev)
                 with torch.inference_mode():
+                    with eager():
+                        eager_ms = _median_ms(lambda: m(ids, 0, logits_at=at), dev, 5 if gpu else 1)
+                    m(ids, 0, logits_at=at)          # its graph captured, where it has one (models/llama.py)
                     ms = _median_ms(lambda: m(ids, 0, logits_at=at), dev, 5 if gpu else 1)
                 rows.append(Row("prefill", "qkernels runtime", ms * 1e3, "eager", dict(sizes, scheme=scheme, batch=b,
                                 prompt=prompt), {"tokens_per_s": b * prompt / (ms * 1e-3),
-                                                 "ttft_ms": ms if b == 1 else None}))
+                                                 "ttft_ms": ms if b == 1 else None,
+                                                 "ttft_eager_ms": eager_ms if b == 1 else None}))
             for b in dec_b:
                 ms, step = runtime_decode(m, b, ctx, gpu)
                 nbytes = step_bytes(m, b, ctx)

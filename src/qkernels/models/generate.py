@@ -1,4 +1,5 @@
-"""Generation: prefill in chunks, then one token per step with the decode step replayed as a CUDA graph;
+"""Generation: prefill in chunks (the model's own CUDA graphs of a prompt where it has them), then one token per
+step with the decode step replayed as a CUDA graph;
 sampling on the GPU (greedy, temperature, top-k, top-p), stop tokens, a batch of prompts of any lengths.
 
 Prompts of different lengths are right-padded: sequence b's cache holds its prompt at positions
@@ -10,10 +11,13 @@ ids, positions and `logits_at`); this module imports no decoder, so the decoder'
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 import torch
+
+from .graphs import eager
 
 PREFILL_CHUNK = 2048
 CACHE_ROUND = 256
@@ -168,7 +172,8 @@ def generate(model: torch.nn.Module, input_ids, max_new_tokens: int, temperature
     for s in range(0, T, size):
         chunk = ids[:, s:s + size]
         at = (last - s).clamp(0, chunk.shape[1] - 1)
-        lc = model(chunk, s, logits_at=at, **images).float()
+        with contextlib.nullcontext() if use_graph else eager():     # use_graph=False: the prompt eager too
+            lc = model(chunk, s, logits_at=at, **images).float()
         mine = ((last >= s) & (last < s + chunk.shape[1]))[:, None]
         logits = lc if logits is None else torch.where(mine, lc, logits)
     out = [list(p) for p in prompts]

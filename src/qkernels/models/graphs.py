@@ -4,13 +4,17 @@ once and replayed from then on, the inputs copied into the graph's static buffer
 What it is for: the parts of a forward that run eagerly, once per prompt, and whose host work outweighs their GPU
 time (a vision tower's blocks at one image's patches: dozens of small launches per block on a slow host). The decode
 step has its own graph (generate.DecodeGraph). Graphs are used only where they can be: CUDA inputs, no gradient
-recording, not inside another capture, not under the Triton interpreter; elsewhere the function runs as it is. A key
+recording, not inside another capture, not under the Triton interpreter, not inside `eager()`; elsewhere the function
+runs as it is. A key
 seen once stays eager (a shape that never comes back costs no capture); at most `max_graphs` graphs are kept (the
 least recently used one is dropped), all in one memory pool. A capture that fails (an operation CUDA graphs cannot
 hold) warns once and leaves this instance eager.
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
+import threading
 import warnings
 from collections import OrderedDict
 from typing import Callable, Hashable
@@ -18,6 +22,27 @@ from typing import Callable, Hashable
 import torch
 
 from .._runtime import is_interpreter
+
+
+_EAGER = threading.local()
+
+
+@contextlib.contextmanager
+def eager():
+    """Inside, every ShapeGraphs runs its function as it is (generate(use_graph=False))."""
+    depth = getattr(_EAGER, "depth", 0)
+    _EAGER.depth = depth + 1
+    try:
+        yield
+    finally:
+        _EAGER.depth = depth
+
+
+def weights_key(module: torch.nn.Module) -> tuple:
+    """Where every parameter and buffer of module lies (its data pointers): part of a graph's key, so that a module
+    moved, re-quantized, given new layers or a new cache since a capture is captured anew, never replayed on memory
+    that is no longer its own."""
+    return tuple(t.data_ptr() for t in itertools.chain(module.parameters(), module.buffers()))
 
 
 class ShapeGraphs:
@@ -34,8 +59,8 @@ class ShapeGraphs:
         self.pool = None
 
     def usable(self, inputs: tuple) -> bool:
-        return (self.enabled and not torch.is_grad_enabled() and not is_interpreter()
-                and all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+        return (self.enabled and not getattr(_EAGER, "depth", 0) and not torch.is_grad_enabled()
+                and not is_interpreter() and all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
                 and not torch.cuda.is_current_stream_capturing())
 
     def __call__(self, key: Hashable, fn: Callable, *inputs: torch.Tensor):

@@ -19,6 +19,14 @@ rows / columns and a slice of the vocabulary; the attention and MLP outputs are 
 over the ranks by the norm after them (reduce_norm: one all-reduce each, fused with the norm where it fits), the
 logits gathered.
 
+A prompt's forward into the cache (prefill: pos an int, logits_at given) is host-paced at short prompts: dozens of
+launches per layer on the host for little GPU work each. On a GPU without gradients (one rank: tensor parallel stays
+eager) it runs as a CUDA graph, its tokens padded up to a multiple of PREFILL_GRAPH_ROUND so that nearby lengths share
+one (models/graphs.py: captured at a padded length's second prompt; the padding rows come after every real token, so
+causal attention keeps them out of the real ones, and the cache rows they write lie past the prompt, where decode
+writes before it reads). The padded GEMMs run at another M, so the logits match the unpadded forward's to rounding,
+not bit for bit.
+
 Where kernels cannot run (a CPU without TRITON_INTERPRET=1) every op runs its reference twin.
 """
 from __future__ import annotations
@@ -34,6 +42,7 @@ from .._runtime import runs_kernels
 from ..nn.linear import QuantizedLinear
 from .config import ModelArgs
 from .generate import generate
+from .graphs import ShapeGraphs, weights_key
 from .vision import Prompt, prompt
 from .parallel import Parallel
 
@@ -214,6 +223,10 @@ class Block(nn.Module):
         return self.feed_forward(y, h.dtype), h
 
 
+PREFILL_GRAPH_ROUND = 64       # a prefill graph's tokens per sequence: the prompt's, padded up to a multiple of this
+PREFILL_GRAPH_TOKENS = 4096    # prefill graphs for chunks of at most this many padded tokens (all sequences)
+
+
 class Transformer(nn.Module):
     """The decoder. Built empty (meta device) from ModelArgs (and a Parallel: this rank's share of a
     tensor-parallel model); qkernels.models.from_pretrained fills it."""
@@ -229,6 +242,7 @@ class Transformer(nn.Module):
         self.visual = None               # a vision-language model's vision encoder (models.vision), set by the loader
         self.rope_delta = None           # its sequences' rotary offsets after a prompt with images (setup_caches)
         self.max_batch = self.max_seq_len = 0
+        self.prefill_graphs = ShapeGraphs()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -259,6 +273,7 @@ class Transformer(nn.Module):
             raise torch.OutOfMemoryError(f"the KV cache for batch {max_batch} x {max_seq_len} tokens needs "
                                          f"{need / 2**30:.2f} GiB on {self.device}: {e}") from None
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self.prefill_graphs.clear()                  # they write the old caches
         self._rope(max_seq_len)
         if self.visual is not None:          # each sequence's rotary offset after a prompt with images
             self.rope_delta = torch.zeros(max_batch, dtype=torch.long, device=self.device)
@@ -295,18 +310,56 @@ class Transformer(nn.Module):
                 rope_pos = torch.arange(pos, pos + T, device=self.device)[None] + self.rope_delta[:B, None]
         step = Step(B, T, pos, pos + 1 if isinstance(pos, torch.Tensor) else None, rope, rope_pos)
         x = mm.embeds if mm is not None else self.embed(input_ids).view(B * T, -1)
+        if isinstance(pos, int) and logits_at is not None and self.tp is None:
+            return self._prefill(x, step, mm, logits_at)
+        return self._layers(x, step, mm.deep if mm else (), mm.where if mm else None, logits_at)
+
+    def _layers(self, x, step: Step, deep, where, logits_at):
+        """The blocks, the final norm and the logits, from the embeddings x [B * T, dim] (deep / where: a prompt's
+        deepstack features and the flat indices of its image tokens)."""
+        B, T = step.batch, step.seq
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, step)
             # deepstack: the early layers' image tokens get features (added to one rank's partial under TP)
-            if mm is not None and i < len(mm.deep) and (self.tp is None or self.tp.rank == 0):
-                x = x.index_add(0, mm.where, mm.deep[i].to(x.dtype))
+            if i < len(deep) and (self.tp is None or self.tp.rank == 0):
+                x = x.index_add(0, where, deep[i].to(x.dtype))
         y, _ = reduce_norm(x, self.norm, self.args.norm_eps, residual, None, self.tp)
         y = y.view(B, T, -1)
         if logits_at is not None:
             y = y[torch.arange(B, device=y.device), logits_at]
         logits = self.output(y)
         return self.tp.gather_vocab(logits, self.args.vocab_size) if self.tp else logits
+
+    def _prefill(self, x, step: Step, mm: Prompt | None, logits_at):
+        """A prompt chunk's forward (step.pos an int) as a CUDA graph where one can run (self.prefill_graphs):
+        the chunk padded to Tp = a multiple of PREFILL_GRAPH_ROUND tokens per sequence, the padding after every
+        real token (zero embeddings; a prompt with images: zero rotary rows, its image tokens' flat indices moved
+        to the padded layout)."""
+        B, T, pos = step.batch, step.seq, step.pos
+        Tp = -(-T // PREFILL_GRAPH_ROUND) * PREFILL_GRAPH_ROUND
+        deep, where = (mm.deep, mm.where) if mm is not None else ((), None)
+        if not self.prefill_graphs.usable((x,)) or B * Tp > PREFILL_GRAPH_TOKENS or pos + Tp > self.max_seq_len:
+            return self._layers(x, step, deep, where, logits_at)
+
+        def padded(t):            # [B * T, ...] -> [B * Tp, ...], zero rows after each sequence's T
+            t = t.view(B, T, *t.shape[1:])
+            return torch.cat([t, t.new_zeros(B, Tp - T, *t.shape[2:])], 1).view(B * Tp, *t.shape[2:])
+        inputs = [padded(x), logits_at]
+        if mm is not None:        # per-token rotary rows; image tokens at b * T + t move to b * Tp + t
+            inputs += [padded(step.rope[0]), padded(step.rope[1]), where // T * Tp + where % T, *deep]
+        elif step.rope_pos is not None:        # text after a prompt with images: its rotary rows, continued
+            inputs.append(step.rope_pos[:, :1] + torch.arange(Tp, device=x.device))
+
+        def forward(xp, at, *rest):
+            if mm is not None:
+                cos, sin, wh, *dp = rest
+                rope_pos = torch.arange(B * Tp, device=xp.device).view(B, Tp)
+                s = Step(B, Tp, pos, None, (cos, sin), rope_pos)
+                return self._layers(xp, s, dp, wh, at)
+            return self._layers(xp, Step(B, Tp, pos, None, step.rope, rest[0] if rest else None), (), None, at)
+        key = ("prefill", B, Tp, pos, mm is not None, step.rope_pos is not None, weights_key(self))
+        return self.prefill_graphs(key, forward, *inputs)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [..., dim] (tensor parallel: each rank's vocabulary slice, summed over the ranks)."""

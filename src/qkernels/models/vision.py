@@ -17,7 +17,6 @@ cost more host time than GPU time.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,7 +26,7 @@ from torch import nn
 
 from .. import reference as ref
 from .._runtime import runs_kernels
-from .graphs import ShapeGraphs
+from .graphs import ShapeGraphs, weights_key
 
 
 @dataclass(frozen=True)
@@ -208,9 +207,8 @@ class VisionTower(nn.Module):
         a CUDA graph (self.graphs; the same kernels, the same results)."""
         grid = self.check(pixel_values, grid_thw)
         pv = pixel_values.to(self.device, self.pos_embed.dtype)
-        # the key holds where the weights are: a tower moved or re-quantized since a capture is captured anew
-        weights = tuple(t.data_ptr() for t in itertools.chain(self.parameters(), self.buffers()))
-        out = self.graphs((tuple(grid), weights), lambda p: self._encode(p, grid), pv)
+        out = self.graphs((tuple(grid), weights_key(self)) if self.graphs.usable((pv,)) else None,
+                          lambda p: self._encode(p, grid), pv)
         return out[0], list(out[1:])
 
     def _encode(self, pixel_values: torch.Tensor, grid: list) -> tuple:
