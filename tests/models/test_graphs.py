@@ -27,6 +27,26 @@ def test_bad_settings_name_the_argument():
         ShapeGraphs()("k", lambda: torch.zeros(1))
 
 
+def test_static_inputs_share_one_buffer_that_grows():
+    """A graph's static inputs: copies of the inputs as views of one byte buffer, each at a 256-byte boundary, of
+    any dtype; inputs too large for it get a larger buffer (doubled at least), the views taken before keep theirs."""
+    g = ShapeGraphs()
+    a, i, f = torch.randn(3, 5), torch.arange(7), torch.randn(2, 3).half()
+    va, vi, vf = g.static_inputs((a, i, f))
+    assert torch.equal(va, a) and torch.equal(vi, i) and torch.equal(vf, f)
+    assert [v.dtype for v in (va, vi, vf)] == [a.dtype, i.dtype, f.dtype]
+    base = g.arena.data_ptr()
+    assert [v.data_ptr() - base for v in (va, vi, vf)] == [0, 256, 512] and g.arena.numel() == 768
+    first = g.arena
+    b = torch.randn(2, 5)
+    (vb,) = g.static_inputs((b,))            # fits: the same buffer, from its start (over the first inputs' bytes)
+    assert g.arena is first and vb.data_ptr() == base and torch.equal(va.reshape(-1)[:10], b.reshape(-1))
+    big = torch.randn(1000)
+    (vbig,) = g.static_inputs((big,))
+    assert g.arena is not first and g.arena.numel() == 4096 and torch.equal(vbig, big)     # 4000 bytes, aligned
+    assert torch.equal(vb, b) and torch.equal(vi, i)         # the views taken before still read their own buffer
+
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU's eager path")
 def test_on_the_cpu_the_function_runs_as_it_is():
     g = ShapeGraphs(capture_after=1)

@@ -7,7 +7,9 @@ step has its own graph (generate.DecodeGraph). Graphs are used only where they c
 recording, not inside another capture, not under the Triton interpreter, not inside `eager()`; elsewhere the function
 runs as it is. A key
 seen once stays eager (a shape that never comes back costs no capture); at most `max_graphs` graphs are kept (the
-least recently used one is dropped), all in one memory pool. A capture that fails (an operation CUDA graphs cannot
+least recently used one is dropped), all in one memory pool, their static inputs views of one shared buffer (graphs
+replay one at a time, each after its inputs are copied in: so many graphs cost the memory of the largest's inputs,
+not of all of them). A capture that fails (an operation CUDA graphs cannot
 hold) warns once and leaves this instance eager.
 """
 from __future__ import annotations
@@ -45,6 +47,10 @@ def weights_key(module: torch.nn.Module) -> tuple:
     return tuple(t.data_ptr() for t in itertools.chain(module.parameters(), module.buffers()))
 
 
+ARENA_ALIGN = 256     # bytes: where each static input starts in the shared buffer
+SEEN_MAX = 4096       # keys counted before their capture, at most
+
+
 class ShapeGraphs:
     def __init__(self, capture_after: int = 2, max_graphs: int = 8):
         if not isinstance(capture_after, int) or capture_after < 1:
@@ -55,8 +61,9 @@ class ShapeGraphs:
         self.capture_after, self.max_graphs = capture_after, max_graphs
         self.enabled = True
         self.seen: dict = {}
-        self.graphs: OrderedDict = OrderedDict()      # key -> (graph, static inputs, static outputs)
+        self.graphs: OrderedDict = OrderedDict()      # key -> (graph, static inputs, static outputs, their buffer)
         self.pool = None
+        self.arena: torch.Tensor | None = None        # the static inputs' shared buffer (bytes)
 
     def usable(self, inputs: tuple) -> bool:
         return (self.enabled and not getattr(_EAGER, "depth", 0) and not torch.is_grad_enabled()
@@ -74,6 +81,8 @@ class ShapeGraphs:
         key = (key, tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
         entry = self.graphs.get(key)
         if entry is None:
+            if len(self.seen) > SEEN_MAX:             # keys met once, long ago: forgotten rather than piling up
+                self.seen.clear()
             self.seen[key] = self.seen.get(key, 0) + 1
             if self.seen[key] < self.capture_after:
                 return fn(*inputs)
@@ -81,7 +90,7 @@ class ShapeGraphs:
             if entry is None:
                 return fn(*inputs)
         self.graphs.move_to_end(key)
-        graph, static_in, static_out = entry
+        graph, static_in, static_out, _ = entry
         for s, t in zip(static_in, inputs):
             s.copy_(t)
         graph.replay()
@@ -89,9 +98,24 @@ class ShapeGraphs:
             return static_out.clone()
         return tuple(t.clone() for t in static_out)
 
+    def static_inputs(self, inputs: tuple) -> tuple:
+        """Copies of inputs as views of self.arena (each at a 256-byte boundary), the arena grown (doubled at least)
+        where they do not fit it; a graph keeps the arena its inputs view alive."""
+        sizes = [-(-t.numel() * t.element_size() // ARENA_ALIGN) * ARENA_ALIGN for t in inputs]
+        need = sum(sizes)
+        if self.arena is None or self.arena.numel() < need or self.arena.device != inputs[0].device:
+            grow = 2 * self.arena.numel() if self.arena is not None and self.arena.device == inputs[0].device else 0
+            self.arena = torch.empty(max(need, grow), dtype=torch.uint8, device=inputs[0].device)
+        out, at = [], 0
+        for t, n in zip(inputs, sizes):
+            v = self.arena[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            out.append(v.copy_(t))
+            at += n
+        return tuple(out)
+
     def _capture(self, key, fn: Callable, inputs: tuple):
         dev = inputs[0].device
-        static_in = tuple(t.clone() for t in inputs)
+        static_in = self.static_inputs(inputs)
         try:
             s = torch.cuda.Stream(dev)
             s.wait_stream(torch.cuda.current_stream(dev))
@@ -111,7 +135,7 @@ class ShapeGraphs:
         if not (isinstance(static_out, torch.Tensor)
                 or isinstance(static_out, tuple) and all(isinstance(t, torch.Tensor) for t in static_out)):
             raise TypeError(f"fn must return a tensor or a tuple of tensors, got {type(static_out).__name__}")
-        self.graphs[key] = (graph, static_in, static_out)
+        self.graphs[key] = (graph, static_in, static_out, self.arena)
         self.seen.pop(key, None)
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)

@@ -242,7 +242,9 @@ class Transformer(nn.Module):
         self.visual = None               # a vision-language model's vision encoder (models.vision), set by the loader
         self.rope_delta = None           # its sequences' rotary offsets after a prompt with images (setup_caches)
         self.max_batch = self.max_seq_len = 0
-        self.prefill_graphs = ShapeGraphs()
+        # one graph per padded length up to PREFILL_GRAPH_TOKENS (prompts of varied lengths would otherwise keep
+        # capturing and dropping graphs), their inputs in one shared buffer
+        self.prefill_graphs = ShapeGraphs(max_graphs=PREFILL_GRAPH_TOKENS // PREFILL_GRAPH_ROUND)
 
     @property
     def dtype(self) -> torch.dtype:
