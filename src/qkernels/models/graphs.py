@@ -52,6 +52,10 @@ SEEN_MAX = 4096       # keys counted before their capture, at most
 
 
 class ShapeGraphs:
+    """CUDA graphs of functions keyed by the caller's key and the inputs' shapes, dtypes and devices:
+    `graphs(key, fn, *inputs)` runs fn(*inputs) eagerly until the key has come `capture_after` times, then captures
+    it and replays it. `graphs.graphs` holds the captured ones (least recently used first), `clear()` drops them."""
+
     def __init__(self, capture_after: int = 2, max_graphs: int = 8):
         if not isinstance(capture_after, int) or capture_after < 1:
             raise ValueError(f"capture_after must be an int >= 1 (calls of a key before its capture), "
