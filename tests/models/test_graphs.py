@@ -27,6 +27,19 @@ def test_bad_settings_name_the_argument():
         ShapeGraphs()("k", lambda: torch.zeros(1))
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU only")
+def test_graphs_in_and_out_of_inference_mode_are_apart():
+    """A key met under torch.inference_mode and under torch.no_grad: a graph for each (a graph captured in inference
+    mode holds inference tensors that a call outside it may not write), both right."""
+    g = ShapeGraphs(capture_after=1)
+    w = torch.randn(64, 128, device=DEVICE, dtype=torch.float16) / 8
+    for mode in (torch.inference_mode, torch.no_grad, torch.inference_mode, torch.no_grad):
+        with mode():
+            x = torch.randn(16, 64, device=DEVICE, dtype=torch.float16)
+            assert torch.equal(g("f", _fn, x, w)[0], _fn(x, w)[0])
+    assert len(g.graphs) == 2
+
+
 def test_static_inputs_share_one_buffer_that_grows():
     """A graph's static inputs: copies of the inputs as views of one byte buffer, each at a 256-byte boundary, of
     any dtype; inputs too large for it get a larger buffer (doubled at least), the views taken before keep theirs."""
@@ -84,7 +97,7 @@ def test_one_graph_per_shape_and_the_oldest_dropped():
         x = torch.randn(rows, 64, device=DEVICE, dtype=torch.float16)
         got = g("f", _fn, x, w)
         assert torch.equal(got[0], _fn(x, w)[0])
-    assert [k[1][0][0][0] for k in g.graphs] == [8, 24]   # 16 was the least recently used
+    assert [k[2][0][0][0] for k in g.graphs] == [8, 24]   # 16 was the least recently used
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU only")

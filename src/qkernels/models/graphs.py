@@ -4,13 +4,12 @@ once and replayed from then on, the inputs copied into the graph's static buffer
 What it is for: the parts of a forward that run eagerly, once per prompt, and whose host work outweighs their GPU
 time (a vision tower's blocks at one image's patches: dozens of small launches per block on a slow host). The decode
 step has its own graph (generate.DecodeGraph). Graphs are used only where they can be: CUDA inputs, no gradient
-recording, not inside another capture, not under the Triton interpreter, not inside `eager()`; elsewhere the function
-runs as it is. A key
-seen once stays eager (a shape that never comes back costs no capture); at most `max_graphs` graphs are kept (the
-least recently used one is dropped), all in one memory pool, their static inputs views of one shared buffer (graphs
-replay one at a time, each after its inputs are copied in: so many graphs cost the memory of the largest's inputs,
-not of all of them). A capture that fails (an operation CUDA graphs cannot
-hold) warns once and leaves this instance eager.
+recording, not inside another capture, not under the Triton interpreter, not inside `eager()`; elsewhere the
+function runs as it is. A key seen once stays eager (a shape that never comes back costs no capture); at most
+`max_graphs` graphs are kept (the least recently used one is dropped), all in one memory pool, their static inputs
+views of one shared buffer (graphs replay one at a time, each after its inputs are copied in: many graphs cost the
+memory of the largest one's inputs, not of all of them). A capture that fails (an operation CUDA graphs cannot hold)
+warns once and leaves this instance eager.
 """
 from __future__ import annotations
 
@@ -82,7 +81,9 @@ class ShapeGraphs:
             raise ValueError("ShapeGraphs needs at least one input tensor (the graph's static input)")
         if not self.usable(inputs):
             return fn(*inputs)
-        key = (key, tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
+        # inference mode in the key: a graph captured in it holds inference tensors, which a call outside it may
+        # not copy into
+        key = (key, torch.is_inference_mode_enabled(), tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
         entry = self.graphs.get(key)
         if entry is None:
             if len(self.seen) > SEEN_MAX:             # keys met once, long ago: forgotten rather than piling up
@@ -109,7 +110,8 @@ class ShapeGraphs:
         need = sum(sizes)
         if self.arena is None or self.arena.numel() < need or self.arena.device != inputs[0].device:
             grow = 2 * self.arena.numel() if self.arena is not None and self.arena.device == inputs[0].device else 0
-            self.arena = torch.empty(max(need, grow), dtype=torch.uint8, device=inputs[0].device)
+            with torch.inference_mode(False):     # a normal tensor: graphs captured in and out of inference mode
+                self.arena = torch.empty(max(need, grow), dtype=torch.uint8, device=inputs[0].device)
         out, at = [], 0
         for t, n in zip(inputs, sizes):
             v = self.arena[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
