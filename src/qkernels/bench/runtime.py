@@ -14,7 +14,8 @@ Method:
   same run (bench.harness.copy_bandwidth_gbps).
 - prefill: one forward of [batch, 2048] tokens (logits of the last position), CUDA events, median of 5;
   TTFT = the batch-1 prefill time, as a CUDA graph where the runtime has one (models/llama.py: a prompt of up to
-  4096 padded tokens; captured before the timing), beside ttft_eager_ms (every launch from the host). capture_s: the decode step's warm-up + graph capture.
+  4096 padded tokens; captured before the timing), beside ttft_eager_ms (every launch from the host). capture_s:
+  the decode step's warm-up + graph capture.
 - peak memory: torch.cuda.max_memory_allocated over the runtime's prefill and decode (weights, caches and
   activations; the source HF model's bytes subtracted).
 - profile: one replayed decode step under torch.profiler, GPU time per kernel name (batch 1), the runtime's and
@@ -24,8 +25,8 @@ Method:
 - image rows (Qwen3-VL, `--models qwen3-vl-2b`): one 448x448 image in a 64-token question; the vision encoder's time,
   TTFT of the prompt with its image (encoder included: one forward into the cache, median of 5), both as the
   runtime's CUDA graphs run them (captured before the timing) and eager (vision_eager_ms, ttft_eager_ms), and the
-  batch-1 decode step after it; beside it transformers' eager fp16 model's forward of the same prompt (its compiled path
-  does not take images).
+  batch-1 decode step after it; beside it transformers' eager fp16 model's forward of the same prompt (its compiled
+  path does not take images).
 - Hugging Face rows (batch 1): the source model's forward compiled with a static cache (torch.compile,
   mode="reduce-overhead", fullgraph: its documented fast path), fp16, and converted copies: w4a16 and w8a8 by
   quantize_ (lm_head fp16), and every linear but lm_head on PyTorch's int4 kernel (tinygemm, bf16 model, group
