@@ -122,3 +122,21 @@ def test_a_capture_that_fails_warns_and_stays_eager():
     assert any("CUDA graph capture failed" in str(w.message) for w in seen)
     assert torch.equal(got, x * float(x.sum().item())) and not g.enabled and not g.graphs
     assert torch.equal(g("k", lambda t: t + 1, x), x + 1)
+
+
+def test_weights_key_follows_the_module_and_is_kept_while_nothing_changes():
+    """weights_key: the same tuple while nothing was registered or moved; a new one after a submodule is replaced,
+    a parameter or buffer is registered, or the module changes dtype."""
+    from qkernels.models.graphs import weights_key
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    k = weights_key(m)
+    assert weights_key(m) is k and len(k) == 4
+    m[1] = torch.nn.Linear(8, 4)                       # re-quantized / replaced layer
+    k2 = weights_key(m)
+    assert k2 != k and k2[:2] == k[:2]
+    m[1].register_buffer("extra", torch.zeros(3))
+    k3 = weights_key(m)
+    assert len(k3) == 5
+    m.double()                                         # every tensor moved
+    k4 = weights_key(m)
+    assert k4 != k3 and len(k4) == 5 and weights_key(m) is k4

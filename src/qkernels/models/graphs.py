@@ -39,11 +39,33 @@ def eager():
         _EAGER.depth = depth
 
 
+_VERSION = [0]        # modules, parameters and buffers registered anywhere in the process so far (once watched)
+_HOOKS: list = []
+
+
+def _registered(*args) -> None:
+    _VERSION[0] += 1
+
+
 def weights_key(module: torch.nn.Module) -> tuple:
     """Where every parameter and buffer of module lies (its data pointers): part of a graph's key, so that a module
     moved, re-quantized, given new layers or a new cache since a capture is captured anew, never replayed on memory
-    that is no longer its own."""
-    return tuple(t.data_ptr() for t in itertools.chain(module.parameters(), module.buffers()))
+    that is no longer its own. Walking every tensor costs the host ~2 µs per tensor, so the key is kept on the
+    module and walked again only when a module, parameter or buffer was registered anywhere since (PyTorch's global
+    registration hooks, installed at the first call) or the first parameter or buffer moved (.to(), .half())."""
+    if not _HOOKS:
+        from torch.nn.modules import module as nn_module
+        _HOOKS.extend([nn_module.register_module_module_registration_hook(_registered),
+                       nn_module.register_module_parameter_registration_hook(_registered),
+                       nn_module.register_module_buffer_registration_hook(_registered)])
+    first = (next(module.parameters(), None), next(module.buffers(), None))
+    stamp = (_VERSION[0], *(t.data_ptr() if t is not None else 0 for t in first))
+    kept = module.__dict__.get("_qkernels_weights_key")
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    key = tuple(t.data_ptr() for t in itertools.chain(module.parameters(), module.buffers()))
+    module.__dict__["_qkernels_weights_key"] = (stamp, key)
+    return key
 
 
 ARENA_ALIGN = 256     # bytes: where each static input starts in the shared buffer
