@@ -98,8 +98,10 @@ class PaddedEagerly:
     def __init__(self):
         self.keys = []
 
-    def usable(self, inputs) -> bool:
+    def could_run(self, inputs) -> bool:
         return True
+
+    usable = could_run
 
     def clear(self) -> None:
         pass
@@ -119,12 +121,11 @@ def test_a_prompt_padded_for_its_graph_gives_the_unpadded_logits_and_cache(monke
     """The prefill graph's padding (a chunk's tokens up to a multiple of PREFILL_GRAPH_ROUND): the logits at
     logits_at and the cache rows of the real tokens as the unpadded forward's, for a first chunk and one after
     it; a chunk whose padded length would pass the cache runs unpadded."""
-    from qkernels.models.graphs import eager
     m = from_pretrained(hf_model("qwen3"), device=DEVICE, dtype=torch.float32)
     m.setup_caches(2, 128)
     ids, more = torch.randint(0, 96, (2, 13), device=DEVICE), torch.randint(0, 96, (2, 5), device=DEVICE)
     at, at2 = torch.tensor([12, 7], device=DEVICE), torch.tensor([4, 2], device=DEVICE)
-    with eager():
+    with torch.enable_grad():                      # where no graph could run: unpadded
         want, want2 = m(ids, 0, logits_at=at), m(more, 13, logits_at=at2)
     cache = _caches(m, 18)
     stand = PaddedEagerly()
@@ -149,8 +150,8 @@ def test_a_prompt_padded_for_its_graph_gives_the_unpadded_logits_and_cache(monke
 @torch.inference_mode()
 def test_prefill_graph_captured_at_a_padded_length_second_prompt_and_replayed():
     """Prompts of 13, 14 and 15 tokens share the 64-token graph: the first runs eagerly, the second captures it,
-    the third replays it; each one's logits as the unpadded eager forward's; generate with the graphs gives the
-    tokens of generate(use_graph=False)."""
+    the third replays it; each one's logits as the unpadded forward's, and bit for bit those of the padded forward
+    without graphs (graphs.eager()); generate with the graphs gives the tokens of generate(use_graph=False)."""
     from qkernels.models.graphs import eager
     m = from_pretrained(hf_model("qwen3"), device=DEVICE, dtype=torch.float32)
     m.setup_caches(2, 256)
@@ -159,8 +160,10 @@ def test_prefill_graph_captured_at_a_padded_length_second_prompt_and_replayed():
         at = torch.tensor([T - 1, T // 2], device=DEVICE)
         got = m(ids, 0, logits_at=at)
         assert len(m.prefill_graphs.graphs) == (call >= 1)
-        with eager():
+        with torch.enable_grad():                  # where no graph could run: unpadded
             want = m(ids, 0, logits_at=at)
+        with eager():                              # no graph, the same padded computation: the same bits
+            assert torch.equal(m(ids, 0, logits_at=at), got)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     prompts = [[5, 9, 3, 7, 1, 1, 2], [1, 2]]
     assert m.generate(prompts, 12) == m.generate(prompts, 12) == m.generate(prompts, 12, use_graph=False)

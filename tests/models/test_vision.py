@@ -203,8 +203,6 @@ def test_a_prompt_with_images_padded_for_its_graph_gives_the_unpadded_logits(mon
     """The prefill graph's padding with images (two prompts of one batch: per-token rotary rows padded, the image
     tokens' flat indices moved to the padded layout, the deepstack features added there) and for the text chunk
     after them (its rotary rows continued from the prompt's offset): the logits as the unpadded forward's."""
-    from qkernels.models.graphs import eager
-
     from .test_llama import PaddedEagerly
     hf = hf_vl()
     m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
@@ -217,7 +215,7 @@ def test_a_prompt_with_images_padded_for_its_graph_gives_the_unpadded_logits(mon
     kw = dict(pixel_values=torch.cat([pa, pb]), image_grid_thw=torch.cat([ga, gb]), lengths=lengths)
     more, at2 = torch.randint(0, 140, (2, 3), device=DEVICE), torch.tensor([2, 1], device=DEVICE)
     T = ids.shape[1]
-    with eager():
+    with torch.enable_grad():                      # where no graph could run: unpadded
         want, want2 = m(ids, 0, logits_at=at, **kw), m(more, T, logits_at=at2)
     stand = PaddedEagerly()
     monkeypatch.setattr(m, "prefill_graphs", stand)

@@ -90,9 +90,14 @@ class ShapeGraphs:
         self.pool = None
         self.arena: torch.Tensor | None = None        # the static inputs' shared buffer (bytes)
 
+    def could_run(self, inputs: tuple) -> bool:
+        """Where a graph of these inputs could run at all: CUDA tensors, no gradients, not under the interpreter."""
+        return (not torch.is_grad_enabled() and not is_interpreter()
+                and all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs))
+
     def usable(self, inputs: tuple) -> bool:
-        return (self.enabled and not getattr(_EAGER, "depth", 0) and not torch.is_grad_enabled()
-                and not is_interpreter() and all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+        """could_run, and this instance not turned eager (graphs.eager(), a failed capture), not inside a capture."""
+        return (self.enabled and not getattr(_EAGER, "depth", 0) and self.could_run(inputs)
                 and not torch.cuda.is_current_stream_capturing())
 
     def __call__(self, key: Hashable, fn: Callable, *inputs: torch.Tensor):

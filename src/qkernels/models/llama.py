@@ -21,10 +21,11 @@ logits gathered.
 
 A prompt's forward into the cache (prefill: pos an int, logits_at given) is host-paced at short prompts: dozens of
 launches per layer on the host for little GPU work each. On a GPU without gradients (one rank: tensor parallel stays
-eager) it runs as a CUDA graph, its tokens padded up to a multiple of PREFILL_GRAPH_ROUND so that nearby lengths share
-one (models/graphs.py: captured at a padded length's second prompt; the padding rows come after every real token, so
-causal attention keeps them out of the real ones, and the cache rows they write lie past the prompt, where decode
-writes before it reads). The padded GEMMs run at another M, so the logits match the unpadded forward's to rounding,
+eager) its tokens are padded up to a multiple of PREFILL_GRAPH_ROUND so that nearby lengths share one CUDA graph
+(models/graphs.py: captured at a padded length's second prompt, eager before it and inside graphs.eager(), the same
+padded computation either way; the padding rows come after every real token, so causal attention keeps them out of
+the real ones, and the cache rows they write lie past the prompt, where decode writes before it reads). The padded
+GEMMs run at another M, so the logits match the unpadded forward's (the CPU's, a chunk too long to pad) to rounding,
 not bit for bit.
 
 Where kernels cannot run (a CPU without TRITON_INTERPRET=1) every op runs its reference twin.
@@ -341,7 +342,10 @@ class Transformer(nn.Module):
         B, T, pos = step.batch, step.seq, step.pos
         Tp = -(-T // PREFILL_GRAPH_ROUND) * PREFILL_GRAPH_ROUND
         deep, where = (mm.deep, mm.where) if mm is not None else ((), None)
-        if not self.prefill_graphs.usable((x,)) or B * Tp > PREFILL_GRAPH_TOKENS or pos + Tp > self.max_seq_len:
+        # padded wherever a graph could run, captured or not (graphs.eager(), before the capture, after a failed
+        # one): a prompt gets the same logits whichever way its forward runs
+        if (not self.prefill_graphs.could_run((x,)) or B * Tp > PREFILL_GRAPH_TOKENS
+                or pos + Tp > self.max_seq_len):
             return self._layers(x, step, deep, where, logits_at)
 
         def padded(t):            # [B * T, ...] -> [B * Tp, ...], zero rows after each sequence's T
@@ -360,7 +364,8 @@ class Transformer(nn.Module):
                 s = Step(B, Tp, pos, None, (cos, sin), rope_pos)
                 return self._layers(xp, s, dp, wh, at)
             return self._layers(xp, Step(B, Tp, pos, None, step.rope, rest[0] if rest else None), (), None, at)
-        key = ("prefill", B, Tp, pos, mm is not None, step.rope_pos is not None, weights_key(self))
+        key = (("prefill", B, Tp, pos, mm is not None, step.rope_pos is not None, weights_key(self))
+               if self.prefill_graphs.usable(tuple(inputs)) else None)
         return self.prefill_graphs(key, forward, *inputs)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
