@@ -2,9 +2,10 @@
 (bench.runtime.profile_step), per scheme, beside the step's median time. Random weights of the real config.
 
   python3 scripts/profile_step.py --model qwen3-1.7b [llama3-8b] --batch 16 [64] --schemes fp16,w4a16 [--top 16]
-      [--json PATH] [--prefill 2048 [262]]
+      [--json PATH] [--prefill 2048 [262] [--no-graphs]]
 
---prefill T: a T-token prompt's forward instead (batch 1, eager, as bench runtime's TTFT rows time it): its median
+--prefill T: a T-token prompt's forward instead (batch 1, as bench runtime's TTFT rows time it: its CUDA graph
+captured in the warm-up; --no-graphs: every launch from the host, as bench runtime's ttft_eager_ms): its median
 time beside the sum of its kernels' GPU time; where the sum is well short of the time, the host (Python, launches)
 sets the pace, not the kernels.
 
@@ -16,6 +17,7 @@ step times only (a check of the script, not a timing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -28,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from qkernels.bench.model import _median_ms, hf_model, model_configs  # noqa: E402
 from qkernels.bench.runtime import CTX, profile_step, runtime_decode  # noqa: E402
 from qkernels.models import from_pretrained  # noqa: E402
+from qkernels.models.graphs import eager  # noqa: E402
 
 
 def main() -> None:
@@ -39,6 +42,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write {model, batch, scheme: {step_us, kernels}} here")
     ap.add_argument("--prefill", type=int, nargs="+", default=None, metavar="T",
                     help="profile T-token prompts' forward (batch 1) instead of the decode step")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="--prefill: the prompt's forward without its CUDA graph (models.graphs.eager)")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
@@ -84,7 +89,8 @@ def _prefill(m, name: str, scheme: str, t: int, args, dev, out: dict, gpu: bool)
 
     @torch.inference_mode()
     def forward():
-        m(ids, 0, logits_at=at)
+        with eager() if args.no_graphs else contextlib.nullcontext():
+            m(ids, 0, logits_at=at)
     ms = _median_ms(forward, dev, 10 if gpu else 1)
     rows = profile_step(forward, top=10 ** 6) if args.top and gpu else []
     gpu_us = sum(r["us_per_step"] for r in rows)

@@ -20,7 +20,8 @@ def test_profile_step_times_prefill(tmp_path):
     """--prefill T: a T-token prompt's forward per scheme instead of the decode step (named by --model; on a CPU the
     bench's tiny model runs)."""
     out = tmp_path / "prefill.json"
-    run = run_script("profile_step.py", "--prefill", "12", "--schemes", "fp16,w4a16", "--json", str(out))
+    run = run_script("profile_step.py", "--prefill", "12", "--schemes", "fp16,w4a16", "--no-graphs",
+                     "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     assert [l.split(":")[0] for l in run.stdout.splitlines() if l.startswith("== ")] == [
         "== qwen3-1.7b prefill 12 tokens fp16", "== qwen3-1.7b prefill 12 tokens w4a16"], run.stdout
