@@ -100,17 +100,19 @@ class ShapeGraphs:
         return (self.enabled and not getattr(_EAGER, "depth", 0) and self.could_run(inputs)
                 and not torch.cuda.is_current_stream_capturing())
 
-    def __call__(self, key: Hashable, fn: Callable, *inputs: torch.Tensor):
+    def __call__(self, key: Hashable | Callable[[], Hashable], fn: Callable, *inputs: torch.Tensor):
         """fn(*inputs): a tensor or a tuple of tensors, computed on the GPU from inputs alone (no host reads of
         them, no host-to-device copies) whenever the call's key is the same; replayed from a graph once the key has
-        come `capture_after` times, else run eagerly."""
+        come `capture_after` times, else run eagerly. key: a hashable, or a function returning one (called only
+        where a graph can run: a key that costs host time to build)."""
         if not inputs:
             raise ValueError("ShapeGraphs needs at least one input tensor (the graph's static input)")
         if not self.usable(inputs):
             return fn(*inputs)
         # inference mode in the key: a graph captured in it holds inference tensors, which a call outside it may
         # not copy into
-        key = (key, torch.is_inference_mode_enabled(), tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
+        key = (key() if callable(key) else key, torch.is_inference_mode_enabled(),
+               tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
         entry = self.graphs.get(key)
         if entry is None:
             if len(self.seen) > SEEN_MAX:             # keys met once, long ago: forgotten rather than piling up

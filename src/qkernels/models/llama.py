@@ -364,8 +364,8 @@ class Transformer(nn.Module):
                 s = Step(B, Tp, pos, None, (cos, sin), rope_pos)
                 return self._layers(xp, s, dp, wh, at)
             return self._layers(xp, Step(B, Tp, pos, None, step.rope, rest[0] if rest else None), (), None, at)
-        key = (("prefill", B, Tp, pos, mm is not None, step.rope_pos is not None, weights_key(self))
-               if self.prefill_graphs.usable(tuple(inputs)) else None)
+        def key():                # built only where a graph can run (weights_key walks the model now and then)
+            return "prefill", B, Tp, pos, mm is not None, step.rope_pos is not None, weights_key(self)
         return self.prefill_graphs(key, forward, *inputs)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -207,8 +207,7 @@ class VisionTower(nn.Module):
         a CUDA graph (self.graphs; the same kernels, the same results)."""
         grid = self.check(pixel_values, grid_thw)
         pv = pixel_values.to(self.device, self.pos_embed.dtype)
-        out = self.graphs((tuple(grid), weights_key(self)) if self.graphs.usable((pv,)) else None,
-                          lambda p: self._encode(p, grid), pv)
+        out = self.graphs(lambda: (tuple(grid), weights_key(self)), lambda p: self._encode(p, grid), pv)
         return out[0], list(out[1:])
 
     def _encode(self, pixel_values: torch.Tensor, grid: list) -> tuple:
