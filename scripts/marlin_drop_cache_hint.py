@@ -1,9 +1,9 @@
 """Drop the L2 cache hint from Marlin's weight copies in a copy of its source (scripts/build_marlin.sh runs this).
 
 Marlin's cp_async4_stream issues `createpolicy.fractional.L2::evict_first` and
-`cp.async.cg.shared.global.L2::cache_hint`; built by CUDA 13 for an H200 the kernel stopped at its first call with "an illegal instruction was encountered", as
-IST-DASLab/marlin issues #30 and #40 report for newer toolchains. Their workaround: the same cp.async.cg copy without
-the eviction policy. A source without the hint is left as it is.
+`cp.async.cg.shared.global.L2::cache_hint`; built by CUDA 13 for an H200 the kernel stopped at its first call with
+"an illegal instruction was encountered", as IST-DASLab/marlin issues #30 and #40 report for newer toolchains. Their
+workaround: the same cp.async.cg copy without the eviction policy. A source without the hint is left as it is.
 
   python3 scripts/marlin_drop_cache_hint.py PATH/marlin/marlin_cuda_kernel.cu
 """

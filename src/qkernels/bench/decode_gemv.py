@@ -250,7 +250,7 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None)
                     torch.cuda.empty_cache()
             # the rows so far (kernel counts still NaN), merged in: a job cut off keeps its finished layers
             measured.add((model, f"{N}x{K}"))
-            _write(rows, missing, gpu, read_results("decode_gemv", out_root), grid, ms, out_root, measured)
+            _write(rows, missing, gpu, read_results("decode_gemv", out_root), grid, out_root, measured)
     # kernels per call, after every timing: a profiler session must not run before a timed one
     for row, make, prov, x, xb in to_count:
         try:
@@ -260,11 +260,11 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None)
             print(f"{row.sizes['shape']} M={row.sizes['M']} {prov}: kernel count failed: {type(e).__name__}: {e}")
             continue
         print(f"{row.sizes['shape']} M={row.sizes['M']:2d} {prov:26s} {row.extra['kernels_per_call']:.0f} kernels")
-    _write(rows, missing, gpu, prev, grid, ms, out_root)
+    _write(rows, missing, gpu, prev, grid, out_root)
     return rows
 
 
-def _write(rows: list, missing: list, gpu: bool, prev, grid: dict, ms: tuple, out_root: str,
+def _write(rows: list, missing: list, gpu: bool, prev, grid: dict, out_root: str,
            measured: set | None = None):
     """The results file: `rows`, with the (layer, M, provider) measured replacing theirs in `prev` (the GPU's earlier
     results; the others kept), or alone without `prev`. measured: the (model, "NxK") timed yet (default: the whole
@@ -277,6 +277,7 @@ def _write(rows: list, missing: list, gpu: bool, prev, grid: dict, ms: tuple, ou
             measured = {(m, f"{n}x{k}") for m, shapes in grid.items() for n, k, _ in shapes}
         ran = {(r["model"], r["shape"], r["M"], r["provider"]) for r in doc["rows"]
                if (r["model"], r["shape"]) in measured}
-        doc = merge_results(prev, doc, lambda r: (r.get("model"), r.get("shape"), r.get("M"), r.get("provider")) in ran)
+        doc = merge_results(prev, doc,
+                            lambda r: (r.get("model"), r.get("shape"), r.get("M"), r.get("provider")) in ran)
     path = write_json("decode_gemv", doc, out_root)
     print(f"wrote {path}")

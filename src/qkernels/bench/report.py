@@ -157,9 +157,8 @@ def _runtime(d: dict) -> list[str]:
 def _image_table(mr: list) -> list[str]:
     """A vision-language model's image rows (bench.runtime.image_rows): per scheme the vision encoder's time, TTFT
     with the image (x transformers' eager fp16) beside the TTFT without the runtime's CUDA graphs and its kernels'
-    GPU time (rows that have them), and decode after it
-    (x the fp16 runtime's); then the targets: W4A16
-    TTFT <= 0.8x transformers' eager fp16, W4A16 decode >= 1.8x the fp16 runtime at batch 1."""
+    GPU time (rows that have them), and decode after it (x the fp16 runtime's); then the targets: W4A16 TTFT <= 0.8x
+    transformers' eager fp16, W4A16 decode >= 1.8x the fp16 runtime at batch 1."""
     img = [r for r in mr if r["op"] == "image"]
     if not img:
         return []
