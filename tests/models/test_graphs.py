@@ -122,6 +122,25 @@ def test_a_capture_that_fails_warns_and_stays_eager():
     assert any("CUDA graph capture failed" in str(w.message) for w in seen)
     assert torch.equal(got, x * float(x.sum().item())) and not g.enabled and not g.graphs
     assert torch.equal(g("k", lambda t: t + 1, x), x + 1)
+    # the failed capture left no trace on the process: random ops run, other instances still capture
+    assert torch.randint(0, 10, (4,), device=DEVICE).shape == (4,)
+    h = ShapeGraphs(capture_after=1)
+    assert torch.equal(h("k", lambda t: t * 2, x), x * 2) and len(h.graphs) == 1
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU only")
+@torch.inference_mode()
+def test_captures_again_after_every_graph_was_dropped():
+    """clear() (a model's caches set up anew) drops every graph and with them their memory pool: the next capture
+    takes a new pool and replays the right result, as does one after the LRU dropped the oldest."""
+    g = ShapeGraphs(capture_after=1, max_graphs=1)
+    for round in range(3):
+        x = torch.randn(64, device=DEVICE)
+        assert torch.equal(g("k", lambda t: t * 3 + 1, x), x * 3 + 1) and len(g.graphs) == 1
+        y = torch.randn(32, device=DEVICE)
+        assert torch.equal(g("k", lambda t: t - 2, y), y - 2) and len(g.graphs) == 1   # the LRU dropped 64's
+        g.clear()
+        assert not g.graphs and g.enabled
 
 
 def test_weights_key_follows_the_module_and_is_kept_while_nothing_changes():

@@ -68,6 +68,14 @@ def weights_key(module: torch.nn.Module) -> tuple:
     return key
 
 
+def _end_generator_capture(dev: torch.device) -> None:
+    """After a capture that failed: the device's default random generator was put in capture mode when the capture
+    began and left there when it did not end, so every random op after would fail ("Offset increment outside graph
+    capture"); a copy of its state (seed and offset, not in capture mode) takes its place."""
+    gen = torch.cuda.default_generators[dev.index if dev.index is not None else torch.cuda.current_device()]
+    gen.graphsafe_set_state(gen.clone_state())
+
+
 ARENA_ALIGN = 256     # bytes: where each static input starts in the shared buffer
 SEEN_MAX = 4096       # keys counted before their capture, at most
 
@@ -157,13 +165,16 @@ class ShapeGraphs:
             with torch.cuda.stream(s):
                 fn(*static_in)                       # first-call work (allocations, plans) outside the capture
             torch.cuda.current_stream(dev).wait_stream(s)
-            if self.pool is None:
+            if self.pool is None or not self.graphs:
+                # a pool lives while a graph captured into it does: once clear() or the LRU dropped them all, the
+                # allocator has let the old one go and a capture into its handle would fail
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 static_out = fn(*static_in)
         except RuntimeError as e:
             self.enabled = False
+            _end_generator_capture(dev)
             warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); running eagerly from "
                           f"here on", RuntimeWarning, stacklevel=3)
             return None
