@@ -110,7 +110,8 @@ def test_batched_decode_targets_per_m_range_and_best_peer(tmp_path):
 
 def test_decode_gemv_fixed_cost_and_streaming_rate(tmp_path):
     """Each provider's µs per call over a model's shapes, fitted as fixed µs + bytes / rate: the fit recovers a
-    line's intercept and rate, and the rate as a share of fp16's; a model with fewer than three sizes has no line."""
+    line's intercept and rate, and the rate as a share of fp16's; a model with fewer than three sizes has no line;
+    a provider whose times do not follow its bytes (one shape far off the line) gets its R² and no rate."""
     root = tmp_path / "results"
     row = lambda p, model, n, M, us, nbytes: dict(  # noqa: E731
         op="decode_linear", provider=p, mode="graph-chain", model=model, layer="x", shape=f"{n}x4096", M=M, N=n,
@@ -120,13 +121,17 @@ def test_decode_gemv_fixed_cost_and_streaming_rate(tmp_path):
     for n in (1024, 4096, 14336):
         b16 = 2 * n * 4096
         rows += [row("fp16 F.linear", "m", n, 1, 6.0 + b16 / 4e6, b16),              # 4000 GB/s, 6 µs fixed
-                 row("qkernels w4a16", "m", n, 1, 2.5 + b16 / 4 / 3.2e6, b16 // 4)]   # 3200 GB/s: 80%
+                 row("qkernels w4a16", "m", n, 1, 2.5 + b16 / 4 / 3.2e6, b16 // 4),   # 3200 GB/s: 80%
+                 row("peer", "m", n, 1, 40.0 if n == 1024 else 10.0 + b16 / 4 / 2e6, b16 // 4)]
         if n != 14336:
             rows.append(row("fp16 F.linear", "small", n, 1, 5.0, b16))
     _write(root, "h100", "decode_gemv", rows)
     text = report.build(root)
-    assert "| m | 1 | fp16 F.linear | 3 | 6.00 | 4000 | 100% |" in text
-    assert "| m | 1 | qkernels w4a16 | 3 | 2.50 | 3200 | 80% |" in text
+    assert "| m | 1 | fp16 F.linear | 3 | 1.00 | 6.00 | 4000 | 100% |" in text
+    assert "| m | 1 | qkernels w4a16 | 3 | 1.00 | 2.50 | 3200 | 80% |" in text
+    peer = next(line for line in text.splitlines() if line.startswith("| m | 1 | peer |"))
+    r2 = float(peer.split("|")[5])
+    assert r2 < report.FIT_R2_MIN and peer.endswith("| – | – |  |"), peer
     assert "| small | 1 |" not in text
 
 

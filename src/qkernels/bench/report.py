@@ -449,11 +449,16 @@ MARLIN_PUBLISHED = ("about 3.87x fp16 (the ideal with group-128 scales) at batch
                     "Hopper)")
 
 
-def _line_fit(xs: list, ys: list) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of ys against xs."""
+FIT_R2_MIN = 0.9      # a provider whose times do not follow its weight bytes closer than this has no streaming rate
+
+
+def _line_fit(xs: list, ys: list) -> tuple[float, float, float]:
+    """Least-squares (intercept, slope, R²) of ys against xs."""
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
+    total = sum((y - my) ** 2 for y in ys)
+    resid = sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys))
+    return my - slope * mx, slope, 1.0 - resid / total if total > 0 else 1.0
 
 
 def _stream_fit(rows: list[dict]) -> list[str]:
@@ -470,17 +475,21 @@ def _stream_fit(rows: list[dict]) -> list[str]:
     models, provs = (list(dict.fromkeys(r[k] for r in rows)) for k in ("model", "provider"))
     fp16 = next((q for q in provs if q.startswith("fp16")), None)
     body = []
-    for (model, M, p), (fixed, slope) in sorted(fits.items(), key=lambda kv: (models.index(kv[0][0]), kv[0][1],
-                                                                             provs.index(kv[0][2]))):
-        rate = 1e-3 / slope if slope > 0 else float("nan")      # bytes per µs / 1e3 = GB/s
-        f_slope = fits.get((model, M, fp16), (0.0, 0.0))[1]
-        share = f"{100 * f_slope / slope:.0f}%" if slope > 0 and f_slope > 0 else ""
-        body.append([model, M, p, len(groups[model, M, p]), f"{fixed:.2f}", _fmt(rate), share])
+    for (model, M, p), (fixed, slope, r2) in sorted(fits.items(), key=lambda kv: (models.index(kv[0][0]), kv[0][1],
+                                                                                 provs.index(kv[0][2]))):
+        n = len(groups[model, M, p])
+        if r2 < FIT_R2_MIN or slope <= 0:     # its time is not a fixed cost plus a rate (a shape it handles badly)
+            body.append([model, M, p, n, f"{r2:.2f}", "–", "–", ""])
+            continue
+        rate = 1e-3 / slope                                     # bytes per µs / 1e3 = GB/s
+        f_fixed, f_slope, f_r2 = fits.get((model, M, fp16), (0.0, 0.0, 0.0))
+        share = f"{100 * f_slope / slope:.0f}%" if f_slope > 0 and f_r2 >= FIT_R2_MIN else ""
+        body.append([model, M, p, n, f"{r2:.2f}", f"{fixed:.2f}", _fmt(rate), share])
     if not body:
         return []
-    return (["Fixed cost and streaming rate (a line fitted to each provider's µs per call against its weight bytes "
-             "over a model's shapes):", ""]
-            + _table(["model", "M", "provider", "shapes", "fixed µs", "GB/s streamed", "of fp16's rate"], body)
+    return ([f"Fixed cost and streaming rate (a line fitted to each provider's µs per call against its weight bytes "
+             f"over a model's shapes; no rate where the line explains less than R² = {FIT_R2_MIN} of the times):", ""]
+            + _table(["model", "M", "provider", "shapes", "R²", "fixed µs", "GB/s streamed", "of fp16's rate"], body)
             + [""])
 
 
