@@ -25,7 +25,7 @@ PeerBuffers.check): the result of a call that timed out is never used.
 import triton
 import triton.language as tl
 
-from ._common import _cast
+from ._common import _cast, _pdl_wait
 from ._fused import _rstd, _store_rows
 
 
@@ -83,11 +83,13 @@ def _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag
 @triton.jit
 def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr,
                                 numel, slot, wait, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-                                BLOCK: tl.constexpr, TIMER: tl.constexpr):
+                                BLOCK: tl.constexpr, TIMER: tl.constexpr, PDL: tl.constexpr = False):
     """x, out [numel]; data_ptr: this rank's data buffer [2, WORLD, slot] in x's dtype; flags_ptr: its flag pad
     [WORLD, MAX_PROGRAMS] int32; rank r's copies lie data_deltas[r] 16-byte units and flag_deltas[r] int32 elements
     away from this rank's, as mapped on this GPU (int64 [WORLD]); epoch_ptr: int32 [MAX_PROGRAMS], this rank's own;
-    status_ptr: int32 [1], 0 unless a peer did not arrive within `wait` (the module's docstring)."""
+    status_ptr: int32 [1], 0 unless a peer did not arrive within `wait` (the module's docstring). PDL: launched
+    early, it waits for the kernel before, then lets the next one start (its weights fetched during the exchange)."""
+    _pdl_wait(PDL)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -102,14 +104,16 @@ def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, dat
                                 flag_deltas, epoch_ptr, status_ptr, N, slot, eps, wait,
                                 RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
                                 BLOCK_N: tl.constexpr, HAS_W: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr,
-                                IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr, TIMER: tl.constexpr):
+                                IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr, TIMER: tl.constexpr,
+                                PDL: tl.constexpr = False):
     """The all-reduce of one row (program p: row p of x [M, N], every rank's partial of it) fused with what follows
     it in a decoder block: a = the sum over the ranks in rank order (fp32, rounded to x's dtype: the one-shot
     all-reduce's bits), h = a + residual (rounded as an eager add; written to rout), then RMSNorm of h with weight,
     as kernels/_fused.py's norm computes it (fp64 sum of squares, one rounding), written to y, or as per-row codes
     and scales (QUANT). The exchange is the one-shot kernel's, per row: slots [half, rank] of every rank's buffer at
     the row's offset, the program's flag and epoch (its PeerBuffers are its own: a row program's region is not a
-    flat program's)."""
+    flat program's). PDL: as the one-shot kernel's."""
+    _pdl_wait(PDL)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N

@@ -22,7 +22,7 @@ import os
 import torch
 
 from .. import reference as ref
-from .._runtime import alloc, cdiv, check_tensor, is_interpreter, launch, next_pow2
+from .._runtime import alloc, cdiv, check_tensor, is_interpreter, launch, next_pow2, pdl_options
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK = 2048                     # elements per program
@@ -144,7 +144,7 @@ def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers) -> torch.Tensor:
     launch(_k()._one_shot_all_reduce_kernel, (cdiv(x.numel(), BLOCK),), x, out, peers._views[x.dtype], peers.flags,
            peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status, x.numel(), slot, w["wait"],
            RANK=peers.rank, WORLD=peers.world, MAX_PROGRAMS=peers.max_programs, BLOCK=BLOCK, TIMER=w["TIMER"],
-           num_warps=4)
+           num_warps=4, **pdl_options(x.device))
     return out
 
 
@@ -185,6 +185,7 @@ def one_shot_all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight
                peers._views[x.dtype], peers.flags, peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status,
                N, peers.capacity_bytes // x.element_size(), eps, w["wait"], RANK=peers.rank, WORLD=peers.world,
                MAX_PROGRAMS=peers.max_programs, BLOCK_N=next_pow2(N), HAS_W=weight is not None, TIMER=w["TIMER"],
-               num_warps=4 if N <= 4096 else 8, **(_quant_meta(q, x.device) if q else _NO_QUANT))
+               num_warps=4 if N <= 4096 else 8, **(_quant_meta(q, x.device) if q else _NO_QUANT),
+               **pdl_options(x.device))
     out = (y.reshape(x.shape),) if not q else (y.reshape(x.shape), scale.reshape(*x.shape[:-1], 1))
     return out + (rout.reshape(x.shape),)
