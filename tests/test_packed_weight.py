@@ -146,3 +146,44 @@ def test_scale_zero_storage_is_word_aligned():
     assert torch.equal(odd.scales, pw.scales) and torch.equal(odd.zeros, pw.zeros)
     x = torch.randn(3, 128, device=DEVICE, dtype=torch.float16)
     assert_bit_exact(qk.w4a16_linear(x, odd), qk.w4a16_linear(x, pw), "misaligned scale_zero")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_from_compressed_tensors(bits, symmetric):
+    """compressed-tensors' pack-quantized tensors (codes packed along K, the last word part-filled where K is not a
+    whole number of words; zero points packed along N): the dequantized weight is (q - zp) * s of the signed
+    values, exactly; a per-tensor scale is every row's."""
+    g = torch.Generator().manual_seed(bits + 2 * symmetric)
+    half = 2 ** (bits - 1)
+    N, p = 24, 32 // bits
+
+    def pack(v, dim):                                    # signed ints -> int32 words along dim, + half, LSB first
+        u = (v.to(torch.int64) + half).movedim(dim, -1)
+        u = torch.nn.functional.pad(u, (0, -u.shape[-1] % p)).reshape(*u.shape[:-1], -1, p)
+        words = (u << (torch.arange(p) * bits)).sum(-1)
+        return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32).movedim(-1, dim).contiguous()
+
+    for K, ng in ((196, 1), (256, 8)):                   # 196: the last word part-filled (4-bit)
+        q = torch.randint(-half, half, (N, K), generator=g, dtype=torch.int8)
+        s = (torch.rand(N, ng, generator=g) * 0.02 + 0.001).to(torch.float16)
+        zp = None if symmetric else torch.randint(-half, half, (N, ng), generator=g, dtype=torch.int8)
+        cols = torch.arange(K) // (K // ng)
+        want = (q.float() - (0 if symmetric else zp.float()[:, cols])) * s.float()[:, cols]
+        pw = qk.PackedWeight.from_compressed_tensors(pack(q, 1), s, None if symmetric else pack(zp, 0),
+                                                     bits=bits, shape=(N, K))
+        assert torch.equal(pw.dequantize(torch.float32), want) and pw.symmetric == symmetric
+        if not symmetric:        # zero points as older writers left them: int8, unpacked
+            pw = qk.PackedWeight.from_compressed_tensors(pack(q, 1), s, zp, bits=bits, shape=(N, K))
+            assert torch.equal(pw.dequantize(torch.float32), want)
+    one = torch.tensor([0.01], dtype=torch.float16)     # strategy "tensor"
+    pw = qk.PackedWeight.from_compressed_tensors(pack(q, 1), one, bits=bits, shape=(N, K))
+    assert torch.equal(pw.dequantize(torch.float32), q.float() * one.float())
+    with pytest.raises(ValueError, match=r"weight_packed must be \[N=24"):
+        qk.PackedWeight.from_compressed_tensors(pack(q, 1)[:, 1:], one, bits=bits, shape=(N, K))
+    with pytest.raises(ValueError, match="weight_scale must be"):
+        qk.PackedWeight.from_compressed_tensors(pack(q, 1), torch.ones(N, 3, dtype=torch.float16), bits=bits,
+                                                shape=(N, K))
+    with pytest.raises(ValueError, match="weight_zero_point must be int32"):
+        qk.PackedWeight.from_compressed_tensors(pack(q, 1), one.expand(N, 1).contiguous(),
+                                                torch.zeros(N, 1, dtype=torch.int32), bits=bits, shape=(N, K))

@@ -1,5 +1,5 @@
 """PackedWeight: the kernel layout of weight-only quantized linear weights (W4A16 / W8A16), and the
-converters into it (float weights, plain integer weights, GPTQ and AWQ checkpoint tensors).
+converters into it (float weights, plain integer weights, GPTQ, AWQ and compressed-tensors checkpoint tensors).
 
 Layout (for an nn.Linear weight W of shape [N, K]):
   qweight  uint8, unsigned codes u in [0, 2**bits), row-major along K (a GEMV reads each output
@@ -292,6 +292,49 @@ class PackedWeight:
         gs = PER_CHANNEL if G == K else G
         return cls.from_int(q.t().contiguous(), scales.t().contiguous(), z.t().contiguous().to(scales.dtype),
                             bits=4, group_size=gs)
+
+
+    @classmethod
+    def from_compressed_tensors(cls, weight_packed: torch.Tensor, weight_scale: torch.Tensor,
+                                weight_zero_point: torch.Tensor | None = None, g_idx: torch.Tensor | None = None, *,
+                                bits: int, shape: tuple[int, int]) -> "PackedWeight":
+        """compressed-tensors "pack-quantized" tensors (llm-compressor's W4A16 / W8A16 checkpoints):
+        weight_packed int32 [N, ceil(K * bits / 32)] packed along K (the code of column k in bits (k % p) * bits of
+        word k // p, p = 32 / bits), each code stored as the signed value plus 2**(bits - 1); weight_scale [N, K / G]
+        (strategy "group"), [N, 1] ("channel") or one value ("tensor"); weight_zero_point (asymmetric) int32
+        [ceil(N * bits / 32), K / G] packed along N the same way, or int8 [N, K / G] signed as older writers left
+        it; g_idx [K] (activation order "group", older checkpoints): the group of each input channel.
+        W[n, k] = (q[n, k] - zp[n, g]) * s[n, g], signed q and zp (zp 0 without weight_zero_point)."""
+        _check_bits(bits)
+        check_tensor("weight_packed", weight_packed, dtypes=(torch.int32,))
+        check_tensor("weight_scale", weight_scale, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+        N, K = (int(v) for v in shape)
+        p = 32 // bits
+        if weight_packed.dim() != 2 or tuple(weight_packed.shape) != (N, -(-K // p)):
+            raise ValueError(f"weight_packed must be [N={N}, ceil(K * bits / 32) = {-(-K // p)}] for a [{N}, {K}] "
+                             f"weight of {bits}-bit codes, got {tuple(weight_packed.shape)}")
+        s = weight_scale.reshape(-1, 1).expand(N, 1) if weight_scale.numel() == 1 else weight_scale
+        if s.dim() != 2 or s.shape[0] != N or s.shape[1] == 0 or K % s.shape[1]:
+            raise ValueError(f"weight_scale must be [N={N}, K / group_size] with K={K} a multiple of its columns "
+                             f"(or one value), got {tuple(weight_scale.shape)}")
+        ng = s.shape[1]
+        offset = 2 ** (bits - 1)
+        u = _unpack_words(weight_packed, bits)[:, :K]                        # unsigned: q + offset
+        zeros = None
+        if weight_zero_point is not None:
+            if weight_zero_point.dtype == torch.int32 and tuple(weight_zero_point.shape) == (-(-N // p), ng):
+                zeros = _unpack_words(weight_zero_point.t().contiguous(), bits)[:, :N].t()   # unsigned: zp + offset
+            elif weight_zero_point.dtype == torch.int8 and tuple(weight_zero_point.shape) == (N, ng):
+                zeros = weight_zero_point.to(torch.int16) + offset
+            else:
+                raise ValueError(f"weight_zero_point must be int32 [ceil(N * bits / 32) = {-(-N // p)}, {ng}] (packed "
+                                 f"along N) or int8 [{N}, {ng}], got {weight_zero_point.dtype} "
+                                 f"{tuple(weight_zero_point.shape)}")
+        gs = PER_CHANNEL if ng == 1 else K // ng
+        if zeros is None:
+            return cls.from_int(u.to(torch.int16) - offset, s.contiguous(), None, bits=bits, group_size=gs,
+                                g_idx=g_idx)
+        return cls.from_int(u, s.contiguous(), zeros.contiguous().to(s.dtype), bits=bits, group_size=gs, g_idx=g_idx)
 
 
 def _check_scale_dtype(dt) -> None:

@@ -1,5 +1,6 @@
-"""GPTQ / AWQ directories: synthetic checkpoints written by an independent packer load to the weights it
-meant; save_gptq writes what an independent reader unpacks; the runtime and load_pretrained agree."""
+"""GPTQ / AWQ / compressed-tensors directories: synthetic checkpoints written by an independent packer load to the
+weights it meant; save_gptq writes what an independent reader unpacks; the runtime and load_pretrained agree;
+compressed-tensors' own writer's checkpoints load to what transformers' own loader computes."""
 import json
 
 import numpy as np
@@ -60,21 +61,31 @@ def write_checkpoint(tmp, method, bits=4, group=32, act_order=False, sym=False, 
     model = transformers.LlamaForCausalLM(cfg).to(torch.float16)
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
     meant = {}
+    ct = method == "compressed-tensors"
     for i in range(cfg.num_hidden_layers):
         for lin in LINEARS:
             name = f"model.layers.{i}.{lin}"
             N, K = sd.pop(name + ".weight").shape
-            ng = K // group
+            ng = 1 if group == -1 else K // group
             q = rng.integers(0, 2 ** bits, size=(K, N))
             scales = (rng.random((ng, N)) * 0.02 + 0.001).astype(np.float16)
             z = np.full((ng, N), 2 ** (bits - 1)) if sym else rng.integers(0, 2 ** bits, size=(ng, N))
             if method == "gptq" and fmt == "gptq":
                 z = np.maximum(z, 1)            # a v1 checkpoint stores z - 1: it cannot hold a zero point of 0
-            g_idx = np.arange(K) // group
+            g_idx = np.arange(K) // (K // ng)
             if act_order:
                 g_idx = rng.permutation(g_idx)
             w = (q - z[g_idx]) * scales[g_idx].astype(np.float32)             # [K, N]
             meant[name] = torch.from_numpy(w.T.astype(np.float32))
+            if ct:         # signed code and zero point + 2**(bits - 1), i.e. the unsigned q and z drawn here
+                sd[name + ".weight_packed"] = torch.from_numpy(pack_fields(q.T, bits, axis=1))     # along K
+                sd[name + ".weight_scale"] = torch.from_numpy(scales.T.copy())                   # [N, ng]
+                sd[name + ".weight_shape"] = torch.tensor([N, K])
+                if not sym:
+                    sd[name + ".weight_zero_point"] = torch.from_numpy(pack_fields(z.T, bits, axis=0))   # along N
+                if act_order:
+                    sd[name + ".weight_g_idx"] = torch.from_numpy(g_idx.astype(np.int32))
+                continue
             if method == "gptq":
                 zs = z - 1 if fmt == "gptq" else z
                 sd[name + ".qweight"] = torch.from_numpy(pack_fields(q, bits, axis=0))
@@ -87,7 +98,15 @@ def write_checkpoint(tmp, method, bits=4, group=32, act_order=False, sym=False, 
     d = tmp / f"{method}-{bits}-{group}-{act_order}-{sym}-{fmt}"
     d.mkdir()
     c = cfg.to_dict()
-    if method == "gptq":
+    if ct:
+        w = dict(num_bits=bits, type="int", symmetric=sym, strategy="channel" if group == -1 else "group",
+                 group_size=None if group == -1 else group, dynamic=False,
+                 actorder="group" if act_order else None)
+        c["quantization_config"] = dict(quant_method="compressed-tensors", format="pack-quantized",
+                                        quantization_status="compressed", ignore=["lm_head"],
+                                        config_groups={"group_0": dict(targets=["Linear"], weights=w,
+                                                                       input_activations=None)})
+    elif method == "gptq":
         c["quantization_config"] = dict(quant_method="gptq", bits=bits, group_size=group, desc_act=act_order,
                                         sym=sym, checkpoint_format=fmt)
     else:
@@ -110,7 +129,10 @@ def write_checkpoint(tmp, method, bits=4, group=32, act_order=False, sym=False, 
 
 CASES = [dict(method="gptq"), dict(method="gptq", fmt="gptq_v2", act_order=True),
          dict(method="gptq", sym=True, group=64, shards=True), dict(method="gptq", bits=8, group=32, sym=True),
-         dict(method="awq"), dict(method="awq", group=64, shards=True)]
+         dict(method="awq"), dict(method="awq", group=64, shards=True),
+         dict(method="compressed-tensors"), dict(method="compressed-tensors", sym=True, group=64, shards=True),
+         dict(method="compressed-tensors", bits=8, sym=True, group=-1),
+         dict(method="compressed-tensors", act_order=True)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
@@ -168,7 +190,7 @@ def test_bad_checkpoints_are_named(tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["quantization_config"]["quant_method"] = "bitnet"
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="quant_method must be 'gptq' or 'awq', got 'bitnet'"):
+    with pytest.raises(ValueError, match="must be 'gptq', 'awq' or 'compressed-tensors', got 'bitnet'"):
         load_pretrained(d)
     cfg["quantization_config"].update(quant_method="awq", version="gemv")
     (d / "config.json").write_text(json.dumps(cfg))
@@ -207,8 +229,8 @@ def test_bad_checkpoints_are_named(tmp_path):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_tensor_parallel_parts_read_shard_only(tmp_path, case):
-    """A rank's part of a GPTQ / AWQ layer read as slices of the stored tensors holds exactly what cutting the
-    whole layer gives (models.parallel.shard_linear); act-order columns are left to the whole-layer cut."""
+    """A rank's part of a GPTQ / AWQ / compressed-tensors layer read as slices of the stored tensors holds exactly what
+    cutting the whole layer gives (models.parallel.shard_linear); act-order columns are left to the whole-layer cut."""
     from qkernels.models.parallel import Part, shard_linear
     from qkernels.nn.checkpoints import SafetensorsDir
     d, _ = write_checkpoint(tmp_path, **case)
@@ -223,3 +245,117 @@ def test_tensor_parallel_parts_read_shard_only(tmp_path, case):
         want = shard_linear(whole, part)
         assert torch.equal(got.packed_weight().dequantize(), want.packed_weight().dequantize())
         assert (got.perm is None) == (want.perm is None)
+
+
+def _ct_checkpoint(d, symmetric: bool, bits: int = 4, strategy: str = "group"):
+    """A tiny Llama quantized and written by compressed-tensors itself (its quantization config applied, the
+    scales and zero points set from each group's range, its ModelCompressor packing, save_pretrained)."""
+    ct = pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 apply_quantization_config)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(tiny_config()).to(torch.float16).eval()
+    G = 64 if strategy == "group" else None
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy=strategy, group_size=G)
+    qc = QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
+                            ignore=["lm_head"], format="pack-quantized")
+    apply_quantization_config(model, qc)
+    half = 2 ** (bits - 1)
+    for mod in model.modules():
+        if hasattr(mod, "weight_scale"):
+            w = mod.weight.float()
+            w = w.reshape(w.shape[0], -1, G) if G else w[:, None, :]
+            if symmetric:
+                s = w.abs().amax(-1) / (half - 0.5)
+            else:
+                lo, hi = w.amin(-1).clamp(max=0), w.amax(-1).clamp(min=0)
+                s = (hi - lo) / (2 * half - 1)
+                mod.weight_zero_point.data.copy_((-half - torch.round(lo / s)).clamp(-half, half - 1)
+                                                 .reshape(mod.weight_zero_point.shape).to(torch.int8))
+            mod.weight_scale.data.copy_(s.reshape(mod.weight_scale.shape).to(mod.weight_scale.dtype))
+    comp = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    comp.compress_model(model)
+    model.save_pretrained(d)
+    comp.update_config(d)
+    return ct
+
+
+@pytest.mark.parametrize("symmetric,bits,strategy", [(True, 4, "group"), (False, 4, "group"), (True, 8, "channel")])
+def test_compressed_tensors_written_by_its_library(tmp_path, symmetric, bits, strategy):
+    """A checkpoint written by compressed-tensors itself: each layer's weight is what the library's own unpacking
+    and dequantization give (bit for bit in fp32), and, where transformers' own loader reads it (its integration
+    decompresses symmetric checkpoints to float linears), load_pretrained and the runtime compute its logits."""
+    d = tmp_path / "ct"
+    _ct_checkpoint(d, symmetric, bits, strategy)
+    try:
+        from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    except ImportError:
+        from compressed_tensors.compressors.quantized_compressors.pack_quantized import unpack_from_int32
+    model = load_pretrained(d, dtype=torch.float16)
+    sd = {}
+    for f in d.glob("*.safetensors"):
+        sd.update(load_file(str(f)))
+    for i in range(2):
+        for lin in LINEARS:
+            name = f"model.layers.{i}.{lin}"
+            q = model.get_submodule(name)
+            assert isinstance(q, QuantizedLinear) and q.bits == bits and q.symmetric == symmetric, name
+            shape = torch.Size(sd[name + ".weight_shape"].tolist())
+            s = sd[name + ".weight_scale"].float()
+            codes = unpack_from_int32(sd[name + ".weight_packed"], bits, shape).float()
+            zp = torch.zeros_like(s)
+            if not symmetric:
+                zp = unpack_from_int32(sd[name + ".weight_zero_point"], bits, s.shape, packed_dim=0).float()
+            g = torch.arange(shape[1]) // (shape[1] // s.shape[1])
+            want = (codes - zp[:, g]) * s[:, g]
+            assert torch.equal(q.packed_weight().dequantize(torch.float32), want), name
+    assert not isinstance(model.lm_head, QuantizedLinear)
+    from qkernels.models import from_pretrained
+    rt = from_pretrained(d, device="cpu", dtype=torch.float16)
+    ids = torch.randint(0, 96, (1, 9))
+    with torch.no_grad():
+        ours = model(ids).logits.float()
+        torch.testing.assert_close(rt(ids).float(), ours, rtol=2e-2, atol=2e-2)
+    if symmetric:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float16).eval()
+        with torch.no_grad():
+            theirs = hf(ids).logits.float()
+        assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-2
+
+
+def test_compressed_tensors_checkpoints_not_read_are_named(tmp_path):
+    """What the compressed-tensors reader does not take is refused naming it: activation quantization (W8A8 /
+    FP8), other formats, uncompressed status, sparsity, transforms, groups that differ."""
+    d, _ = write_checkpoint(tmp_path, "compressed-tensors")
+    cfg = json.loads((d / "config.json").read_text())
+    qc = cfg["quantization_config"]
+
+    def refused(match, **over):
+        c = json.loads(json.dumps(qc))
+        for k, v in over.items():
+            if k == "group":
+                c["config_groups"]["group_0"].update(v)
+            else:
+                c[k] = v
+        (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": c}))
+        with pytest.raises(ValueError, match=match):
+            load_pretrained(d)
+
+    acts = dict(num_bits=8, type="int", strategy="token", dynamic=True, symmetric=True)
+    refused("group 'group_0' must be format 'pack-quantized'.*input_activations", group=dict(input_activations=acts))
+    refused("format 'float-quantized'", format="float-quantized", group=dict(format="float-quantized"))
+    refused("num_bits: 2", group=dict(weights={**qc["config_groups"]["group_0"]["weights"], "num_bits": 2}))
+    refused("quantization_status must be 'compressed'.*'frozen'", quantization_status="frozen")
+    refused("sparse checkpoints are not read", sparsity_config={"format": "sparse-bitmask"})
+    refused("transforms", transform_config={"config_groups": {"u": {}}})
+    g1 = json.loads(json.dumps(qc["config_groups"]["group_0"]))
+    g1["weights"]["num_bits"] = 8
+    refused("must share num_bits.*'group_1'", config_groups={"group_0": qc["config_groups"]["group_0"],
+                                                             "group_1": g1})
+    (d / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.layers.0.mlp.up_proj.weight_zero_point"] = sd["model.layers.0.mlp.up_proj.weight_zero_point"][:3]
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="up_proj.*weight_zero_point must be int32"):
+        load_pretrained(d)

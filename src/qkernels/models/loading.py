@@ -3,7 +3,8 @@ save_quantized checkpoint, with projections merged (q|k|v, gate|up) and, with a 
 
 Loading is a loading concern, not a model concern: the decoder in llama.py only sees one merged linear
 per role. Tensor parallel (parallel.py): each linear is cut to the rank's Part as it is read (float and
-GPTQ / AWQ weights read shard-only from safetensors; layers in memory cut on their codes), before merging.
+GPTQ / AWQ / compressed-tensors weights read shard-only from safetensors; layers in memory cut on their codes),
+before merging.
 Weights go to the target device one decoder layer at a time (a float layer is merged, then
 quantized, then released), so no second copy of the model is ever held. Everything is read and checked
 into a fresh model that is returned only when complete: an error leaves nothing half-loaded.
@@ -37,7 +38,7 @@ class Source:
     Face names, each optionally cut to a Part (tensor parallel). A directory and a loaded model are the two
     sources from_pretrained builds itself; another (e.g. random weights for a benchmark) may be passed in."""
     config: dict
-    quant = None                # a GPTQ / AWQ directory's quantization_config (nn.checkpoints.CheckpointQuant)
+    quant = None                # a quantized directory's quantization_config (nn.checkpoints.CheckpointQuant)
 
     def has(self, name: str) -> bool:
         raise NotImplementedError
@@ -58,12 +59,12 @@ class Source:
 
 
 class _DirSource(SafetensorsDir, Source):
-    """A Hugging Face model directory (float, or with GPTQ / AWQ quantized layers)."""
+    """A Hugging Face model directory (float, or with GPTQ / AWQ / compressed-tensors layers)."""
 
     def act_order(self, name: str) -> torch.Tensor | None:
-        if not (self.is_quantized(name) and self.has(name + ".g_idx")):
+        if not (self.is_quantized(name) and self.g_idx(name)):
             return None
-        g = self.tensor(name + ".g_idx").long()
+        g = self.tensor(self.g_idx(name)).long()
         if torch.equal(g, torch.sort(g).values):
             return None
         return torch.sort(g, stable=True).indices            # as PackedWeight.from_int orders them
@@ -295,14 +296,14 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
     quant = getattr(src, "quant", None)
     if (scheme is not None or quant is not None) and dtype == torch.float32:
-        what = f"scheme {scheme.name!r}" if scheme is not None else f"the checkpoint's {quant.method.upper()} layers"
+        what = f"scheme {scheme.name!r}" if scheme is not None else f"the checkpoint's {quant.label} layers"
         raise TypeError(f"{what} take(s) float16 / bfloat16 activations: pass dtype=torch.float16 or torch.bfloat16")
 
     if tp is not None:
         groups = [(scheme.group_size, f" (scheme {scheme.name!r})")] if scheme is not None and scheme.weight_only \
             else []
         if quant is not None:
-            groups.append((quant.group_size, f" (the checkpoint's {quant.method.upper()} groups)"))
+            groups.append((quant.group_size, f" (the checkpoint's {quant.label} groups)"))
         tp.check(args)
         for g, what in groups:
             tp.check(args, g, what)

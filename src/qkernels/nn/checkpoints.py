@@ -10,7 +10,13 @@ Formats read, named by config.json's `quantization_config`:
       point minus one, "gptq_v2" as is.
   quant_method "awq" (AutoAWQ, version "gemm"): 4-bit, zero points; `qweight` int32 [K, N / 8] and `qzeros`
       int32 [K / G, N / 8] packed along N in AWQ's interleaved nibble order, `scales` [K / G, N].
-Each becomes a PackedWeight (PackedWeight.from_gptq / from_awq) without a float copy of the weight.
+  quant_method "compressed-tensors" (llm-compressor, vLLM's format), format "pack-quantized": integer weights of
+      4 / 8 bits, groups or per channel, symmetric or with zero points, no activation quantization (W4A16 / W8A16);
+      per linear `weight_packed` int32 [N, K * bits / 32] packed along K, `weight_scale` [N, K / G],
+      `weight_zero_point` int32 [N * bits / 32, K / G] packed along N (asymmetric), `weight_shape` [2],
+      `weight_g_idx` [K] (older checkpoints' activation order "group").
+Each becomes a PackedWeight (PackedWeight.from_gptq / from_awq / from_compressed_tensors) without a float copy of
+the weight.
 """
 from __future__ import annotations
 
@@ -94,12 +100,17 @@ class SafetensorsDir:
         return self._files[self._where[name]].get_slice(name).get_shape()
 
     def is_quantized(self, name: str) -> bool:
-        """Whether linear `name` is stored as GPTQ / AWQ codes."""
-        return self.quant is not None and self.has(name + ".qweight")
+        """Whether linear `name` is stored as quantized codes (GPTQ / AWQ / compressed-tensors)."""
+        return self.quant is not None and self.has(f"{name}.{self.quant.codes}")
+
+    def g_idx(self, name: str) -> str | None:
+        """The name of quantized linear `name`'s act-order tensor (the group of each input channel), if stored."""
+        t = f"{name}.{'weight_g_idx' if self.quant.method == COMPRESSED else 'g_idx'}"
+        return t if self.has(t) else None
 
     def quantized_linear(self, name: str, shape: tuple[int, int] | None = None, device=None,
                          dtype: torch.dtype | None = None, part=None) -> QuantizedLinear | None:
-        """Linear `name` from its GPTQ / AWQ tensors; shape (N, K), when given, is checked. dtype: the scales'
+        """Linear `name` from its quantized tensors; shape (N, K), when given, is checked. dtype: the scales'
         dtype (default: the checkpoint's, float32 scales as float16). part (models.parallel.Part: rows or columns
         of the [N, K] weight): only that part is read, as its slices of the stored tensors; None is returned
         where the part does not fall on the stored packing (words, groups, act-order), for the caller to cut
@@ -109,18 +120,30 @@ class SafetensorsDir:
         if slices is None:
             return None
         t = lambda s: self.tensor(f"{name}.{s}", slices.get(s))  # noqa: E731
+        gi = self.g_idx(name)
         try:
             if q.method == "gptq":
-                g_idx = t("g_idx") if self.has(name + ".g_idx") and "g_idx" not in slices else None
+                g_idx = t("g_idx") if gi and "g_idx" not in slices else None
                 pw = PackedWeight.from_gptq(t("qweight"), t("qzeros"), t("scales"), g_idx, bits=q.bits,
                                             group_size=None if q.group_size == PER_CHANNEL else q.group_size,
                                             checkpoint_format=q.checkpoint_format)
+            elif q.method == COMPRESSED:
+                packed = t("weight_packed")
+                full = [int(v) for v in self.tensor(name + ".weight_shape").tolist()]
+                # a part keeps the stored shape along the uncut dimension; along the cut one it is what was read
+                if part is not None and part.dim == 0:
+                    full[0] = packed.shape[0]
+                elif part is not None:
+                    full[1] = packed.shape[1] * (32 // q.bits)
+                zp = t("weight_zero_point") if self.has(name + ".weight_zero_point") else None
+                g_idx = t("weight_g_idx") if gi and "weight_g_idx" not in slices else None
+                pw = PackedWeight.from_compressed_tensors(packed, t("weight_scale"), zp, g_idx, bits=q.bits,
+                                                          shape=tuple(full))
             else:
                 pw = PackedWeight.from_awq(t("qweight"), t("qzeros"), t("scales"),
                                            group_size=None if q.group_size == PER_CHANNEL else q.group_size)
         except (ValueError, TypeError) as e:
-            raise ValueError(f"{self.path}: the {q.method.upper()} tensors of {name!r} do not fit the format: {e}") \
-                from None
+            raise ValueError(f"{self.path}: the {q.label} tensors of {name!r} do not fit the format: {e}") from None
         if not bool(torch.isfinite(pw.scale_zero).all()):
             raise ValueError(f"{self.path}: the scales of {name!r} are not all finite: the checkpoint is damaged")
         if q.group_size != PER_CHANNEL and pw.group_len != q.group_size:
@@ -142,20 +165,47 @@ class SafetensorsDir:
 
 
 def _stored_parts(src: SafetensorsDir, name: str, q, part) -> dict | None:
-    """The slices of a GPTQ / AWQ layer's tensors that hold `part` of its [N, K] weight: {tensor: a Part of it},
+    """The slices of a quantized layer's tensors that hold `part` of its [N, K] weight: {tensor: a Part of it},
     or None where the part does not fall on the packing (a word of packed codes, a group, act-order columns).
     GPTQ: qweight [K / p, N] (p codes per word along K), qzeros [G, N / p], scales [G, N], g_idx [K];
     AWQ: qweight [K, N / 8], qzeros [G, N / 8], scales [G, N]."""
     from dataclasses import replace
     p = 32 // q.bits
-    ng = src.shape(name + ".scales")[0]
-    word = p if q.method == "gptq" else 8           # codes per int32 word along N (GPTQ qzeros; AWQ both)
 
     def cut(k: int, dim: int):                      # the part's spans in units of k, along the tensor's dim
         if any(a % k or b % k for a, b in part.spans):
             raise _OffPacking
         return replace(part, dim=dim, spans=tuple((a // k, b // k) for a, b in part.spans))
 
+    if q.method == COMPRESSED:                      # weight_packed [N, K / p], weight_scale [N, ng], zp [N / p, ng]
+        shape = src.shape(name + ".weight_scale")
+        per_tensor = all(d == 1 for d in shape)     # strategy "tensor": one scale for the whole weight
+        ng = 1 if per_tensor else shape[-1]
+        zp = src.has(name + ".weight_zero_point")
+        try:
+            if part.dim == 0:
+                out = {"weight_packed": part}
+                if not per_tensor:
+                    out["weight_scale"] = part
+                if zp:
+                    out["weight_zero_point"] = cut(p, 0)
+                return out
+            K = int(src.tensor(name + ".weight_shape")[1])
+            gi = src.g_idx(name)
+            if K % p or gi and not torch.equal(src.tensor(gi).long(), torch.arange(K) // (K // ng)):
+                return None                         # a ragged last word; act-order: cut from the whole layer
+            out = {"weight_packed": cut(p, 1)}
+            if ng > 1:
+                out["weight_scale"] = cut(K // ng, 1)
+                if zp:
+                    out["weight_zero_point"] = cut(K // ng, 1)
+            if gi:
+                out["weight_g_idx"] = part          # not read: within the part it is k // G again
+            return out
+        except _OffPacking:
+            return None
+    ng = src.shape(name + ".scales")[0]
+    word = p if q.method == "gptq" else 8           # codes per int32 word along N (GPTQ qzeros; AWQ both)
     try:
         if part.dim == 0:                           # output rows: columns of the stored tensors
             return {"scales": cut(1, 1), "qzeros": cut(word, 1), "qweight": cut(1 if q.method == "gptq" else 8, 1)}
@@ -164,7 +214,7 @@ def _stored_parts(src: SafetensorsDir, name: str, q, part) -> dict | None:
         out = {"qweight": cut(p, 0) if q.method == "gptq" else cut(1, 0)}
         if ng > 1:                                  # grouped: the part's groups; per channel: every column's scale
             out["scales"] = out["qzeros"] = cut(G, 0)
-        if q.method == "gptq" and src.has(name + ".g_idx"):
+        if q.method == "gptq" and src.g_idx(name):
             if not torch.equal(src.tensor(name + ".g_idx").long(), torch.arange(K) // G):
                 return None                         # act-order: cut from the whole layer (shard_linear)
             out["g_idx"] = part                     # not read: within the part it is k // G again
@@ -180,12 +230,67 @@ class _OffPacking(Exception):
 @dataclass(frozen=True)
 class CheckpointQuant:
     """A checkpoint's quantization_config, checked."""
-    method: str              # "gptq" | "awq"
+    method: str              # "gptq" | "awq" | "compressed-tensors"
     bits: int
     group_size: int          # -1: per output channel
     symmetric: bool
     act_order: bool
-    checkpoint_format: str   # "gptq" | "gptq_v2" | "awq"
+    checkpoint_format: str   # "gptq" | "gptq_v2" | "awq" | "pack-quantized"
+
+    @property
+    def label(self) -> str:
+        """The format's name in messages."""
+        return COMPRESSED if self.method == COMPRESSED else self.method.upper()
+
+    @property
+    def codes(self) -> str:
+        """The name (after the linear's) of the tensor that holds a quantized linear's codes."""
+        return "weight_packed" if self.method == COMPRESSED else "qweight"
+
+
+COMPRESSED = "compressed-tensors"
+CT_FORMAT = "pack-quantized"          # the compressed-tensors format read: integer weights, no activation quantization
+
+
+def _compressed_spec(qc: dict, where: str) -> CheckpointQuant:
+    """A compressed-tensors quantization_config: every config group weight-only integers of one kind."""
+    fmt = str(qc.get("format") or "").lower()
+    status = str(qc.get("quantization_status") or "compressed").lower()
+    if status != "compressed":
+        raise ValueError(f"{where}: compressed-tensors quantization_status must be 'compressed' (packed codes), got "
+                         f"{status!r}: its weights are not stored as codes")
+    sparsity = qc.get("sparsity_config") or {}
+    if sparsity and str(sparsity.get("format", "dense")).lower() != "dense":
+        raise ValueError(f"{where}: compressed-tensors sparse checkpoints are not read, got sparsity format "
+                         f"{sparsity.get('format')!r}")
+    if qc.get("transform_config"):
+        raise ValueError(f"{where}: compressed-tensors checkpoints with transforms (rotations) are not read")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ValueError(f"{where}: compressed-tensors quantization_config needs config_groups, got {groups!r}")
+    kinds = {}
+    for gname, g in groups.items():
+        g = g or {}
+        w = g.get("weights") or {}
+        gfmt = str(g.get("format") or fmt).lower()
+        acts = g.get("input_activations")
+        if gfmt != CT_FORMAT or acts or str(w.get("type", "int")).lower() != "int" \
+                or w.get("num_bits") not in (4, 8) or str(w.get("strategy")).lower() not in ("group", "channel",
+                                                                                            "tensor"):
+            raise ValueError(
+                f"{where}: compressed-tensors config group {gname!r} must be format {CT_FORMAT!r} with integer "
+                f"weights of 4 or 8 bits by group, channel or tensor and no input_activations (W4A16 / W8A16), got "
+                f"format {gfmt!r}, weights {{type: {w.get('type')!r}, num_bits: {w.get('num_bits')!r}, strategy: "
+                f"{w.get('strategy')!r}}}, input_activations {acts!r}")
+        gs = int(w["group_size"]) if str(w["strategy"]).lower() == "group" else PER_CHANNEL
+        kinds[gname] = (int(w["num_bits"]), gs, bool(w.get("symmetric", True)))
+    first = next(iter(kinds.values()))
+    odd = [n for n, k in kinds.items() if k != first]
+    if odd:
+        raise ValueError(f"{where}: compressed-tensors config groups must share num_bits, group_size and symmetric; "
+                         f"{odd[0]!r} has {kinds[odd[0]]}, {next(iter(kinds))!r} has {first}")
+    bits, gs, sym = first
+    return CheckpointQuant(COMPRESSED, bits, gs, sym, False, CT_FORMAT)
 
 
 def quant_spec(config: dict, where: str = "config.json") -> CheckpointQuant | None:
@@ -214,9 +319,12 @@ def quant_spec(config: dict, where: str = "config.json") -> CheckpointQuant | No
         if not qc.get("zero_point", True):
             raise ValueError(f"{where}: AWQ without zero points (zero_point=false) is not read")
         spec = CheckpointQuant("awq", 4, gs, False, False, "awq")
+    elif method == COMPRESSED:
+        spec = _compressed_spec(qc, where)
+        gs = spec.group_size
     else:
-        raise ValueError(f"{where}: quantization_config.quant_method must be 'gptq' or 'awq', got "
-                         f"{qc.get('quant_method')!r}")
+        raise ValueError(f"{where}: quantization_config.quant_method must be 'gptq', 'awq' or 'compressed-tensors', "
+                         f"got {qc.get('quant_method')!r}")
     try:
         check_group_size(gs)
     except ValueError as err:
@@ -243,9 +351,9 @@ def _fresh_buffers(model: nn.Module, device) -> None:
 
 
 def load_pretrained(path, *, device="cpu", dtype: torch.dtype | None = None) -> nn.Module:
-    """A transformers causal LM from a Hugging Face directory: float layers as they are stored, GPTQ / AWQ
-    quantized layers (module docstring) as QuantizedLinear, straight from their codes (no float copy). The
-    model is built on the meta device and every tensor is read onto `device` once; it is returned only
+    """A transformers causal LM from a Hugging Face directory: float layers as they are stored, GPTQ / AWQ /
+    compressed-tensors quantized layers (module docstring) as QuantizedLinear, straight from their codes (no float
+    copy). The model is built on the meta device and every tensor is read onto `device` once; it is returned only
     when complete (a missing or misshapen tensor raises, naming it). dtype: the activation dtype (default the
     checkpoint's torch_dtype, float16 when absent); quantized layers' scales are converted to it."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -256,7 +364,7 @@ def load_pretrained(path, *, device="cpu", dtype: torch.dtype | None = None) -> 
         dtype = getattr(torch, name, torch.float16)
         dtype = dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
     if src.quant is not None and dtype == torch.float32:
-        raise TypeError(f"{src.path} holds {src.quant.method.upper()} layers, which take float16 / bfloat16 "
+        raise TypeError(f"{src.path} holds {src.quant.label} layers, which take float16 / bfloat16 "
                         f"activations: pass dtype=torch.float16 or torch.bfloat16")
     cfg = AutoConfig.from_pretrained(str(src.path))
     if hasattr(cfg, "quantization_config"):
