@@ -14,13 +14,16 @@ Formats read, named by config.json's `quantization_config`:
       4 / 8 bits, groups or per channel, symmetric or with zero points, no activation quantization (W4A16 / W8A16);
       per linear `weight_packed` int32 [N, K * bits / 32] packed along K, `weight_scale` [N, K / G],
       `weight_zero_point` int32 [N * bits / 32, K / G] packed along N (asymmetric), `weight_shape` [2],
-      `weight_g_idx` [K] (older checkpoints' activation order "group").
+      `weight_g_idx` [K] (older checkpoints' activation order "group"); formats "int-quantized" / "float-quantized":
+      8-bit weights (`weight` int8 / float8_e4m3fn [N, K], `weight_scale` per channel or tensor) with activations
+      quantized per token at run time (W8A8 int8 / FP8-dynamic), as QuantizedLinear's w8a8 / w8a8-fp8 layers.
 Each becomes a PackedWeight (PackedWeight.from_gptq / from_awq / from_compressed_tensors) without a float copy of
 the weight.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +104,7 @@ class SafetensorsDir:
 
     def is_quantized(self, name: str) -> bool:
         """Whether linear `name` is stored as quantized codes (GPTQ / AWQ / compressed-tensors)."""
-        return self.quant is not None and self.has(f"{name}.{self.quant.codes}")
+        return self.quant is not None and self.has(f"{name}.{self.quant.marker}")
 
     def g_idx(self, name: str) -> str | None:
         """The name of quantized linear `name`'s act-order tensor (the group of each input channel), if stored."""
@@ -119,6 +122,8 @@ class SafetensorsDir:
         slices = _stored_parts(self, name, q, part) if part is not None else {}
         if slices is None:
             return None
+        if q.scheme is not None:
+            return self._w8a8_linear(name, q.scheme, slices, shape, device, dtype, part)
         t = lambda s: self.tensor(f"{name}.{s}", slices.get(s))  # noqa: E731
         gi = self.g_idx(name)
         try:
@@ -164,6 +169,40 @@ class SafetensorsDir:
         return QuantizedLinear.from_packed(pw, bias.to(pw.device, sdt) if bias is not None else None)
 
 
+    def _w8a8_linear(self, name: str, scheme: str, slices: dict, shape, device, dtype, part) -> QuantizedLinear:
+        """A compressed-tensors W8A8 linear: `weight` int8 / float8_e4m3fn [N, K], `weight_scale` [N, 1] or one
+        value; activations quantized per token at run time, as the scheme's QuantizedLinear does."""
+        w = self.tensor(name + ".weight", slices.get("weight"))
+        s = self.tensor(name + ".weight_scale", slices.get("weight_scale"))
+        want = torch.float8_e4m3fn if scheme == "w8a8-fp8" else torch.int8
+        if w.dtype != want or w.dim() != 2:
+            raise ValueError(f"{self.path}: {name!r}.weight must be a 2-D {want} tensor in this {scheme} checkpoint, "
+                             f"got {w.dtype} {tuple(w.shape)}")
+        N, K = w.shape
+        if s.numel() == 1:
+            s = s.reshape(1).expand(N)
+        elif s.numel() != N:
+            raise ValueError(f"{self.path}: {name!r}.weight_scale must hold one scale per output channel ({N}) or "
+                             f"one in all, got shape {tuple(s.shape)}")
+        s = s.reshape(N).float()
+        if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+            raise ValueError(f"{self.path}: the scales of {name!r} are not all finite and positive: the checkpoint "
+                             f"is damaged")
+        if shape is not None and (N, K) != tuple(shape):
+            raise ValueError(f"{self.path}: {name!r} holds a [{N}, {K}] (out, in) weight, the model config expects "
+                             f"[{shape[0]}, {shape[1]}]")
+        bias = self.tensor(name + ".bias") if self.has(name + ".bias") else None
+        if part is not None:
+            bias = part.bias(bias)
+        adt = dtype or torch.float16
+        mod = QuantizedLinear(K, N, bias is not None, scheme, device, adt)
+        mod.weight.copy_(w.to(mod.weight.device))
+        mod.weight_scale.copy_(s.to(mod.weight_scale.device))
+        if bias is not None:
+            mod.bias.copy_(bias.to(mod.bias.device, adt))
+        return mod
+
+
 def _stored_parts(src: SafetensorsDir, name: str, q, part) -> dict | None:
     """The slices of a quantized layer's tensors that hold `part` of its [N, K] weight: {tensor: a Part of it},
     or None where the part does not fall on the packing (a word of packed codes, a group, act-order columns).
@@ -177,6 +216,9 @@ def _stored_parts(src: SafetensorsDir, name: str, q, part) -> dict | None:
             raise _OffPacking
         return replace(part, dim=dim, spans=tuple((a // k, b // k) for a, b in part.spans))
 
+    if q.scheme is not None:                        # W8A8: weight [N, K], weight_scale [N, 1] or one value
+        per_row = math.prod(src.shape(name + ".weight_scale")) > 1
+        return {"weight": part, **({"weight_scale": part} if part.dim == 0 and per_row else {})}
     if q.method == COMPRESSED:                      # weight_packed [N, K / p], weight_scale [N, ng], zp [N / p, ng]
         shape = src.shape(name + ".weight_scale")
         per_tensor = all(d == 1 for d in shape)     # strategy "tensor": one scale for the whole weight
@@ -243,17 +285,57 @@ class CheckpointQuant:
         return COMPRESSED if self.method == COMPRESSED else self.method.upper()
 
     @property
-    def codes(self) -> str:
-        """The name (after the linear's) of the tensor that holds a quantized linear's codes."""
-        return "weight_packed" if self.method == COMPRESSED else "qweight"
+    def marker(self) -> str:
+        """The name (after the linear's) of a tensor only its quantized linears have."""
+        if self.method != COMPRESSED:
+            return "qweight"
+        return "weight_packed" if self.checkpoint_format == CT_PACKED else "weight_scale"
+
+    @property
+    def scheme(self) -> str | None:
+        """The activation-quantized scheme of its layers (W8A8 int8 / FP8), None for weight-only ones."""
+        return CT_W8A8.get(self.checkpoint_format) if self.method == COMPRESSED else None
 
 
 COMPRESSED = "compressed-tensors"
-CT_FORMAT = "pack-quantized"          # the compressed-tensors format read: integer weights, no activation quantization
+CT_PACKED = "pack-quantized"          # compressed-tensors formats read: packed integer weights (W4A16 / W8A16),
+CT_W8A8 = {"int-quantized": "w8a8", "float-quantized": "w8a8-fp8"}   # and 8-bit weights with dynamic per-token
+#                                                                   activations (W8A8 int8 / FP8)
+
+
+def _ct_kind(gname: str, g: dict, fmt: str, where: str) -> tuple:
+    """One compressed-tensors config group: (format, bits, group size, symmetric), or an error naming what of it
+    is not read."""
+    w = g.get("weights") or {}
+    a = g.get("input_activations") or None
+    gfmt = str(g.get("format") or fmt).lower()
+    wtype, bits, strategy = str(w.get("type", "int")).lower(), w.get("num_bits"), str(w.get("strategy")).lower()
+    got = (f"format {gfmt!r}, weights {{type: {w.get('type')!r}, num_bits: {bits!r}, strategy: {w.get('strategy')!r}, "
+           f"symmetric: {w.get('symmetric', True)!r}}}, input_activations {a!r}")
+    if gfmt == CT_PACKED:
+        if a or wtype != "int" or bits not in (4, 8) or strategy not in ("group", "channel", "tensor"):
+            raise ValueError(f"{where}: compressed-tensors config group {gname!r} in format {CT_PACKED!r} must hold "
+                             f"integer weights of 4 or 8 bits by group, channel or tensor and no input_activations "
+                             f"(W4A16 / W8A16), got {got}")
+        gs = int(w["group_size"]) if strategy == "group" else PER_CHANNEL
+        return gfmt, int(bits), gs, bool(w.get("symmetric", True))
+    if gfmt in CT_W8A8:
+        want = "float" if gfmt == "float-quantized" else "int"
+        acts_ok = isinstance(a, dict) and str(a.get("type", want)).lower() == want and a.get("num_bits") == 8 \
+            and a.get("dynamic") is True and str(a.get("strategy")).lower() == "token" and a.get("symmetric", True)
+        if wtype != want or bits != 8 or strategy not in ("channel", "tensor") or not w.get("symmetric", True) \
+                or not acts_ok:
+            raise ValueError(f"{where}: compressed-tensors config group {gname!r} in format {gfmt!r} must hold "
+                             f"symmetric 8-bit {want} weights by channel or tensor and {want} activations quantized "
+                             f"per token at run time (dynamic; {CT_W8A8[gfmt]}), got {got}")
+        return gfmt, 8, PER_CHANNEL, True
+    raise ValueError(f"{where}: compressed-tensors config group {gname!r} has format {gfmt!r}; read are "
+                     f"{CT_PACKED!r} (W4A16 / W8A16) and {', '.join(map(repr, CT_W8A8))} (W8A8 int8 / FP8 with "
+                     f"dynamic activations), got {got}")
 
 
 def _compressed_spec(qc: dict, where: str) -> CheckpointQuant:
-    """A compressed-tensors quantization_config: every config group weight-only integers of one kind."""
+    """A compressed-tensors quantization_config: every config group of one kind this reader takes."""
     fmt = str(qc.get("format") or "").lower()
     status = str(qc.get("quantization_status") or "compressed").lower()
     if status != "compressed":
@@ -268,29 +350,14 @@ def _compressed_spec(qc: dict, where: str) -> CheckpointQuant:
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise ValueError(f"{where}: compressed-tensors quantization_config needs config_groups, got {groups!r}")
-    kinds = {}
-    for gname, g in groups.items():
-        g = g or {}
-        w = g.get("weights") or {}
-        gfmt = str(g.get("format") or fmt).lower()
-        acts = g.get("input_activations")
-        if gfmt != CT_FORMAT or acts or str(w.get("type", "int")).lower() != "int" \
-                or w.get("num_bits") not in (4, 8) or str(w.get("strategy")).lower() not in ("group", "channel",
-                                                                                            "tensor"):
-            raise ValueError(
-                f"{where}: compressed-tensors config group {gname!r} must be format {CT_FORMAT!r} with integer "
-                f"weights of 4 or 8 bits by group, channel or tensor and no input_activations (W4A16 / W8A16), got "
-                f"format {gfmt!r}, weights {{type: {w.get('type')!r}, num_bits: {w.get('num_bits')!r}, strategy: "
-                f"{w.get('strategy')!r}}}, input_activations {acts!r}")
-        gs = int(w["group_size"]) if str(w["strategy"]).lower() == "group" else PER_CHANNEL
-        kinds[gname] = (int(w["num_bits"]), gs, bool(w.get("symmetric", True)))
+    kinds = {gname: _ct_kind(gname, g or {}, fmt, where) for gname, g in groups.items()}
     first = next(iter(kinds.values()))
     odd = [n for n, k in kinds.items() if k != first]
     if odd:
-        raise ValueError(f"{where}: compressed-tensors config groups must share num_bits, group_size and symmetric; "
-                         f"{odd[0]!r} has {kinds[odd[0]]}, {next(iter(kinds))!r} has {first}")
-    bits, gs, sym = first
-    return CheckpointQuant(COMPRESSED, bits, gs, sym, False, CT_FORMAT)
+        raise ValueError(f"{where}: compressed-tensors config groups must share format, num_bits, group_size and "
+                         f"symmetric; {odd[0]!r} has {kinds[odd[0]]}, {next(iter(kinds))!r} has {first}")
+    gfmt, bits, gs, sym = first
+    return CheckpointQuant(COMPRESSED, bits, gs, sym, False, gfmt)
 
 
 def quant_spec(config: dict, where: str = "config.json") -> CheckpointQuant | None:
