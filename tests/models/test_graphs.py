@@ -159,3 +159,20 @@ def test_weights_key_follows_the_module_and_is_kept_while_nothing_changes():
     m.double()                                         # every tensor moved
     k4 = weights_key(m)
     assert k4 != k3 and len(k4) == 5 and weights_key(m) is k4
+
+
+def test_weights_key_hooks_do_not_recompile_a_compiled_forward():
+    """weights_key's global registration hooks, once installed, stay out of torch.compile's guards: a compiled
+    forward that registers a buffer at every call (as a static cache does) compiles once, not at every call."""
+    from qkernels.models.graphs import weights_key
+    weights_key(torch.nn.Linear(2, 2))                       # installs the hooks
+    holder = torch.nn.Module()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def step(x):
+        holder.register_buffer("b", x + 1)
+        return x * 2
+
+    torch._dynamo.reset()
+    for i in range(12):                                      # past dynamo's recompile limit (8)
+        assert torch.equal(step(torch.full((3,), float(i))), torch.full((3,), 2.0 * i))

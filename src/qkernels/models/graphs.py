@@ -44,7 +44,10 @@ _HOOKS: list = []
 
 
 def _registered(*args) -> None:
-    _VERSION[0] += 1
+    # not while torch.compile traces a forward that registers something (a static cache's buffers): a traced
+    # increment would put the counter in the compiled graph's guards and recompile it at every call
+    if not torch.compiler.is_compiling():
+        _VERSION[0] += 1
 
 
 def weights_key(module: torch.nn.Module) -> tuple:
