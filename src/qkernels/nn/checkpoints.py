@@ -168,7 +168,6 @@ class SafetensorsDir:
             pw = pw.to(device)
         return QuantizedLinear.from_packed(pw, bias.to(pw.device, sdt) if bias is not None else None)
 
-
     def _w8a8_linear(self, name: str, scheme: str, slices: dict, shape, device, dtype, part) -> QuantizedLinear:
         """A compressed-tensors W8A8 linear: `weight` int8 / float8_e4m3fn [N, K], `weight_scale` [N, 1] or one
         value; activations quantized per token at run time, as the scheme's QuantizedLinear does."""
