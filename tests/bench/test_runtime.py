@@ -1,5 +1,5 @@
 """bench.runtime: a run naming some models merges their rows into the GPU's earlier runtime results; a
-vision-language model's image rows."""
+vision-language model's image rows; a failing profile does not cost the run its rows."""
 import pytest
 
 from qkernels.bench import report
@@ -73,3 +73,17 @@ def test_image_rows_of_a_vision_language_model(tmp_path):
     assert "#### tiny-qwen3-vl: one 32x32 image in a 11-token prompt" in text
     assert "- image: W4A16 TTFT ≤ 0.8x transformers' eager fp16:" in text
     assert "- image: W4A16 decode ≥ 1.8x the fp16 runtime at batch 1:" in text
+
+
+def test_a_failing_profile_is_reported_and_left_out(capsys):
+    """A profile is evidence beside the rows: one whose step raises (a compiled path at its recompile limit) is
+    reported and left out, the others kept, and the run goes on to write its rows."""
+    from qkernels.bench import runtime
+
+    def boom():
+        raise RuntimeError("recompile limit")
+
+    profiles = {}
+    runtime.profile_into(profiles, "m w4a16 (HF)", boom)
+    assert profiles == {} and "profile of m w4a16 (HF) failed, left out: RuntimeError: recompile limit" in \
+        capsys.readouterr().out

@@ -215,6 +215,15 @@ def image_rows(m, hf, cfg, sizes: dict, scheme: str, gpu: bool) -> list[Row]:
     return rows
 
 
+def profile_into(profiles: dict, key: str, step) -> None:
+    """profiles[key] = profile_step(step); a profile that fails (it is evidence beside the rows, not a row) is
+    reported and left out instead of ending the run before its rows are written."""
+    try:
+        profiles[key] = profile_step(step)
+    except Exception as e:          # noqa: BLE001 - whatever the profiled path raises, the timed rows stand
+        print(f"profile of {key} failed, left out: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
 def profile_step(step, top: int = 12) -> list[dict]:
     """GPU time per kernel name over 20 replays of a decode step (`step()` runs one), per step."""
     from torch.profiler import ProfilerActivity, profile
@@ -333,14 +342,14 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
             m = from_pretrained(hf, None if scheme == "fp16" else scheme, device=dev, dtype=dt)
             _, step = runtime_decode(m, 1, ctx, gpu)
             tok, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
-            profiles[f"{mname} {scheme}"] = profile_step(functools.partial(step, tok, pos))
+            profile_into(profiles, f"{mname} {scheme}", functools.partial(step, tok, pos))
             del step, m
         for scheme in [s for s in PROFILED_HF if s in hf_schemes] if gpu and cfg.model_type != "qwen3_vl" else ():
             gc.collect()
             torch.cuda.empty_cache()
             hm = _hf_converted(hf, scheme)
             step = decode_step(hm, 1, ctx, dev, graph=True, compiled=True)
-            profiles[f"{mname} {scheme} ({HF_PATH})"] = profile_step(step)
+            profile_into(profiles, f"{mname} {scheme} ({HF_PATH})", step)
             del step, hm
             torch._dynamo.reset()
         del hf
