@@ -11,7 +11,8 @@ sets the pace, not the kernels.
 
 The kernels that differ between two schemes' steps are where one loses to the other. Spans of kernels that start
 early under programmatic dependent launch include their wait for the kernel before (bench/runtime.py's method): with
-QKERNELS_PDL=0 each span is the kernel's own. Without a GPU: the bench's tiny model under the interpreter, eagerly,
+QKERNELS_PDL=0 each span is the kernel's own. "us of the step" is what each kernel class added to the step's end
+past the kernels before it (bench.runtime.critical_us): these add up to the step's GPU time with PDL on too. Without a GPU: the bench's tiny model under the interpreter, eagerly,
 step times only (a check of the script, not a timing).
 """
 from __future__ import annotations
@@ -71,7 +72,8 @@ def _model(name: str, args, dev, out: dict, gpu: bool) -> None:
             out[f"{name} b={b} {scheme}"] = {"step_us": ms * 1e3, "kernels": rows}
             print(f"== {name} batch {b} {scheme}: {ms * 1e3:.0f} us/step, {b / ms * 1e3:.0f} tok/s")
             for r in rows:
-                print(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.1f}  {r['kernel']}")
+                print(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.1f}  "
+                      f"{r['critical_us_per_step']:8.1f} us of the step  {r['kernel']}")
             del step
         del m
         gc.collect()

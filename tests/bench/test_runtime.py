@@ -87,3 +87,15 @@ def test_a_failing_profile_is_reported_and_left_out(capsys):
     runtime.profile_into(profiles, "m w4a16 (HF)", boom)
     assert profiles == {} and "profile of m w4a16 (HF) failed, left out: RuntimeError: recompile limit" in \
         capsys.readouterr().out
+
+
+def test_critical_us_counts_what_each_kernel_adds_to_the_end():
+    """critical_us: a kernel started early (PDL) that waits for the one before adds only what it runs past that
+    one's end; one that ends inside another adds nothing; idle time between kernels is nobody's; the values add up
+    to the busy time."""
+    from qkernels.bench.runtime import critical_us
+    spans = [("gemv", 0.0, 10.0), ("attn", 2.0, 14.0), ("norm", 3.0, 12.0),    # attn waits on gemv: adds 4
+             ("gemv", 20.0, 25.0)]                                             # after 6 idle: its own 5
+    got = critical_us(spans)
+    assert got == {"gemv": 15.0, "attn": 4.0, "norm": 0.0}
+    assert sum(got.values()) == 10.0 + 4.0 + 5.0

@@ -224,8 +224,27 @@ def profile_into(profiles: dict, key: str, step) -> None:
         print(f"profile of {key} failed, left out: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
 
+def critical_us(spans) -> dict:
+    """{kernel name: µs} of how far each kernel moved the end of the GPU's work past where the kernels before it had
+    left it: spans (name, start, end) in µs, of one stream. A kernel that starts early (programmatic dependent
+    launch) and waits for the one before has a long span but adds only what it runs past that one's end; idle
+    time between kernels (the host) is nobody's. The values add up to the time the GPU was busy."""
+    out: dict = {}
+    done = float("-inf")
+    for name, start, end in sorted(spans, key=lambda e: (e[1], e[2])):
+        if end > done:
+            out[name] = out.get(name, 0.0) + end - max(done, start)
+            done = end
+        else:
+            out.setdefault(name, 0.0)
+    return out
+
+
 def profile_step(step, top: int = 12) -> list[dict]:
-    """GPU time per kernel name over 20 replays of a decode step (`step()` runs one), per step."""
+    """GPU time per kernel name over 20 replays of a decode step (`step()` runs one), per step: us_per_step (the
+    kernels' spans) and critical_us_per_step (critical_us: what the kernels added to the step's end; with PDL the
+    spans overlap, these do not)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         step()
@@ -234,11 +253,15 @@ def profile_step(step, top: int = 12) -> list[dict]:
         for _ in range(20):
             step()
         torch.cuda.synchronize()
+    spans = [(e.key[:90], e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.device_type == DeviceType.CUDA]
+    crit = critical_us(spans)
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t > 0:
-            rows.append({"kernel": e.key[:90], "us_per_step": t / 20, "calls_per_step": e.count / 20})
+            rows.append({"kernel": e.key[:90], "us_per_step": t / 20, "calls_per_step": e.count / 20,
+                         "critical_us_per_step": crit.get(e.key[:90], 0.0) / 20})
     rows.sort(key=lambda r: -r["us_per_step"])
     return rows[:top]
 
