@@ -21,6 +21,7 @@ _EXPORTS = {
     "rms_norm": ".ops.fused", "layer_norm": ".ops.fused", "silu_and_mul": ".ops.fused", "softmax": ".ops.fused",
     "QuantizedLinear": ".nn", "quantize_": ".nn.convert", "save_quantized": ".nn.convert",
     "load_quantized": ".nn.convert", "load_pretrained": ".nn.checkpoints", "save_gptq": ".nn.checkpoints",
+    "save_compressed_tensors": ".nn.checkpoints",
     "QKernelsConfig": ".nn.hf",
     "FORMATS": ".formats", "GRANULARITIES": ".formats",
     "W8A8": ".schemes", "WeightOnly": ".schemes", "PER_CHANNEL": ".schemes", "parse_scheme": ".schemes",

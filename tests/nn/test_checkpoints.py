@@ -476,3 +476,64 @@ def test_compressed_tensors_w8a8_written_by_its_library(tmp_path, fp8):
     # the same weights; each side quantizes activations per token by its own convention (scale and rounding), so
     # codes differ here and there: within the activation quantization's own noise
     assert ((got - want).norm() / want.norm()).item() < 5e-2
+
+
+@pytest.mark.parametrize("scheme,kw", [("w4a16", dict(group_size=32)), ("w4a16", dict(group_size=64, symmetric=True)),
+                                       ("w8a16", {}), ("w8a8", {}), ("w8a8-fp8", {})],
+                         ids=["w4a16-g32", "w4a16-g64-sym", "w8a16", "w8a8", "w8a8-fp8"])
+def test_save_compressed_tensors_is_read_back(tmp_path, scheme, kw):
+    """save_quantized(format="compressed-tensors") writes what load_pretrained reads back to the same buffers and
+    logits, and what compressed-tensors' own unpacking (weight-only) and transformers' own loader (symmetric and
+    W8A8 layers, which its integration takes) read as the same weights."""
+    from qkernels.nn.convert import quantize_, save_quantized
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(tiny_config()).to(torch.float16).eval()
+    quantize_(model, scheme, progress=False, **kw)                  # fused q|k|v and MLP: written unfused
+    out = save_quantized(model, tmp_path / "ct", format="compressed-tensors")
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["ignore"] == ["lm_head"]
+    back = load_pretrained(out, dtype=torch.float16)
+    ids = torch.randint(0, 96, (1, 9))
+    with torch.no_grad():
+        got, want = back(ids).logits.float(), model(ids).logits.float()
+    if scheme.startswith("w8a8"):     # the fused MLP quantizes its activations inside the norm: codes round apart
+        assert ((got - want).norm() / want.norm()).item() < (4e-2 if scheme == "w8a8-fp8" else 2e-2)
+    else:
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    sd = load_file(str(out / "model.safetensors"))
+    assert not [k for k in sd if "qkv_proj" in k or "gate_up_proj" in k]      # the fused layers' own buffers left out
+    ct = pytest.importorskip("compressed_tensors")  # noqa: F841
+    for i in range(2):
+        for lin in LINEARS:
+            name = f"model.layers.{i}.{lin}"
+            b = back.get_submodule(name)
+            if scheme.startswith("w8a8"):
+                assert torch.equal(b.weight.view(torch.uint8), sd[name + ".weight"].view(torch.uint8))
+                continue
+            from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+            shape = torch.Size(sd[name + ".weight_shape"].tolist())
+            s = sd[name + ".weight_scale"].float()
+            codes = unpack_from_int32(sd[name + ".weight_packed"], b.bits, shape).float()
+            zp = torch.zeros_like(s) if b.symmetric else \
+                unpack_from_int32(sd[name + ".weight_zero_point"], b.bits, s.shape, packed_dim=0).float()
+            g = torch.arange(shape[1]) // (shape[1] // s.shape[1])
+            assert torch.equal((codes - zp[:, g]) * s[:, g], b.packed_weight().dequantize(torch.float32)), name
+    if kw.get("symmetric", scheme != "w4a16"):
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float16).eval()
+        with torch.no_grad():
+            got, want = hf(ids).logits.float(), back(ids).logits.float()
+        assert ((got - want).norm() / want.norm()).item() < 5e-2
+
+
+def test_save_compressed_tensors_refuses_what_it_cannot_hold(tmp_path):
+    from qkernels.nn.checkpoints import save_compressed_tensors
+    from qkernels.nn.convert import quantize_
+    model = transformers.LlamaForCausalLM(tiny_config()).to(torch.float16)
+    with pytest.raises(ValueError, match="no QuantizedLinear"):
+        save_compressed_tensors(model, tmp_path / "x")
+    quantize_(model, "w4a16", group_size=32, progress=False, fuse=False)
+    from qkernels.nn import QuantizedLinear as QL
+    model.model.layers[1].mlp.down_proj = QL.from_linear(torch.nn.Linear(256, 128).half(), "w8a8")
+    with pytest.raises(ValueError, match="one compressed-tensors config group.*layers differ"):
+        save_compressed_tensors(model, tmp_path / "x")
+    assert not (tmp_path / "x" / "config.json").exists()

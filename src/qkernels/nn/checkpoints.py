@@ -511,17 +511,10 @@ def gptq_tensors(q: QuantizedLinear, checkpoint_format: str = "gptq") -> dict[st
             **({"bias": q.bias.detach().to(torch.float16)} if q.bias is not None else {})}
 
 
-def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> Path:
-    """Write a transformers model whose quantized linears are weight-only QuantizedLinear modules as a GPTQ
-    directory (config.json with quantization_config, model.safetensors) that GPTQ loaders read. Every
-    quantized layer must share bits, group size, symmetry and act-order (one quantization_config holds
-    them). checkpoint_format: "gptq" (zeros minus one: every zero point >= 1, true of symmetric weights) or
-    "gptq_v2"; default "gptq" when it can hold the zeros. The weights and then config.json are each replaced in
-    one step, config.json recording the weights' BLAKE2b checksum: a save interrupted between the two leaves
-    a directory that load_pretrained / from_pretrained refuse with a clear error (other GPTQ loaders do not
-    check it), never a half-written file."""
-    from safetensors.torch import save_file
-
+def _hf_quantized_layers(model: nn.Module) -> tuple[dict, dict, tuple]:
+    """The model's QuantizedLinear layers under the transformers names a checkpoint gives them ({name: layer};
+    fused q|k|v and quantize_'s fused MLPs written as the model's own modules), the norms a fused MLP holds
+    ({name: tensor}), and the prefixes of the state-dict entries those layers replace."""
     from .fused import QKV_NAMES, QuantizedMLP, qkv_groups
     mlps = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedMLP)}
     inside = tuple(f"{p}." for p in mlps)
@@ -534,9 +527,51 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
         qs[f"{p}.gate_proj"], qs[f"{p}.up_proj"] = m.gate_up_proj.split([m.intermediate_size] * 2)
         qs[f"{p}.down_proj"] = m.down_proj
         norms[f"{p[:-len('mlp')]}post_attention_layernorm.weight"] = m.norm.weight.detach().contiguous().cpu()
+    fused = []
     for attn, g in qkv_groups(model).items():     # fused q|k|v: written as the three projections
         del qs[f"{attn}.qkv_proj"]
+        fused.append(f"{attn}.qkv_proj.")
         qs.update({f"{attn}.{n}": part for n, part in zip(QKV_NAMES, g.proj.split(list(g.sizes)))})
+    return qs, norms, tuple(f"{n}." for n in qs) + inside + tuple(fused)
+
+
+def _write_hf_dir(model: nn.Module, path, tensors: dict, skip: tuple, quantization_config: dict) -> Path:
+    """A Hugging Face directory of `model`: `tensors` (the quantized layers' own) and every other state-dict entry
+    not under `skip` (tied weights once), config.json with quantization_config and the weights' checksum. The
+    weights and then config.json are each replaced in one step (the checksum tells an interrupted save)."""
+    from safetensors.torch import save_file
+    seen = {}
+    for name, t in model.state_dict().items():
+        if name.startswith(skip) or t is None:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:       # tied weights (lm_head = embed_tokens): stored once, as transformers does
+            continue
+        seen[key] = name
+        tensors[name] = t.detach().contiguous().cpu()
+    cfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+    cfg["quantization_config"] = quantization_config
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    # the weights, then config.json recording their checksum (each replaced in one step): a save interrupted
+    # between the two leaves new weights beside the old config, which SafetensorsDir refuses by the checksum
+    replace_atomically(out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    cfg[DIGEST_KEY] = {"model.safetensors": file_digest(out / "model.safetensors")}
+    write_text_atomically(out / "config.json", json.dumps(cfg, indent=1, default=str))
+    (out / "model.safetensors.index.json").unlink(missing_ok=True)     # a sharded save's index would win
+    return out
+
+
+def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> Path:
+    """Write a transformers model whose quantized linears are weight-only QuantizedLinear modules as a GPTQ
+    directory (config.json with quantization_config, model.safetensors) that GPTQ loaders read. Every
+    quantized layer must share bits, group size, symmetry and act-order (one quantization_config holds
+    them). checkpoint_format: "gptq" (zeros minus one: every zero point >= 1, true of symmetric weights) or
+    "gptq_v2"; default "gptq" when it can hold the zeros. The weights and then config.json are each replaced in
+    one step, config.json recording the weights' BLAKE2b checksum: a save interrupted between the two leaves
+    a directory that load_pretrained / from_pretrained refuse with a clear error (other GPTQ loaders do not
+    check it), never a half-written file."""
+    qs, norms, skip = _hf_quantized_layers(model)
     if not qs:
         raise ValueError("model has no QuantizedLinear layers: nothing to write in the GPTQ format")
     bad = [n for n, m in qs.items() if not m.scheme.weight_only]
@@ -554,31 +589,81 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
         checkpoint_format = "gptq" if zmin >= 1 else "gptq_v2"
     if checkpoint_format not in ("gptq", "gptq_v2"):
         raise ValueError(f"checkpoint_format must be 'gptq' or 'gptq_v2', got {checkpoint_format!r}")
-    tensors = {}
-    for n, m in qs.items():
-        for k, v in gptq_tensors(m, checkpoint_format).items():
-            tensors[f"{n}.{k}"] = v.cpu()
-    skip = tuple(f"{n}." for n in qs) + inside
+    tensors = {f"{n}.{k}": v.cpu() for n, m in qs.items() for k, v in gptq_tensors(m, checkpoint_format).items()}
     tensors.update(norms)
-    seen = {}
-    for name, t in model.state_dict().items():
-        if name.startswith(skip) or t is None:
-            continue
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in seen:       # tied weights (lm_head = embed_tokens): stored once, as transformers does
-            continue
-        seen[key] = name
-        tensors[name] = t.detach().contiguous().cpu()
     bits, gs, sym, act = first
-    cfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
-    cfg["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": gs, "sym": sym,
-                                  "desc_act": act, "checkpoint_format": checkpoint_format}
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    # the weights, then config.json recording their checksum (each replaced in one step): a save interrupted
-    # between the two leaves new weights beside the old config, which SafetensorsDir refuses by the checksum
-    replace_atomically(out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    cfg[DIGEST_KEY] = {"model.safetensors": file_digest(out / "model.safetensors")}
-    write_text_atomically(out / "config.json", json.dumps(cfg, indent=1, default=str))
-    (out / "model.safetensors.index.json").unlink(missing_ok=True)     # a sharded save's index would win
-    return out
+    return _write_hf_dir(model, path, tensors, skip, {"quant_method": "gptq", "bits": bits, "group_size": gs,
+                                                      "sym": sym, "desc_act": act,
+                                                      "checkpoint_format": checkpoint_format})
+
+
+def compressed_tensors_tensors(q: QuantizedLinear) -> dict[str, torch.Tensor]:
+    """The compressed-tensors tensors of a QuantizedLinear (the module docstring's layouts): weight-only layers as
+    "pack-quantized" (weight_packed, weight_scale, weight_zero_point where asymmetric, weight_shape), W8A8 ones as
+    "int-quantized" / "float-quantized" (weight, weight_scale [N, 1] float32)."""
+    bias = {"bias": q.bias.detach()} if q.bias is not None else {}
+    if not q.scheme.weight_only:
+        # copies: a split layer's tensors are views of the fused one's, which safetensors will not store
+        return {"weight": q.weight.detach().clone(), "weight_scale": q.weight_scale.detach().float()[:, None].clone(),
+                **{k: v.clone() for k, v in bias.items()}}
+    pw = q.packed_weight()
+    if pw.perm is not None:
+        raise ValueError("compressed-tensors has no act-order columns (its activation order 'group' was removed): "
+                         "quantize without act_order, or save with format='gptq'")
+    if not pw.int_zeros:
+        raise ValueError("compressed-tensors stores integer zero points; this layer has fractional ones")
+    N, K = pw.shape
+    half = 2 ** (pw.bits - 1)
+    u, _, _, _ = pw.unpack()
+    stored = u.to(torch.int16) + (half if pw.symmetric else 0)                 # signed code + 2**(bits - 1)
+    out = {"weight_packed": _pack_words(_pad_to(stored, 32 // pw.bits), pw.bits),
+           "weight_scale": pw.scales.contiguous(), "weight_shape": torch.tensor([N, K], dtype=torch.int64)}
+    if not pw.symmetric:
+        z = pw.zeros.float().round().to(torch.int64)                          # unsigned: signed zero point + half
+        if bool((z > 2 * half - 1).any()):
+            raise ValueError(f"a zero point of {2 * half} does not fit compressed-tensors' signed {pw.bits}-bit "
+                             f"zero points")
+        out["weight_zero_point"] = _pack_words(_pad_to(z.t().contiguous(), 32 // pw.bits), pw.bits).t().contiguous()
+    return {**out, **bias}
+
+
+def _pad_to(fields: torch.Tensor, p: int) -> torch.Tensor:
+    """[R, C] -> [R, C rounded up to a multiple of p], zero-filled (a part-filled last word)."""
+    return torch.nn.functional.pad(fields, (0, -fields.shape[1] % p))
+
+
+def save_compressed_tensors(model: nn.Module, path) -> Path:
+    """Write a transformers model whose quantized linears are QuantizedLinear modules as a compressed-tensors
+    directory (llm-compressor's format, which vLLM and transformers load): weight-only layers as "pack-quantized"
+    (W4A16 / W8A16), w8a8 / w8a8-fp8 ones as "int-quantized" / "float-quantized" with activations quantized per
+    token at run time, as qkernels runs them. Every quantized layer must be of one kind (one config group targets
+    every Linear; the float ones, e.g. lm_head, are listed in `ignore`). Written as save_gptq writes (the weights,
+    then config.json with their checksum, each in one step)."""
+    qs, norms, skip = _hf_quantized_layers(model)
+    if not qs:
+        raise ValueError("model has no QuantizedLinear layers: nothing to write in the compressed-tensors format")
+    facts = {n: (m.scheme.name, m.bits if m.scheme.weight_only else 8, m.group_size if m.scheme.weight_only else
+                 PER_CHANNEL, m.symmetric if m.scheme.weight_only else True) for n, m in qs.items()}
+    first = next(iter(facts.values()))
+    odd = [n for n, f in facts.items() if f != first]
+    if odd:
+        raise ValueError(f"one compressed-tensors config group holds one (scheme, bits, group_size, symmetric); "
+                         f"layers differ: {odd[0]} has {facts[odd[0]]}, {next(iter(facts))} has {first}")
+    scheme, bits, gs, sym = first
+    tensors = {f"{n}.{k}": v.cpu() for n, m in qs.items() for k, v in compressed_tensors_tensors(m).items()}
+    tensors.update(norms)
+    if scheme in CT_W8A8.values():
+        typ = "float" if scheme == "w8a8-fp8" else "int"
+        fmt = f"{typ}-quantized"
+        weights = dict(num_bits=8, type=typ, symmetric=True, strategy="channel", group_size=None, dynamic=False)
+        acts = dict(num_bits=8, type=typ, symmetric=True, strategy="token", group_size=None, dynamic=True)
+    else:
+        fmt, acts = CT_PACKED, None
+        weights = dict(num_bits=bits, type="int", symmetric=sym, strategy="channel" if gs == PER_CHANNEL else "group",
+                       group_size=None if gs == PER_CHANNEL else gs, dynamic=False)
+    quantized = set(qs)
+    ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in quantized]
+    qc = {"quant_method": COMPRESSED, "format": fmt, "quantization_status": "compressed", "ignore": ignore,
+          "config_groups": {"group_0": {"targets": ["Linear"], "format": fmt, "weights": weights,
+                                        "input_activations": acts, "output_activations": None}}}
+    return _write_hf_dir(model, path, tensors, skip, qc)

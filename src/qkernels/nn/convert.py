@@ -241,12 +241,17 @@ def save_quantized(model: nn.Module, path, format: str = "qkernels") -> Path:
     which weights file is current). Atomic: the config is replaced last, in one step, so a crash at any point
     leaves the old checkpoint or the new one (qkernels._files). format="gptq": a GPTQ directory instead
     (config.json with quantization_config; weight-only layers of one configuration:
-    qkernels.nn.checkpoints.save_gptq), which GPTQ loaders and load_pretrained read. Returns the directory."""
+    qkernels.nn.checkpoints.save_gptq), which GPTQ loaders and load_pretrained read; format="compressed-tensors":
+    llm-compressor's format (layers of one kind, weight-only or W8A8 / FP8: save_compressed_tensors), which vLLM,
+    transformers and load_pretrained read. Returns the directory."""
     if format == "gptq":
         from .checkpoints import save_gptq
         return save_gptq(model, path)
+    if format == "compressed-tensors":
+        from .checkpoints import save_compressed_tensors
+        return save_compressed_tensors(model, path)
     if format != "qkernels":
-        raise ValueError(f"format must be 'qkernels' or 'gptq', got {format!r}")
+        raise ValueError(f"format must be 'qkernels', 'gptq' or 'compressed-tensors', got {format!r}")
     from safetensors.torch import save_file
 
     from .._files import file_digest, replace_atomically, write_text_atomically
