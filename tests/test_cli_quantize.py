@@ -58,10 +58,28 @@ def test_quantize_to_gptq_format(model_dir, tmp_path, capsys):
     assert sum(isinstance(x, QuantizedLinear) for x in m.modules()) == 7
 
 
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a8"])
+def test_quantize_to_compressed_tensors_format(model_dir, tmp_path, capsys, scheme):
+    import qkernels as qk
+    out = tmp_path / "ct"
+    groups = ["--group-size", "32"] if scheme == "w4a16" else []
+    assert cli.main(["quantize", str(model_dir), str(out), "--scheme", scheme, *groups,
+                     "--format", "compressed-tensors"]) == 0
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors"
+    assert qc["format"] == ("pack-quantized" if scheme == "w4a16" else "int-quantized")
+    m = qk.load_pretrained(out)
+    assert sum(isinstance(x, QuantizedLinear) for x in m.modules()) == 7
+
+
 def test_quantize_refuses_bad_arguments(model_dir, tmp_path, capsys):
     assert cli.main(["quantize", str(model_dir), str(tmp_path / "x"), "--method", "gptq"]) == 2
     assert "--calib-text" in capsys.readouterr().err
     assert cli.main(["quantize", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     assert "no config.json" in capsys.readouterr().err
     assert cli.main(["quantize", str(model_dir), str(model_dir)]) == 2
+    assert cli.main(["quantize", str(model_dir), str(tmp_path / "x"), "--scheme", "w8a8", "--group-size", "32"]) == 2
+    assert "--scheme w8a8" in capsys.readouterr().err
+    assert cli.main(["quantize", str(model_dir), str(tmp_path / "x"), "--scheme", "w8a8", "--format", "gptq"]) == 2
+    assert "weight-only" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

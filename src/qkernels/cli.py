@@ -151,6 +151,16 @@ def cmd_quantize(args) -> int:
     if out.resolve() == src.resolve():
         print("error: OUT_DIR must differ from MODEL_DIR", file=sys.stderr)
         return 2
+    from .schemes import parse_scheme
+    try:                 # before the model is read: a scheme its options do not fit fails in a second, not minutes
+        scheme = parse_scheme(args.scheme, group_size=args.group_size, symmetric=args.symmetric)
+    except (ValueError, TypeError) as e:
+        print(f"error: --scheme {args.scheme}: {e}", file=sys.stderr)
+        return 2
+    if args.format == "gptq" and not scheme.weight_only:
+        print(f"error: --format gptq holds weight-only schemes (w4a16 / w8a16), got --scheme {args.scheme}",
+              file=sys.stderr)
+        return 2
     calib = None
     if args.method != "rtn":
         if not args.calib_text:
@@ -338,8 +348,9 @@ def main(argv=None) -> int:
     q.add_argument("--calib-tokens", type=int, default=128 * 2048, help="calibration tokens (at most)")
     q.add_argument("--calib-len", type=int, default=2048, help="tokens per calibration sequence")
     q.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="activation dtype")
-    q.add_argument("--format", default="qkernels", choices=("qkernels", "gptq"),
-                   help="qkernels: save_quantized; gptq: a GPTQ directory (weight-only schemes)")
+    q.add_argument("--format", default="qkernels", choices=("qkernels", "gptq", "compressed-tensors"),
+                   help="qkernels: save_quantized; gptq: a GPTQ directory (weight-only schemes); compressed-tensors: "
+                        "llm-compressor's format (vLLM, transformers)")
     q.set_defaults(fn=cmd_quantize)
     g = sub.add_parser("generate", help="stream a completion from a Hugging Face model directory (decoder runtime)")
     g.add_argument("model", help="model directory: config.json, *.safetensors, tokenizer.json")
