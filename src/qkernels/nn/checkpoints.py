@@ -350,12 +350,8 @@ def _compressed_spec(qc: dict, where: str) -> CheckpointQuant:
     if not isinstance(groups, dict) or not groups:
         raise ValueError(f"{where}: compressed-tensors quantization_config needs config_groups, got {groups!r}")
     kinds = {gname: _ct_kind(gname, g or {}, fmt, where) for gname, g in groups.items()}
-    first = next(iter(kinds.values()))
-    odd = [n for n, k in kinds.items() if k != first]
-    if odd:
-        raise ValueError(f"{where}: compressed-tensors config groups must share format, num_bits, group_size and "
-                         f"symmetric; {odd[0]!r} has {kinds[odd[0]]}, {next(iter(kinds))!r} has {first}")
-    gfmt, bits, gs, sym = first
+    gfmt, bits, gs, sym = _one_kind(kinds, f"{where}: compressed-tensors config groups must share format, num_bits, "
+                                           f"group_size and symmetric")
     return CheckpointQuant(COMPRESSED, bits, gs, sym, False, gfmt)
 
 
@@ -511,6 +507,15 @@ def gptq_tensors(q: QuantizedLinear, checkpoint_format: str = "gptq") -> dict[st
             **({"bias": q.bias.detach().to(torch.float16)} if q.bias is not None else {})}
 
 
+def _one_kind(kinds: dict, head: str) -> tuple:
+    """The one value of kinds ({layer or group: its kind}), or an error: head, then the first that differs."""
+    (first_name, first), *_ = kinds.items()
+    odd = next((n for n, k in kinds.items() if k != first), None)
+    if odd is not None:
+        raise ValueError(f"{head}: {odd!r} has {kinds[odd]}, {first_name!r} has {first}")
+    return first
+
+
 def _hf_quantized_layers(model: nn.Module) -> tuple[dict, dict, tuple]:
     """The model's QuantizedLinear layers under the transformers names a checkpoint gives them ({name: layer};
     fused q|k|v and quantize_'s fused MLPs written as the model's own modules), the norms a fused MLP holds
@@ -578,12 +583,9 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
     if bad:
         raise ValueError(f"the GPTQ format holds weight-only layers (w4a16 / w8a16); {bad[:4]} are "
                          f"{qs[bad[0]].scheme.name}")
-    facts = {n: (m.bits, m.group_size, m.symmetric, m.perm is not None) for n, m in qs.items()}
-    first = next(iter(facts.values()))
-    odd = [n for n, f in facts.items() if f != first]
-    if odd:
-        raise ValueError(f"one GPTQ quantization_config holds one (bits, group_size, sym, desc_act); layers differ: "
-                         f"{odd[0]} has {facts[odd[0]]}, {next(iter(facts))} has {first}")
+    bits, gs, sym, act = _one_kind({n: (m.bits, m.group_size, m.symmetric, m.perm is not None) for n, m in qs.items()},
+                                   "one GPTQ quantization_config holds one (bits, group_size, sym, desc_act); layers "
+                                   "differ")
     if checkpoint_format is None:
         zmin = min(float(m.scale_zero[..., 1].min()) for m in qs.values())
         checkpoint_format = "gptq" if zmin >= 1 else "gptq_v2"
@@ -591,7 +593,6 @@ def save_gptq(model: nn.Module, path, checkpoint_format: str | None = None) -> P
         raise ValueError(f"checkpoint_format must be 'gptq' or 'gptq_v2', got {checkpoint_format!r}")
     tensors = {f"{n}.{k}": v.cpu() for n, m in qs.items() for k, v in gptq_tensors(m, checkpoint_format).items()}
     tensors.update(norms)
-    bits, gs, sym, act = first
     return _write_hf_dir(model, path, tensors, skip, {"quant_method": "gptq", "bits": bits, "group_size": gs,
                                                       "sym": sym, "desc_act": act,
                                                       "checkpoint_format": checkpoint_format})
@@ -644,12 +645,8 @@ def save_compressed_tensors(model: nn.Module, path) -> Path:
         raise ValueError("model has no QuantizedLinear layers: nothing to write in the compressed-tensors format")
     facts = {n: (m.scheme.name, m.bits if m.scheme.weight_only else 8, m.group_size if m.scheme.weight_only else
                  PER_CHANNEL, m.symmetric if m.scheme.weight_only else True) for n, m in qs.items()}
-    first = next(iter(facts.values()))
-    odd = [n for n, f in facts.items() if f != first]
-    if odd:
-        raise ValueError(f"one compressed-tensors config group holds one (scheme, bits, group_size, symmetric); "
-                         f"layers differ: {odd[0]} has {facts[odd[0]]}, {next(iter(facts))} has {first}")
-    scheme, bits, gs, sym = first
+    scheme, bits, gs, sym = _one_kind(facts, "one compressed-tensors config group holds one (scheme, bits, "
+                                             "group_size, symmetric); layers differ")
     tensors = {f"{n}.{k}": v.cpu() for n, m in qs.items() for k, v in compressed_tensors_tensors(m).items()}
     tensors.update(norms)
     if scheme in CT_W8A8.values():
