@@ -20,11 +20,11 @@ DESCRIPTIONS = {
                "`quantize_`, and torch's int4 kernel (tinygemm, bf16) in every linear but lm_head. Random weights "
                "of the real shapes.",
     "tp": "The decoder runtime split over GPUs (tensor parallel over torch.distributed; `torchrun ... bench runtime "
-          "--tp N`) beside one GPU in the same run: decode of one CUDA-graph step (all-reduces inside), batch 1, "
-          "context 128, random weights of the real shapes; TP=N with the runtime's all-reduce (the one-shot kernel "
+          "--tp N`) beside one GPU in the same run: decode of one CUDA-graph step (all-reduces inside), batch 1 "
+          "and 16, context 128; TTFT of a 2048-token prompt; random weights of the real shapes; TP=N with the runtime's all-reduce (the one-shot kernel "
           "over peer memory at decode sizes) and with NCCL's for all; bandwidth share per GPU (one rank's bytes over "
           "one GPU's copy bandwidth); the all-reduce kernels' time per step from a profile (a rank's wait for the "
-          "others included).",
+          "others included; under programmatic dependent launch also the kernel's early start).",
     "weight_only": "W4A16 / W8A16 linears against fp16 cuBLAS, torch's int4 kernel (tinygemm) and, in runs where "
                    "they were installed, gemlite (w4a16 g128, w8a16) and bitsandbytes (nf4), median µs of one call in "
                    "a CUDA graph (the JSON also holds eager and eight-weight-copy graph timings).",
