@@ -220,3 +220,16 @@ def test_one_shot_all_reduce_two_gpus(tmp_path):
         res = json.load(open(tmp_path / f"r{r}.json"))
         bad = {k: v for k, v in res.items() if v != "ok"}
         assert res and not bad, f"rank {r}: {bad}"
+
+
+def test_pdl_only_for_one_wave(monkeypatch):
+    """Programmatic dependent launch for an all-reduce whose programs fit one wave (decode sizes); none for a
+    prefill-sized one (thousands of programs) or off the GPU."""
+    from qkernels.ops import collective
+    monkeypatch.setattr(collective, "pdl_options", lambda device: {"launch_pdl": True, "PDL": True})
+    monkeypatch.setattr(collective, "num_sms", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    assert collective._pdl_one_wave(16, gpu) == {"launch_pdl": True, "PDL": True}
+    assert collective._pdl_one_wave(132, gpu) == {"launch_pdl": True, "PDL": True}
+    assert collective._pdl_one_wave(4096, gpu) == {}
+    assert collective._pdl_one_wave(1, torch.device("cpu")) == {}

@@ -22,7 +22,7 @@ import os
 import torch
 
 from .. import reference as ref
-from .._runtime import alloc, cdiv, check_tensor, is_interpreter, launch, next_pow2, pdl_options
+from .._runtime import alloc, cdiv, check_tensor, is_interpreter, launch, next_pow2, num_sms, pdl_options
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK = 2048                     # elements per program
@@ -141,11 +141,18 @@ def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers) -> torch.Tensor:
         return out
     slot = peers.capacity_bytes // x.element_size()
     w = peers.wait_args()
-    launch(_k()._one_shot_all_reduce_kernel, (cdiv(x.numel(), BLOCK),), x, out, peers._views[x.dtype], peers.flags,
+    grid = cdiv(x.numel(), BLOCK)
+    launch(_k()._one_shot_all_reduce_kernel, (grid,), x, out, peers._views[x.dtype], peers.flags,
            peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status, x.numel(), slot, w["wait"],
            RANK=peers.rank, WORLD=peers.world, MAX_PROGRAMS=peers.max_programs, BLOCK=BLOCK, TIMER=w["TIMER"],
-           num_warps=4, **pdl_options(x.device))
+           num_warps=4, **_pdl_one_wave(grid, x.device))
     return out
+
+
+def _pdl_one_wave(programs: int, device: torch.device) -> dict:
+    """pdl_options for an all-reduce of one wave (decode-sized: the next kernel fetches its weights during the
+    exchange); a prefill-sized one (16 MB: thousands of programs) runs without, as it was measured against NCCL."""
+    return pdl_options(device) if device.type == "cuda" and programs <= num_sms(device) else {}
 
 
 def all_reduce_sum_twin(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -186,6 +193,6 @@ def one_shot_all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight
                N, peers.capacity_bytes // x.element_size(), eps, w["wait"], RANK=peers.rank, WORLD=peers.world,
                MAX_PROGRAMS=peers.max_programs, BLOCK_N=next_pow2(N), HAS_W=weight is not None, TIMER=w["TIMER"],
                num_warps=4 if N <= 4096 else 8, **(_quant_meta(q, x.device) if q else _NO_QUANT),
-               **pdl_options(x.device))
+               **_pdl_one_wave(M, x.device))
     out = (y.reshape(x.shape),) if not q else (y.reshape(x.shape), scale.reshape(*x.shape[:-1], 1))
     return out + (rout.reshape(x.shape),)
