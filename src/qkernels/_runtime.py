@@ -15,12 +15,17 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@functools.cache
+@torch.compiler.assume_constant_result      # torch.compile reads it once, not through a cache (below too)
 def is_interpreter() -> bool:
     """True when Triton runs kernels on the CPU through its interpreter (TRITON_INTERPRET=1).
 
     Triton decides this when a kernel is decorated, so it cannot change in a running process.
     """
+    return _interpreter()
+
+
+@functools.cache
+def _interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -50,6 +55,9 @@ def simulate_capability(cap: tuple[int, int] | None):
     return scoped_value(_SIMULATED, cap)
 
 
+# the device queries a model's forward asks: constants to torch.compile (read once while it traces, not traced through
+# their caches: Dynamo warns of every functools.cache it meets in a traced call)
+@torch.compiler.assume_constant_result
 def capability(device: torch.device) -> tuple[int, int]:
     if _SIMULATED[0] is not None:
         return tuple(_SIMULATED[0])
@@ -60,6 +68,7 @@ def capability(device: torch.device) -> tuple[int, int]:
     return (p.major, p.minor)
 
 
+@torch.compiler.assume_constant_result
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
@@ -109,6 +118,7 @@ def runs_kernels(t: torch.Tensor) -> bool:
     return _runs_on(t.device, t.dtype is torch.bfloat16)
 
 
+@torch.compiler.assume_constant_result
 def _runs_on(device: torch.device, bf16: bool) -> bool:
     if not (device.type == "cuda" or (device.type == "cpu" and is_interpreter())):
         return False

@@ -295,3 +295,21 @@ def test_load_refuses_damaged_files_and_leaves_the_model_alone(tmp_path):
     (tmp_path / CONFIG_NAME).write_text("{not json")
     with pytest.raises(ValueError, match=r"qkernels_config\.json is not valid JSON"):
         load_quantized(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_compiled_forward_traces_no_cache_and_matches_eager(scheme):
+    """QuantizedLinear under torch.compile(fullgraph=True): the same bits as its eager call, and Dynamo meets none
+    of the library's functools caches on the way (it warns of each one it traces through: the device queries and
+    the lazy ops import are constants to it), nor a tensor's __dict__ (the eager plans' store, which it cannot
+    trace)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 64, bias=False).to(DEVICE, torch.float16)
+    q = QuantizedLinear.from_linear(lin, scheme, **({"group_size": 64} if scheme == "w4a16" else {}))
+    x = torch.randn(3, 128, device=DEVICE, dtype=torch.float16)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        y = torch.compile(q, backend="eager", fullgraph=True)(x)
+    assert not [str(w.message) for w in seen if "lru_cache" in str(w.message)]
+    assert_bit_exact(y, q(x))

@@ -1,7 +1,6 @@
 """QuantizedLinear: an nn.Linear replacement whose forward runs a qkernels quantized GEMM."""
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import nn
@@ -239,12 +238,17 @@ class QuantizedLinear(nn.Module):
         return s
 
 
-@functools.cache
 def _ops():
-    """ops.gemm and ops.weight_only, imported on the first forward (a cached call after that, not the import
-    machinery on every call)."""
+    """ops.gemm and ops.weight_only, imported on the first forward (a global read after that, not the import
+    machinery on every call; a plain global, which torch.compile reads without tracing a cache)."""
+    if _OPS:
+        return _OPS
     from ..ops import gemm, weight_only
-    return gemm, weight_only
+    _OPS.extend((gemm, weight_only))
+    return _OPS
+
+
+_OPS: list = []
 
 
 def concat_problem(layers) -> str | None:

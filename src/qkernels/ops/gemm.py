@@ -594,8 +594,10 @@ def _w8a8_call(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, dtype:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         y = call_op(_w8a8_dynamic_op, _w8a8_dynamic, x2, w_q, w_scale, 1.0, None, dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], w_q.shape[0])
+    if torch.compiler.is_compiling() or not x.is_cuda:     # (Dynamo cannot trace a tensor's __dict__)
+        return run()
     attrs = getattr(w_q, "__dict__", None)      # None: a tensor type that keeps no attributes (no plans then)
-    if torch.compiler.is_compiling() or not x.is_cuda or attrs is None:
+    if attrs is None:
         return run()
     store = attrs.get("_eager_plans")
     if store is None:
