@@ -116,6 +116,28 @@ def test_decode_attention_many_splits(monkeypatch, H, HKV, D):
         torch.testing.assert_close(out, ref.decode_attention(q, kc, vc, lengths, D ** -0.5), rtol=4e-3, atol=4e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_decode_attention_one_split_writes_the_output_itself(monkeypatch, dtype):
+    """One split per sequence and KV head (a large batch on a GPU: B x Hkv programs fill the waves): the first pass
+    writes the output in q's dtype itself, without the combine, over any length (one key, one tile, several, the
+    whole cache), prefetching or not, the same result as the reference's."""
+    monkeypatch.setattr(A, "_splits", lambda B, n_kv, S_, block_s, waves, device: 1)
+    g = torch.Generator().manual_seed(5)
+    B, H, HKV, D, S = 5, 8, 2, 64, 70
+    q = torch.randn(B, H, D, generator=g).to(DEV, dtype)
+    kc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
+    vc = torch.randn(B, HKV, S, D, generator=g).to(DEV, dtype)
+    lengths = torch.tensor([1, 16, 17, 40, S], dtype=torch.int32, device=DEV)
+    want = ref.decode_attention(q, kc, vc, lengths, D ** -0.5)
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else \
+        dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=4e-3, atol=4e-3)
+    for prefetch in (False, True):
+        with qk.poison_outputs():
+            out = decode_attention(q, kc, vc, lengths, prefetch=prefetch)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, want, **tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("len_dtype", [torch.int32, torch.int64])
 def test_decode_attention_prefetch_gives_the_same_result(dtype, len_dtype):
@@ -196,7 +218,7 @@ def test_bad_inputs_are_named():
 @pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
                     reason="Triton's CUDA tools are not installed")
 def test_decode_attention_kernel_compiles_for_hopper():
-    """The split kernel (PREFETCH on and off) and the combine build offline for sm_90 (no GPU: the interpreter does
+    """The split kernel (PREFETCH on and off, DIRECT) and the combine build offline for sm_90 (no GPU: the interpreter does
     not type-check loops) with int32 and int64 lengths: a loop-carried tile whose index type follows the lengths'
     once compiled under the interpreter and failed on the GPU."""
     code = """
@@ -205,11 +227,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from qkernels.kernels._attention import _decode_attention_split_kernel as k, _decode_attention_combine_kernel as k2
 for lens in ("*i32", "*i64"):
-    for prefetch in (False, True):
-        types = dict(q_ptr="*fp16", k_ptr="*fp16", v_ptr="*fp16", len_ptr=lens, o_part_ptr="*fp32", lse_ptr="*fp32",
+    for prefetch, direct in ((False, False), (True, False), (True, True)):
+        part = "*fp16" if direct else "*fp32"
+        types = dict(q_ptr="*fp16", k_ptr="*fp16", v_ptr="*fp16", len_ptr=lens, o_part_ptr=part, lse_ptr=part,
                      scale="fp32")
         cx = dict(N_KV=8, GROUP=4, BLOCK_G=16, D=128, BLOCK_D=128, BLOCK_S=64, DOT_PRECISION="tf32",
-                  PREFETCH=prefetch, PDL=True)
+                  PREFETCH=prefetch, PDL=True, DIRECT=direct)
         sig = {n: "constexpr" if n in cx else types.get(n, "i32") for n in k.arg_names}
         c = triton.compile(ASTSource(k, sig, cx, {}), target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=4, num_stages=2))
@@ -224,4 +247,4 @@ for lens in ("*i32", "*i64"):
     env.pop("TRITON_INTERPRET", None)       # a real compile
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert len(run.stdout.splitlines()) == 6, run.stdout
+    assert len(run.stdout.splitlines()) == 8, run.stdout

@@ -106,7 +106,7 @@ def _decode_attention_split_kernel(
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, n_splits, scale,
     N_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, DIRECT: tl.constexpr = False,
 ):
     """Flash-decoding, first pass. Program (b * N_KV + kv_head, split) takes the GROUP query heads that
     share kv_head (GQA: each key / value tile is read once for all of them) over keys
@@ -117,7 +117,8 @@ def _decode_attention_split_kernel(
     lengths are read before the programmatic-dependent-launch wait (the step's inputs: no kernel of this library
     writes them); q, the keys and the values after it. PREFETCH (the decode step's promise that the kernel just
     before wrote no cache row but each sequence's newest, lengths[b] - 1): the first key / value tile's other rows
-    are read before the wait too, the newest after it."""
+    are read before the wait too, the newest after it. DIRECT (one split: n_splits == 1): o_part_ptr is the output
+    [B, H, D] in q's dtype, written as the combine would write it (one split's combine is that cast), lse_ptr unused."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = bh // N_KV
@@ -175,8 +176,12 @@ def _decode_attention_split_kernel(
         out = acc / l[:, None]                  # l > 0: the split holds a key (padded heads score 0 on it)
         lse = m + tl.log2(l)
         row = (b * N_KV * GROUP + heads) * n_splits + split               # [BLOCK_G] rows of o_part / lse
-        tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=g_live[:, None] & d_live[None, :])
-        tl.store(lse_ptr + row, lse, mask=g_live)
+        if DIRECT:
+            tl.store(o_part_ptr + row[:, None] * D + d[None, :], _cast(out, o_part_ptr.dtype.element_ty),
+                     mask=g_live[:, None] & d_live[None, :])
+        else:
+            tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=g_live[:, None] & d_live[None, :])
+            tl.store(lse_ptr + row, lse, mask=g_live)
 
 
 @triton.jit

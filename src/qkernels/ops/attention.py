@@ -192,16 +192,19 @@ def _decode_attention_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ka = _ka()
     block_s, warps, stages, waves, early = (_config(B, q.device)[k] for k in ATTENTION_KEYS)
     n_splits = _splits(B, n_kv, S, block_s, waves, q.device)
-    o_part = alloc((B, H, n_splits, D), torch.float32, q.device)     # the splits past a sequence's keys unwritten
-    lse = alloc((B, H, n_splits), torch.float32, q.device)
+    direct = n_splits == 1      # (a large batch) the first pass writes out itself: no combine
+    o_part = out if direct else alloc((B, H, n_splits, D), torch.float32, q.device)   # splits past the keys unwritten
+    lse = out if direct else alloc((B, H, n_splits), torch.float32, q.device)
     group = H // n_kv
     block_d = max(16, next_pow2(D))
     launch(ka._decode_attention_split_kernel, (B * n_kv, n_splits), q, k_cache, v_cache, lengths, o_part, lse,
            *k_cache.stride()[:3], *v_cache.stride()[:3], n_splits, float(scale),
            N_KV=n_kv, GROUP=group, BLOCK_G=max(16, next_pow2(group)), D=D, BLOCK_D=block_d, BLOCK_S=block_s,
-           PREFETCH=bool(prefetch and early),
+           PREFETCH=bool(prefetch and early), DIRECT=direct,
            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
            **pdl_options(q.device))
+    if direct:
+        return out
     launch(ka._decode_attention_combine_kernel, (B * H,), o_part, lse, lengths, out, n_splits, H,
            D=D, BLOCK_D=block_d, BLOCK_S=block_s, BLOCK_SPLITS=min(16, max(2, next_pow2(n_splits))), num_warps=1,
            **pdl_options(q.device))
