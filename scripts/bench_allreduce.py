@@ -1,5 +1,6 @@
 """The one-shot all-reduce (ops/collective.py) against NCCL's over message sizes, on the GPUs of one host: where the
-runtime's one-shot cap (models.parallel.ONE_SHOT_BYTES, 16 MB; QKERNELS_TP_ONESHOT_BYTES) should lie.
+runtime's one-shot cap (models.parallel.ONE_SHOT_BYTES, 16 MB; QKERNELS_TP_ONESHOT_BYTES) should lie, and whether
+the LL protocol (QKERNELS_TP_ALLREDUCE=ll) beats the flag protocol at decode sizes (up to LL_MAX_KB).
 
   torchrun --nproc-per-node 2 scripts/bench_allreduce.py [--kb 8 64 512 4096 16384] [--dtype float16] [--json PATH]
 
@@ -21,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 CALLS, REPLAYS = 20, 10
+LL_MAX_KB = 1024            # the LL protocol's messages: decode sizes (its words carry 4x an fp16 message's bytes)
 
 
 def _time_us(fn, dist) -> float:
@@ -66,6 +68,8 @@ def main() -> int:
     dist.init_process_group("nccl", device_id=dev)
     dt = getattr(torch, args.dtype)
     peers = PeerBuffers.create(None, dev, capacity_bytes=max(args.kb) * 1024)
+    ll_kb = min(max(args.kb), LL_MAX_KB)
+    ll_peers = PeerBuffers.create(None, dev, capacity_bytes=ll_kb * 1024 * 8 // dt.itemsize, ll=True)
     rows = []
     for kb in args.kb:
         n = kb * 1024 // dt.itemsize
@@ -73,20 +77,25 @@ def main() -> int:
         x = torch.randn(n, device=dev, dtype=dt, generator=gen)
         y = x.clone()
         dist.all_reduce(y)
-        same = torch.tensor([int(torch.equal(one_shot_all_reduce(x, peers), y))], device=dev)
+        same = torch.tensor([int(torch.equal(one_shot_all_reduce(x, peers), y)
+                                 and (kb > ll_kb or torch.equal(one_shot_all_reduce(x, ll_peers), y)))], device=dev)
         dist.all_reduce(same, op=dist.ReduceOp.MIN)             # every rank stops together, none left waiting
         if not same.item() and dist.get_world_size() == 2:
             raise RuntimeError(f"{kb} KB: the one-shot sum differs from NCCL's on a rank")
         buf = x.clone()
         us = {"one-shot": _time_us(lambda: one_shot_all_reduce(x, peers), dist),
               "nccl": _time_us(lambda: dist.all_reduce(buf), dist)}
+        if kb <= ll_kb:
+            us["one-shot LL"] = _time_us(lambda: one_shot_all_reduce(x, ll_peers), dist)
         peers.check()
+        ll_peers.check()
         for provider, t in us.items():
             rows.append({"op": "all_reduce", "provider": provider, "bytes": kb * 1024, "dtype": args.dtype,
                          "world": dist.get_world_size(), "median_us": t})
         if rank == 0:
             print(f"{kb:7d} KB: one-shot {us['one-shot']:8.1f} us, NCCL {us['nccl']:8.1f} us "
-                  f"({us['nccl'] / us['one-shot']:.2f}x)", flush=True)
+                  f"({us['nccl'] / us['one-shot']:.2f}x)"
+                  + (f", LL {us['one-shot LL']:8.1f} us" if "one-shot LL" in us else ""), flush=True)
     if rank == 0 and args.json:
         from qkernels.bench.harness import environment
         with open(args.json, "w") as f:

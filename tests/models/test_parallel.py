@@ -124,6 +124,19 @@ def test_one_shot_bytes_from_the_environment(monkeypatch):
             one_shot_bytes()
 
 
+def test_allreduce_choice_from_the_environment(monkeypatch):
+    """QKERNELS_TP_ALLREDUCE: unset, "nccl" or "ll"; anything else is refused naming the variable."""
+    from qkernels.models.parallel import allreduce_choice
+    monkeypatch.delenv("QKERNELS_TP_ALLREDUCE", raising=False)
+    assert allreduce_choice() == ""
+    for v in ("nccl", "ll"):
+        monkeypatch.setenv("QKERNELS_TP_ALLREDUCE", v)
+        assert allreduce_choice() == v
+    monkeypatch.setenv("QKERNELS_TP_ALLREDUCE", "NCCL ")
+    with pytest.raises(ValueError, match=r"QKERNELS_TP_ALLREDUCE: expected 'nccl', 'll' or unset, got 'NCCL '"):
+        allreduce_choice()
+
+
 def test_default_group_dies_with_destroy_process_group():
     """A script that imports qkernels.models and then initializes its group: torch.distributed.nn (imported by
     qkernels.models, and later by loading a model) holds no reference to the group in its defaults, so
@@ -284,6 +297,24 @@ def _run_checks(rank: int, tmp: str):
         assert torch.equal(g1, g2) and same_on_ranks(g2)
     check("images", images)
 
+    def ll_protocol():
+        """QKERNELS_TP_ALLREDUCE=ll: the decode step's fused all-reduces under the LL protocol give the flag
+        protocol's bits (logits of a prompt, greedy tokens through the captured decode step)."""
+        hf = hf_model("llama", dtype=qdt).to(dev)
+        flag = from_pretrained(hf, "w4a16-g32", device=dev, dtype=qdt)
+        os.environ["QKERNELS_TP_ALLREDUCE"] = "ll"
+        try:
+            ll = from_pretrained(hf, "w4a16-g32", device=dev, dtype=qdt)
+        finally:
+            del os.environ["QKERNELS_TP_ALLREDUCE"]
+        assert ll.tp.norm_peers.ll and not flag.tp.norm_peers.ll
+        torch.manual_seed(12)
+        ids = torch.randint(0, 96, (2, 9), device=dev)
+        assert torch.equal(ll(ids), flag(ids))
+        assert torch.equal(ll.generate(ids, STEPS), flag.generate(ids, STEPS))
+    if CUDA_TP:                                     # gloo: no one-shot kernels
+        check("LL protocol", ll_protocol)
+
     check("fused all-reduce + norm, fp32", lambda: fused_norm(None))
     check("fused all-reduce + norm, w8a8", lambda: fused_norm("w8a8"))
 
@@ -388,14 +419,16 @@ def tp_results(tmp_path_factory):
 CHECKS = (["fp32 llama {}", "fp32 llama {'tie_word_embeddings': True, 'num_key_value_heads': 1}",
            "fp32 qwen3 {'tie_word_embeddings': True}", "fp32 qwen2 {'num_key_value_heads': 4}", "sampling"]
           + [f"scheme {s}" for s in ("w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8")]
-          + ["images", "fused all-reduce + norm, fp32", "fused all-reduce + norm, w8a8", "directories", "act-order",
-             "refused splits"])
+          + ["images", "LL protocol", "fused all-reduce + norm, fp32", "fused all-reduce + norm, w8a8", "directories",
+             "act-order", "refused splits"])
 
 
 @pytest.mark.parametrize("name", CHECKS)
 def test_tp2_matches_tp1(tp_results, name):
     if name == "scheme w8a8-fp8" and name not in tp_results[0]:
         pytest.skip("fp8 needs sm_89+")
+    if name == "LL protocol" and not CUDA_TP:
+        pytest.skip("the one-shot all-reduce kernels run on GPUs")
     failed = {rank: res.get(name) for rank, res in enumerate(tp_results) if res.get(name) != "ok"}
     assert not failed, "\n".join(f"rank {r}: {why}" for r, why in failed.items())
 

@@ -218,9 +218,9 @@ def test_bad_inputs_are_named():
 @pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
                     reason="Triton's CUDA tools are not installed")
 def test_decode_attention_kernel_compiles_for_hopper():
-    """The split kernel (PREFETCH on and off, DIRECT) and the combine build offline for sm_90 (no GPU: the interpreter does
-    not type-check loops) with int32 and int64 lengths: a loop-carried tile whose index type follows the lengths'
-    once compiled under the interpreter and failed on the GPU."""
+    """The split kernel (PREFETCH on and off; DIRECT) and the combine build offline for sm_90 (no GPU: the
+    interpreter does not type-check loops) with int32 and int64 lengths: a loop-carried tile whose index type
+    follows the lengths' once compiled under the interpreter and failed on the GPU."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget

@@ -7,6 +7,9 @@ are two GPUs, the real thing: two processes over NCCL and symmetric memory, eage
 import datetime
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,15 +29,21 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
-def _emulated(world: int, capacity: int):
+def _emulated(world: int, capacity: int, ll: bool = False):
     """rank 0's PeerBuffers of a group whose ranks' buffers all live here: (peers, data [world] of uint8 [2, world,
-    capacity], flags [world] of int32 [world, max_programs])."""
+    capacity], flags [world] of int32 [world, max_programs]); ll: of the LL protocol."""
     max_programs = capacity // 2 // BLOCK
     data = [torch.zeros(2 * world * capacity, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
     flags = [torch.zeros(world * max_programs, dtype=torch.int32, device=DEVICE) for _ in range(world)]
     peers = PeerBuffers(0, world, data[0], flags[0], deltas(data[0], [t.data_ptr() for t in data], 0, 16),
-                        deltas(flags[0], [t.data_ptr() for t in flags], 0, 4), capacity, (data, flags))
+                        deltas(flags[0], [t.data_ptr() for t in flags], 0, 4), capacity, (data, flags), ll=ll)
     return peers, data, flags
+
+
+def _words(x: torch.Tensor, epoch: int) -> torch.Tensor:
+    """x's elements as the LL protocol sends them: int64 words, the element's bits low, the epoch high."""
+    bits = x.reshape(-1).view(torch.int16 if x.element_size() == 2 else torch.int32).to(torch.int64)
+    return (bits & (0xFFFF if x.element_size() == 2 else 0xFFFFFFFF)) | (epoch << 32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -59,6 +68,69 @@ def test_one_shot_all_reduce_emulated(dtype):
         assert torch.equal(data[1].view(dtype)[(half * world + 0) * slot:][:n], x0)
         assert flags[1][:progs].tolist() == [epoch] * progs
         assert peers.epochs[:progs].tolist() == [epoch] * progs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_shot_all_reduce_ll_emulated(dtype):
+    """The LL protocol (rank 0 of two, emulated): the same bits as the flag protocol's sum, rank 1's elements taken
+    from its words of this epoch in rank 0's slot [half, 1], rank 0's pushed as words into rank 1's slot [half, 0]; no
+    flag written; over calls whose epochs and halves advance."""
+    world, capacity = 2, 4 * BLOCK * 8
+    peers, data, flags = _emulated(world, capacity, ll=True)
+    g = torch.Generator(device="cpu").manual_seed(6)
+    for call, n in enumerate(SIZES):
+        epoch, progs, half = call + 1, -(-n // BLOCK), (call + 1) % 2
+        x0, x1 = (torch.randn(n, generator=g).mul_(8).to(dtype).to(DEVICE) for _ in range(2))
+        slot = capacity // 8
+        data[0].view(torch.int64)[(half * world + 1) * slot:][:n] = _words(x1, epoch)
+        peers.epochs[:progs] = call
+        with poison_outputs():
+            out = one_shot_all_reduce(x0, peers)
+        assert torch.equal(_bits(out), _bits(ref.all_reduce_sum([x0, x1]))), f"n={n}"
+        assert torch.equal(data[1].view(torch.int64)[(half * world + 0) * slot:][:n], _words(x0, epoch))
+        assert peers.epochs[:progs].tolist() == [epoch] * progs
+    assert not any(f.any() for f in flags)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_reduce_rms_norm_ll_emulated_equals_the_unfused_sequence(dtype, quantize):
+    """The fused all-reduce + norm under the LL protocol: the unfused sequence's bits, as under the flag protocol."""
+    from qkernels import rms_norm
+    from qkernels.ops.collective import one_shot_all_reduce_rms_norm
+    world, capacity = 2, 4 * BLOCK * 8
+    peers, data, _ = _emulated(world, capacity, ll=True)
+    g = torch.Generator(device="cpu").manual_seed(8)
+    for call, (M, N) in enumerate([(1, 64), (3, 200), (4, 1024)]):
+        epoch, half = call + 1, (call + 1) % 2
+        x0, x1, res = (torch.randn(M, N, generator=g).mul_(4).to(dtype).to(DEVICE) for _ in range(3))
+        w = (torch.rand(N, generator=g) + 0.5).to(dtype).to(DEVICE)
+        data[0].view(torch.int64)[(half * world + 1) * (capacity // 8):][:M * N] = _words(x1, epoch)
+        peers.epochs[:M] = call
+        with poison_outputs():
+            got = one_shot_all_reduce_rms_norm(x0, res, w, 1e-6, peers, quantize)
+        want = rms_norm(ref.all_reduce_sum([x0, x1]), w, 1e-6, residual=res, quantize=quantize)
+        for a, b in zip(got, want):
+            assert torch.equal(_bits(a) if a.dtype in DTYPES else a.view(torch.uint8), _bits(b) if b.dtype in DTYPES
+                               else b.view(torch.uint8)), f"{M}x{N}"
+        assert torch.equal(data[1].view(torch.int64)[(half * world + 0) * (capacity // 8):][:M * N], _words(x0, epoch))
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["nothing", "an older epoch's words"])
+def test_ll_waits_for_words_of_this_epoch_and_names_a_peer_that_never_sends_them(stale):
+    """Under LL a rank takes only words of the call's epoch: with nothing from rank 1, or only its words of two calls
+    back in the same half (epochs only grow), rank 0 waits its bounded time and names rank 1, as under flags."""
+    world, capacity = 2, 4 * BLOCK * 8
+    peers, data, _ = _emulated(world, capacity, ll=True)
+    peers.timeout_s = 0.05
+    x = torch.randn(64, device=DEVICE)
+    peers.epochs[:1] = 2                                     # this call's epoch: 3, half 1
+    if stale:
+        data[0].view(torch.int64)[(1 * world + 1) * (capacity // 8):][:64] = _words(torch.randn(64), 1)
+    one_shot_all_reduce(x, peers)
+    assert peers.status.item() == 2
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 did not reach an all-reduce"):
+        peers.check()
 
 
 @pytest.mark.parametrize("quantize", [None, "int8", "fp8_e4m3"])
@@ -149,9 +221,16 @@ TWO_GPUS = torch.cuda.device_count() >= WORLD
 
 
 def _checks(rank: int) -> dict:
-    import torch.distributed as dist
     dev = torch.device("cuda", rank)
-    peers = PeerBuffers.create(None, dev)
+    res = {}
+    for ll in (False, True):                            # the flag protocol, then LL
+        peers = PeerBuffers.create(None, dev, ll=ll)
+        res.update({f"{'LL ' if ll else ''}{k}": v for k, v in _checks_of(peers, rank, dev).items()})
+    return res
+
+
+def _checks_of(peers, rank: int, dev) -> dict:
+    import torch.distributed as dist
     res = {}
     g = torch.Generator(device="cpu").manual_seed(11 + rank)
     shapes = [(1,), (4096,), (8, 4096), (3 * BLOCK + 5,), (4, 8192)]        # up to the capacity, 16 programs
@@ -220,6 +299,7 @@ def test_one_shot_all_reduce_two_gpus(tmp_path):
         res = json.load(open(tmp_path / f"r{r}.json"))
         bad = {k: v for k, v in res.items() if v != "ok"}
         assert res and not bad, f"rank {r}: {bad}"
+        assert "LL graph replay 4" in res and "graph replay 4" in res, sorted(res)
 
 
 def test_pdl_only_for_one_wave(monkeypatch):
@@ -233,3 +313,35 @@ def test_pdl_only_for_one_wave(monkeypatch):
     assert collective._pdl_one_wave(132, gpu) == {"launch_pdl": True, "PDL": True}
     assert collective._pdl_one_wave(4096, gpu) == {}
     assert collective._pdl_one_wave(1, torch.device("cpu")) == {}
+
+
+def test_all_reduce_kernels_compile_for_hopper():
+    """Both kernels, flag and LL protocols, with the GPU's timer, build offline for sm_90 (the interpreter neither
+    type-checks loops nor runs the timer's inline asm)."""
+    code = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from qkernels.kernels._allreduce import _one_shot_all_reduce_kernel as k1, _all_reduce_rms_norm_kernel as k2
+common = dict(flags_ptr="*i32", data_deltas="*i64", flag_deltas="*i64", epoch_ptr="*i32", status_ptr="*i32",
+              wait="i64")
+for ll in (False, True):
+    for dt in ("fp16", "bf16", "fp32"):
+        data = "*i64" if ll else "*" + dt
+        types = dict(common, x_ptr="*" + dt, out_ptr="*" + dt, data_ptr=data)
+        cx = dict(RANK=0, WORLD=2, MAX_PROGRAMS=8, BLOCK=2048, TIMER=True, PDL=True, LL=ll)
+        sig = {n: "constexpr" if n in cx else types.get(n, "i32") for n in k1.arg_names}
+        triton.compile(ASTSource(k1, sig, cx, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+        types = dict(common, x_ptr="*" + dt, r_ptr="*" + dt, w_ptr="*" + dt, y_ptr="*" + dt, rout_ptr="*" + dt,
+                     s_ptr="*fp32", data_ptr=data, eps="fp32")
+        cx = dict(RANK=1, WORLD=2, MAX_PROGRAMS=8, BLOCK_N=4096, HAS_W=True, QUANT=0, QMAX=127.0, IS_FP8=False,
+                  FP8_EMULATE=False, TIMER=True, PDL=True, LL=ll)
+        sig = {n: "constexpr" if n in cx else types.get(n, "i32") for n in k2.arg_names}
+        triton.compile(ASTSource(k2, sig, cx, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+        print(ll, dt, "built")
+"""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    env.pop("TRITON_INTERPRET", None)       # a real compile
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(run.stdout.splitlines()) == 6, run.stdout

@@ -21,10 +21,10 @@ DESCRIPTIONS = {
                "of the real shapes.",
     "tp": "The decoder runtime split over GPUs (tensor parallel over torch.distributed; `torchrun ... bench runtime "
           "--tp N`) beside one GPU in the same run: decode of one CUDA-graph step (all-reduces inside), batch 1 "
-          "and 16, context 128; TTFT of a 2048-token prompt; random weights of the real shapes; TP=N with the runtime's all-reduce (the one-shot kernel "
-          "over peer memory at decode sizes) and with NCCL's for all; bandwidth share per GPU (one rank's bytes over "
-          "one GPU's copy bandwidth); the all-reduce kernels' time per step from a profile (a rank's wait for the "
-          "others included; under programmatic dependent launch also the kernel's early start).",
+          "and 16, context 128; TTFT of a 2048-token prompt; random weights of the real shapes; TP=N with the "
+          "runtime's all-reduce (the one-shot kernel over peer memory at decode sizes) and with NCCL's for all; "
+          "bandwidth share per GPU (one rank's bytes over one GPU's copy bandwidth); the all-reduce kernels' time "
+          "per step from a profile (a rank's wait for the others included; under programmatic dependent launch also the kernel's early start).",
     "weight_only": "W4A16 / W8A16 linears against fp16 cuBLAS, torch's int4 kernel (tinygemm) and, in runs where "
                    "they were installed, gemlite (w4a16 g128, w8a16) and bitsandbytes (nf4), median µs of one call in "
                    "a CUDA graph (the JSON also holds eager and eight-weight-copy graph timings).",
@@ -35,7 +35,8 @@ DESCRIPTIONS = {
     "gemm": "int8 / fp8 GEMMs and W8A8 linears against fp16 cuBLAS, `_int_mm`, `_scaled_mm`, torch.compile and, "
             "in runs where it was installed, gemlite's W8A8 layers, median µs of CUDA-graph replays.",
     "allreduce": "The all-reduce of tensor parallelism on the GPUs of one host (`torchrun --nproc-per-node N "
-                 "scripts/bench_allreduce.py`): the runtime's one-shot kernel (ops/collective.py) against NCCL's, "
+                 "scripts/bench_allreduce.py`): the runtime's one-shot kernel (ops/collective.py; its flag "
+                 "protocol and, up to 1 MB, its LL protocol) against NCCL's, "
                  "µs per call over message sizes, calls captured in CUDA graphs, ranks in lockstep, their waits "
                  "included; both sums checked equal.",
     "host": "Host cost of one eager call of a linear at M = 1 (weight N x K): µs of host time per call of "

@@ -17,9 +17,10 @@ Method:
 - share of the weight-bandwidth floor: bytes one rank's step reads (its weights but the embedding table, its
   KV cache up to the context) / the step time, over the device-to-device copy bandwidth of one GPU measured
   in the same run.
-- TP=N runs twice on the same model: with the runtime's all-reduce (ops/collective.py's one-shot kernel at decode
-  sizes, where the GPUs reach each other's memory, fused with the RMSNorm after it) and with NCCL's for every
-  all-reduce, each followed by the norm ("allreduce" in a row).
+- TP=N runs three times on the same model: with the runtime's all-reduce (ops/collective.py's one-shot kernel at
+  decode sizes, where the GPUs reach each other's memory, fused with the RMSNorm after it; "one-shot": its flag
+  protocol, "one-shot LL": its LL protocol, the runtime's own first) and with NCCL's for every all-reduce, each
+  followed by the norm ("allreduce" in a row).
 - profile: one stretch of 20 replays on every rank (torch.profiler on rank 0), GPU time per kernel name per
   step, for every row (the file's "profiles"; a prefill row's over 20 prefills, per prefill); the all-reduce time
   is that of the all-reduce kernels (NCCL's or the one-shot ones, the fused all-reduce + norm with its norm; it
@@ -164,6 +165,17 @@ def _decode_ms(model, gpu: bool, lockstep, batch: int = 1) -> tuple[float, objec
     return (time.perf_counter() - t0) * 1e3 / steps, (step, tok, pos)
 
 
+def _norm_peers_both(tp, dev) -> dict:
+    """{False: the flag protocol's buffers of the fused all-reduce + norm, True: the LL protocol's}: the runtime's
+    own and a set of the other made here (a collective: every rank calls it), sharing its status word."""
+    from ..models.parallel import NORM_CAPACITY_BYTES
+    from ..ops.collective import PeerBuffers
+    own = tp.norm_peers
+    other = PeerBuffers.create(tp.group, dev, NORM_CAPACITY_BYTES * (1 if own.ll else 4), ll=not own.ll)
+    other.status = tp.peers.status
+    return {own.ll: own, other.ll: other}
+
+
 def _profile(fn, rank: int) -> tuple[float, list[dict]]:
     """(GPU time per call of the all-reduce kernels (NCCL's, the one-shot one), GPU time per kernel name per call)
     over 20 calls of `fn` (a decode step's replay, a prefill), profiled on rank 0; every other rank of the group
@@ -222,12 +234,17 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int =
                 # TP > 1: the runtime's all-reduce (the one-shot kernel where the GPUs map each other's memory),
                 # then torch.distributed's for all of them on the same model
                 lib = dist.get_backend()                  # torch.distributed's all-reduce: NCCL (gloo on CPUs)
-                paths = [lib] if world > 1 and m.tp.peers is None else ["one-shot", lib] if world > 1 else [""]
                 peers = (m.tp.peers, m.tp.norm_peers) if world > 1 else None
+                # the decode step's fused all-reduces under each protocol (the runtime's own first:
+                # QKERNELS_TP_ALLREDUCE picks it): its buffers and, made here, those of the other
+                norms = _norm_peers_both(m.tp, dev) if world > 1 and m.tp.peers is not None else {}
+                one_shot = ["one-shot LL", "one-shot"] if norms and m.tp.norm_peers.ll else ["one-shot", "one-shot LL"]
+                paths = [""] if world == 1 else [lib] if not norms else one_shot + [lib]
                 lockstep = dist.barrier if world > 1 else (lambda: None)
                 for path in paths:
                     if world > 1:
-                        m.tp.peers, m.tp.norm_peers = peers if path == "one-shot" else (None, None)
+                        m.tp.peers, m.tp.norm_peers = ((peers[0], norms[path == "one-shot LL"])
+                                                       if path.startswith("one-shot") else (None, None))
                     for b in BATCHES if gpu else (1, 2):
                         ms, run_ = _decode_ms(m, gpu, lockstep, b)
                         step, tok, pos = run_

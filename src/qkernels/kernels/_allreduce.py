@@ -16,6 +16,14 @@ Every rank adds the same values in the same order, so the ranks get the same bit
 halves: a rank writes half e % 2 of a peer again only at epoch e + 2, which it reaches after the peer signalled
 e + 1, that is after the peer's kernel of epoch e (its reads of that half) had finished.
 
+LL (low latency; a PeerBuffers made with ll=True): no flags and no fence. Each element travels in a 64-bit word with
+the epoch beside it (low 32 bits: the element's bits, high: e), pushed into slot [e % 2, RANK] of every peer; a
+64-bit word lands whole (single-copy atomic), so a rank that reads e in a word has its element too, and polls its
+own slots' words until every one of them holds e. The data moves in words four (fp16 / bf16) or two (fp32) times
+its size: it is for decode-sized messages, where the flag's release fence and its second trip cost more than the
+bytes. A word of another epoch in the half is older (epochs only grow: e - 2 at most), never taken for this one;
+the halves are reused as above.
+
 A rank that never arrives (a peer whose process or GPU failed) would leave the others spinning forever: the wait is
 bounded (WAIT: nanoseconds of %globaltimer on a GPU; under the interpreter, which has no timer, polls), and a
 program that gives up writes peer + 1 into the status word and goes on with what its buffer holds. The launcher's
@@ -81,21 +89,74 @@ def _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag
 
 
 @triton.jit
+def _exchange_and_sum_ll(x, offs, mask, pid, data_ptr, data_deltas, epoch_ptr, status_ptr, slot, wait,
+                         RANK: tl.constexpr, WORLD: tl.constexpr, TIMER: tl.constexpr):
+    """_exchange_and_sum under the LL protocol (the module's docstring): data_ptr is this rank's buffer as int64 words
+    [2, WORLD, slot]; x's elements go to the peers packed with the epoch, the peers' are read from this rank's slots
+    once every word holds the epoch (at most `wait`, as the flag protocol's wait). Returns the fp32 sum of the WORLD
+    ranks' x at offs in rank order (this rank's own from x itself: the bits its peers receive)."""
+    e = tl.load(epoch_ptr + pid) + 1
+    half = (e % 2).to(tl.int64)
+    if x.dtype.primitive_bitwidth == 16:
+        low = x.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+    else:
+        low = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    word = low | (e.to(tl.int64) << 32)
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            buf = data_ptr + tl.load(data_deltas + r) * 2            # 16-byte units: two words each
+            tl.store(buf + (half * WORLD + RANK) * slot + offs, word, mask=mask)
+    acc = tl.zeros(x.shape, dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        if r == RANK:
+            acc += x.to(tl.float32)
+        else:
+            at = data_ptr + (half * WORLD + r) * slot + offs
+            got = tl.load(at, mask=mask, other=0, volatile=True)
+            t0 = _clock(e, TIMER)
+            spent = tl.zeros([], tl.int64)
+            late = tl.sum(tl.where(mask & ((got >> 32).to(tl.int32) != e), 1, 0))
+            while (late > 0) & (spent < wait):
+                got = tl.load(at, mask=mask, other=0, volatile=True)
+                late = tl.sum(tl.where(mask & ((got >> 32).to(tl.int32) != e), 1, 0))
+                if TIMER:
+                    spent = _clock(e, TIMER) - t0
+                else:
+                    spent += 1
+            if late > 0:             # rank r never arrived: say so, and end instead of hanging
+                tl.atomic_xchg(status_ptr, r + 1, sem="relaxed", scope="gpu")
+            bits = (got & 0xFFFFFFFF).to(tl.int32)
+            if x.dtype.primitive_bitwidth == 16:
+                acc += bits.to(tl.int16).to(x.dtype, bitcast=True).to(tl.float32)
+            else:
+                acc += bits.to(tl.float32, bitcast=True)
+    tl.debug_barrier()              # every warp has read the epoch
+    tl.store(epoch_ptr + pid, e)
+    return acc
+
+
+@triton.jit
 def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr,
                                 numel, slot, wait, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-                                BLOCK: tl.constexpr, TIMER: tl.constexpr, PDL: tl.constexpr = False):
-    """x, out [numel]; data_ptr: this rank's data buffer [2, WORLD, slot] in x's dtype; flags_ptr: its flag pad
-    [WORLD, MAX_PROGRAMS] int32; rank r's copies lie data_deltas[r] 16-byte units and flag_deltas[r] int32 elements
-    away from this rank's, as mapped on this GPU (int64 [WORLD]); epoch_ptr: int32 [MAX_PROGRAMS], this rank's own;
-    status_ptr: int32 [1], 0 unless a peer did not arrive within `wait` (the module's docstring). PDL: launched
-    early, it waits for the kernel before, then lets the next one start (its weights fetched during the exchange)."""
+                                BLOCK: tl.constexpr, TIMER: tl.constexpr, PDL: tl.constexpr = False,
+                                LL: tl.constexpr = False):
+    """x, out [numel]; data_ptr: this rank's data buffer [2, WORLD, slot] in x's dtype (LL: int64 words);
+    flags_ptr: its flag pad [WORLD, MAX_PROGRAMS] int32; rank r's copies lie data_deltas[r] 16-byte units and
+    flag_deltas[r] int32 elements away from this rank's, as mapped on this GPU (int64 [WORLD]); epoch_ptr: int32
+    [MAX_PROGRAMS], this rank's own; status_ptr: int32 [1], 0 unless a peer did not arrive within `wait` (the
+    module's docstring). PDL: launched early, it waits for the kernel before, then lets the next one start (its
+    weights fetched during the exchange). LL: the LL protocol's exchange (flags_ptr and flag_deltas unused)."""
     _pdl_wait(PDL)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask)
-    acc = _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr,
-                            slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
+    if LL:
+        acc = _exchange_and_sum_ll(x, offs, mask, pid, data_ptr, data_deltas, epoch_ptr, status_ptr, slot, wait,
+                                   RANK, WORLD, TIMER)
+    else:
+        acc = _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr,
+                                status_ptr, slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
     tl.store(out_ptr + offs, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -105,14 +166,14 @@ def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, dat
                                 RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
                                 BLOCK_N: tl.constexpr, HAS_W: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr,
                                 IS_FP8: tl.constexpr, FP8_EMULATE: tl.constexpr, TIMER: tl.constexpr,
-                                PDL: tl.constexpr = False):
+                                PDL: tl.constexpr = False, LL: tl.constexpr = False):
     """The all-reduce of one row (program p: row p of x [M, N], every rank's partial of it) fused with what follows
     it in a decoder block: a = the sum over the ranks in rank order (fp32, rounded to x's dtype: the one-shot
     all-reduce's bits), h = a + residual (rounded as an eager add; written to rout), then RMSNorm of h with weight,
     as kernels/_fused.py's norm computes it (fp64 sum of squares, one rounding), written to y, or as per-row codes
     and scales (QUANT). The exchange is the one-shot kernel's, per row: slots [half, rank] of every rank's buffer at
     the row's offset, the program's flag and epoch (its PeerBuffers are its own: a row program's region is not a
-    flat program's). PDL: as the one-shot kernel's."""
+    flat program's). PDL, LL: as the one-shot kernel's."""
     _pdl_wait(PDL)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -122,8 +183,12 @@ def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, dat
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + offs, mask=cmask)
-    acc = _exchange_and_sum(x, offs, cmask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr,
-                            status_ptr, slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
+    if LL:
+        acc = _exchange_and_sum_ll(x, offs, cmask, pid, data_ptr, data_deltas, epoch_ptr, status_ptr, slot, wait,
+                                   RANK, WORLD, TIMER)
+    else:
+        acc = _exchange_and_sum(x, offs, cmask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr,
+                                status_ptr, slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     a = _cast(acc, DT).to(tl.float32)
     res = tl.load(r_ptr + offs, mask=cmask, other=0.0).to(tl.float32)

@@ -36,7 +36,7 @@ from ..ops.collective import PeerBuffers, one_shot_all_reduce, one_shot_all_redu
 from ..schemes import PER_CHANNEL
 
 # the buffers of the all-reduce fused with the next RMSNorm: a decode step's rows up to batch 64 at hidden size 8192
-# in fp16 (Llama-3-70B), one program per row (256 at most)
+# in fp16 (Llama-3-70B), one program per row (256 at most); 4x that under LL (a word per element)
 NORM_CAPACITY_BYTES = 1 << 20
 # the largest all-reduce of the one-shot kernel by default: on two H200s it measured faster than NCCL's at every size
 # from 8 KB to 16 MB (scripts/bench_allreduce.py; benchmarks/results/h200/allreduce.json), and Llama-3-8B's TP=2
@@ -57,6 +57,16 @@ def one_shot_bytes() -> int:
         raise ValueError(f"QKERNELS_TP_ONESHOT_BYTES: expected a byte count of at least 4096 and a multiple of 16, "
                          f"got {v!r}")
     return n
+
+def allreduce_choice() -> str:
+    """QKERNELS_TP_ALLREDUCE: "" (unset: the one-shot kernels where the GPUs map each other's memory, flag protocol),
+    "nccl" (NCCL for every all-reduce) or "ll" (the decode step's all-reduces fused with the norm under the LL
+    protocol)."""
+    v = os.environ.get("QKERNELS_TP_ALLREDUCE", "")
+    if v not in ("", "nccl", "ll"):
+        raise ValueError(f"QKERNELS_TP_ALLREDUCE: expected 'nccl', 'll' or unset, got {v!r}")
+    return v
+
 
 if torch.distributed.is_available():
     # torch.distributed.nn's functions take group=group.WORLD as a default, read when that module is imported
@@ -106,24 +116,26 @@ class Parallel:
         """On GPUs that reach each other's memory (NVLink / PCIe peer access: every rank checks its peers), set up
         the one-shot all-reduce of decode-sized messages (ops/collective.py; up to one_shot_bytes()); larger ones,
         and GPUs without peer access, stay with torch.distributed's all_reduce (NCCL). QKERNELS_TP_ALLREDUCE=nccl
-        keeps NCCL for all.
+        keeps NCCL for all; =ll gives the all-reduces fused with the norm (the decode step's) the LL protocol
+        (ops/collective.py: each element sent with its epoch, no flag or fence).
         A collective: every rank calls it (from_pretrained does, once the model is loaded)."""
         import torch.distributed as dist
         if device.type != "cuda" or dist.get_backend(self.group) != "nccl" or self.peers is not None:
             return
-        capacity = one_shot_bytes()         # a bad setting raises here, before any collective
+        capacity, choice = one_shot_bytes(), allreduce_choice()     # a bad setting raises here, before any collective
         indices = [None] * self.world
         dist.all_gather_object(indices, device.index if device.index is not None else torch.cuda.current_device(),
                                group=self.group)
         here = indices[self.rank]
-        ok = os.environ.get("QKERNELS_TP_ALLREDUCE", "") != "nccl" and all(
+        ok = choice != "nccl" and all(
             i == here or torch.cuda.can_device_access_peer(here, i) for i in indices)
         if not _all_ranks(ok, device, self.group):
             return
         peers, why = None, ""
         try:
             peers = (PeerBuffers.create(self.group, torch.device("cuda", here), capacity),
-                     PeerBuffers.create(self.group, torch.device("cuda", here), NORM_CAPACITY_BYTES))
+                     PeerBuffers.create(self.group, torch.device("cuda", here),
+                                        NORM_CAPACITY_BYTES * (4 if choice == "ll" else 1), ll=choice == "ll"))
             peers[1].status = peers[0].status        # one status word: raise_if_failed reads it once
         except (RuntimeError, OSError) as e:         # no symmetric memory here: NCCL for every all-reduce
             why = f"{type(e).__name__}: {e}"

@@ -6,6 +6,10 @@
 - `one_shot_all_reduce(x, peers)`: the sum of x over the ranks, in one kernel (kernels/_allreduce.py: each rank
   pushes its x into every rank's buffer, signals, waits for the others, adds the slots in rank order). For the
   few-KB messages of decode, where NCCL's ring pays its latency per hop; larger ones stay with NCCL.
+- `PeerBuffers.create(..., ll=True)`: buffers of the LL protocol (kernels/_allreduce.py): each element travels with
+  its epoch in one 64-bit word, so the kernels need no flag, no fence and no second trip, for 4x (fp16 / bf16) or 2x
+  (fp32) the bytes: decode-sized messages. A PeerBuffers serves one protocol only (a word is read as data plus epoch:
+  another protocol's bytes in it could pass for a word of this epoch).
 - `one_shot_all_reduce_rms_norm(x, residual, weight, eps, peers, quantize)`: that all-reduce fused with the residual
   add and RMSNorm after it (one program per row; optionally the next GEMM's int8 / FP8 codes and scales): one launch
   and one pass instead of two kernels, with the unfused sequence's bits. Its PeerBuffers must be its own (a row
@@ -46,21 +50,25 @@ class PeerBuffers:
     lie in this GPU's address space (data_deltas: 16-byte units from this rank's data, flag_deltas: int32 elements
     from its flags; int64 [world]), and its own epochs (int32 [max_programs]). `create` makes them in symmetric
     memory. A peer that does not arrive within timeout_s (a failed process or GPU) is written to `status` (its rank +
-    1) by the waiting kernel, which then ends instead of spinning forever; `check` raises on it."""
+    1) by the waiting kernel, which then ends instead of spinning forever; `check` raises on it. ll: the buffers of
+    the LL protocol (the module's docstring): a slot holds capacity_bytes / 8 elements of any dtype, one per word."""
 
     def __init__(self, rank: int, world: int, data: torch.Tensor, flags: torch.Tensor, data_deltas: torch.Tensor,
-                 flag_deltas: torch.Tensor, capacity_bytes: int, keep: tuple = (), timeout_s: float = TIMEOUT_S):
+                 flag_deltas: torch.Tensor, capacity_bytes: int, keep: tuple = (), timeout_s: float = TIMEOUT_S,
+                 ll: bool = False):
         self.rank, self.world, self.capacity_bytes, self.device = rank, world, capacity_bytes, data.device
+        self.ll = ll
         self.data, self.flags, self.data_deltas, self.flag_deltas = data, flags, data_deltas, flag_deltas
         self.max_programs = flags.numel() // world
         self.epochs = torch.zeros(self.max_programs, dtype=torch.int32, device=data.device)
         self.status = torch.zeros(1, dtype=torch.int32, device=data.device)
         self.timeout_s = timeout_s
-        self._views = {dt: data.view(dt) for dt in DTYPES}
+        self._views = {dt: data.view(dt) for dt in DTYPES + (torch.int64,)}
         self._keep = keep               # the symmetric memory's handles: the peers map it
 
     @classmethod
-    def create(cls, group, device: torch.device, capacity_bytes: int = CAPACITY_BYTES) -> "PeerBuffers":
+    def create(cls, group, device: torch.device, capacity_bytes: int = CAPACITY_BYTES,
+               ll: bool = False) -> "PeerBuffers":
         """Allocate and exchange the buffers over `group` (None: the default group); every rank calls it."""
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
@@ -76,7 +84,7 @@ class PeerBuffers:
             torch.cuda.synchronize(device)
         dist.barrier(group)                      # every rank's flags are zero before anyone signals
         return cls(rank, world, data, flags, deltas(data, handles[0].buffer_ptrs, rank, 16),
-                   deltas(flags, handles[1].buffer_ptrs, rank, 4), capacity_bytes, handles)
+                   deltas(flags, handles[1].buffer_ptrs, rank, 4), capacity_bytes, handles, ll=ll)
 
     @property
     def timeout_s(self) -> float:
@@ -103,16 +111,24 @@ class PeerBuffers:
                                f"{self.timeout_s:g} s (rank {self.rank} waited for it): its process or GPU has "
                                f"likely failed; the results since are not used (QKERNELS_TP_TIMEOUT_S sets the wait)")
 
+    def slot(self, dtype: torch.dtype) -> int:
+        """Elements of `dtype` one rank's slot holds (a message's most): one per 8-byte word under LL."""
+        return self.capacity_bytes // (8 if self.ll else dtype.itemsize)
+
+    def view(self, dtype: torch.dtype) -> torch.Tensor:
+        """The data buffer as the kernels address it for messages of `dtype`: int64 words under LL."""
+        return self._views[torch.int64 if self.ll else dtype]
+
     def fits(self, x: torch.Tensor) -> bool:
         """Whether one_shot_all_reduce takes x with these buffers."""
-        return (x.device == self.device and x.dtype in DTYPES and x.numel() * x.element_size() <= self.capacity_bytes
+        return (x.device == self.device and x.dtype in DTYPES and x.numel() <= self.slot(x.dtype)
                 and cdiv(x.numel(), BLOCK) <= self.max_programs)
 
     def fits_rows(self, x: torch.Tensor) -> bool:
         """Whether one_shot_all_reduce_rms_norm takes x [..., N] with these buffers: a program per row."""
         n = x.shape[-1] if x.dim() else 0
         return (x.device == self.device and x.dtype in DTYPES and n <= ROW_MAX and x.dim() >= 1
-                and x.numel() // max(n, 1) <= self.max_programs and x.numel() * x.element_size() <= self.capacity_bytes)
+                and x.numel() // max(n, 1) <= self.max_programs and x.numel() <= self.slot(x.dtype))
 
 
 def deltas(t: torch.Tensor, bases: list[int], rank: int, unit: int) -> torch.Tensor:
@@ -134,18 +150,18 @@ def one_shot_all_reduce(x: torch.Tensor, peers: PeerBuffers) -> torch.Tensor:
     check_tensor("x", x, dtypes=DTYPES)
     if not peers.fits(x):
         raise ValueError(f"x ({x.numel()} x {x.element_size()} bytes on {x.device}) must be on {peers.device} and at "
-                         f"most {peers.capacity_bytes} bytes: a larger message goes through torch.distributed")
+                         f"most {peers.slot(x.dtype)} elements ({peers.capacity_bytes} bytes"
+                         f"{' of 8-byte words' if peers.ll else ''}): a larger message goes through torch.distributed")
     x = x.contiguous()
     out = alloc(x.shape, x.dtype, x.device)
     if x.numel() == 0:
         return out
-    slot = peers.capacity_bytes // x.element_size()
     w = peers.wait_args()
     grid = cdiv(x.numel(), BLOCK)
-    launch(_k()._one_shot_all_reduce_kernel, (grid,), x, out, peers._views[x.dtype], peers.flags,
-           peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status, x.numel(), slot, w["wait"],
+    launch(_k()._one_shot_all_reduce_kernel, (grid,), x, out, peers.view(x.dtype), peers.flags,
+           peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status, x.numel(), peers.slot(x.dtype), w["wait"],
            RANK=peers.rank, WORLD=peers.world, MAX_PROGRAMS=peers.max_programs, BLOCK=BLOCK, TIMER=w["TIMER"],
-           num_warps=4, **_pdl_one_wave(grid, x.device))
+           LL=peers.ll, num_warps=4, **_pdl_one_wave(grid, x.device))
     return out
 
 
@@ -180,7 +196,7 @@ def one_shot_all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight
     if not peers.fits_rows(x):
         raise ValueError(f"x ({M} rows of {N}, {x2.numel() * x2.element_size()} bytes on {x.device}) must be on "
                          f"{peers.device}, at most {peers.max_programs} rows of at most {ROW_MAX} and "
-                         f"{peers.capacity_bytes} bytes: a larger message goes through torch.distributed")
+                         f"{peers.slot(x.dtype)} elements: a larger message goes through torch.distributed")
     y, scale = _alloc_out(M, N, x.dtype, q, x.device)
     rout = alloc((M, N), x.dtype, x.device)
     if M and not N and q:
@@ -189,8 +205,8 @@ def one_shot_all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight
         w = peers.wait_args()
         launch(_k()._all_reduce_rms_norm_kernel, (M,), x2, r2, weight.contiguous() if weight is not None else x2,
                y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y, rout, scale if q else x2,
-               peers._views[x.dtype], peers.flags, peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status,
-               N, peers.capacity_bytes // x.element_size(), eps, w["wait"], RANK=peers.rank, WORLD=peers.world,
+               peers.view(x.dtype), peers.flags, peers.data_deltas, peers.flag_deltas, peers.epochs, peers.status,
+               N, peers.slot(x.dtype), eps, w["wait"], RANK=peers.rank, WORLD=peers.world, LL=peers.ll,
                MAX_PROGRAMS=peers.max_programs, BLOCK_N=next_pow2(N), HAS_W=weight is not None, TIMER=w["TIMER"],
                num_warps=4 if N <= 4096 else 8, **(_quant_meta(q, x.device) if q else _NO_QUANT),
                **_pdl_one_wave(M, x.device))
