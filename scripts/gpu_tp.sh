@@ -2,10 +2,12 @@
 # Tensor parallelism on a machine of two GPUs in one call: the TP tests over NCCL (tests/ops/test_collective.py,
 # tests/models/test_parallel.py, the `generate --tp 2` CLI test), then `qkernels bench runtime --tp 2` under torchrun (TP=2 beside TP=1 in the same
 # run; OUTDIR/<gpu>/tp.json). Usage: scripts/gpu_tp.sh OUTDIR [bench args, e.g. --models llama3-8b]
-# SKIP_TESTS=1: the benchmark alone. TUNE_TP=1: before it, a rank's decode shapes (Llama-3-8B's, split 2 ways) swept
-# at the M = 1 and 16 buckets on one GPU (scripts/tune_weight_only.py --chain --tp 2: W4A16 shape overrides only,
-# OUTDIR/<gpu>.json), so the TP=2 rows run them; TUNE_TP_BUDGET_S (200). Before the bench, scripts/bench_allreduce.py
-# (OUTDIR/allreduce.json: where the one-shot cap, 16 MB by default, should lie; SKIP_ALLREDUCE=1 skips it).
+# SKIP_TESTS=1: the benchmark alone. TUNE_TP=1: before it, a rank's decode shapes (TUNE_TP_MODELS', llama3-8b by
+# default, llama3-70b too; split 2 ways) swept at the M = 1 and 16 buckets on one GPU (scripts/tune_weight_only.py
+# --chain --tp 2: W4A16 shape overrides only, OUTDIR/<gpu>.json), so the TP=2 rows run them; TUNE_TP_BUDGET_S (200).
+# Before the bench, scripts/bench_allreduce.py (OUTDIR/allreduce.json: where the one-shot cap, 16 MB by default,
+# should lie; the LL protocol beside the flag one up to 1 MB; SKIP_ALLREDUCE=1 skips it). The bench times the decode
+# step with both protocols of the one-shot kernels and with NCCL.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_tp.sh OUTDIR [bench args...]}
 shift
@@ -26,7 +28,7 @@ if [ -z "${SKIP_ALLREDUCE:-}" ]; then     # the one-shot all-reduce against NCCL
     | grep -vE "^W1|^\*+$|OMP_NUM_THREADS" | tee "$OUT/allreduce.log"
 fi
 if [ -n "${TUNE_TP:-}" ]; then
-  python3 scripts/tune_weight_only.py --chain --tp 2 --bits 4 --buckets 1 16 --models llama3-8b \
+  python3 scripts/tune_weight_only.py --chain --tp 2 --bits 4 --buckets 1 16 --models ${TUNE_TP_MODELS:-llama3-8b} \
     --budget-s "${TUNE_TP_BUDGET_S:-200}" 2>&1 | tee "$OUT/tune_tp.log" | grep -E "==>|failed|budget|wrote" | head -20
   cp src/qkernels/configs/*.json "$OUT/" 2>/dev/null
 fi

@@ -59,14 +59,22 @@ CHAIN_SHAPES = chain_shapes(["llama3-8b"])
 TP_SPLIT = {"q|k|v": ("q|k|v", "N"), "gate|up": ("gate|up", "N"), "q, o": ("o", "K"), "down": ("down", "K")}
 
 
+# models that run only split over ranks (one GPU does not hold them in fp16), by their decode layers as
+# bench.decode_gemv.SHAPES names a model's: Llama-3-70B's merged projections, o and down
+TP_ONLY = {"llama3-70b": [(10240, 8192, "q|k|v"), (57344, 8192, "gate|up"), (8192, 8192, "q, o"),
+                          (8192, 28672, "down")]}
+
+
 def rank_shapes(models: list, tp: int) -> list:
     """The weight shapes one of `tp` ranks runs in the runtime's decode step of each model (its lm_head aside),
     each shape once."""
-    from qkernels.bench.decode_gemv import SHAPES as DECODE
+    from qkernels.bench.decode_gemv import SHAPES
+    DECODE = {**SHAPES, **TP_ONLY}
     out = []
     for model in models:
         if model not in DECODE:
-            raise ValueError(f"models: expected names of bench.decode_gemv.SHAPES ({', '.join(DECODE)}), got {model!r}")
+            raise ValueError(f"models: expected names of bench.decode_gemv.SHAPES or TP_ONLY ({', '.join(DECODE)}), "
+                             f"got {model!r}")
         for n, k, layer in DECODE[model]:
             if layer not in TP_SPLIT:
                 continue

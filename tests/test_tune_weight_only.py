@@ -74,6 +74,10 @@ def test_rank_shapes_of_a_tensor_parallel_runtime(tune):
                                                                   (2048, 3072)]
     with pytest.raises(ValueError, match=r"llama3-8b's o \(4096x4096\) does not split 5 ways along K"):
         tune.rank_shapes(["llama3-8b"], 5)
+    # Llama-3-70B, named for tensor parallelism only (bench tp's config: hidden 8192, 64 / 8 heads, 28672)
+    assert tune.rank_shapes(["llama3-70b"], 2) == [(5120, 8192), (28672, 8192), (8192, 4096), (8192, 14336)]
+    with pytest.raises(ValueError, match=r"models: expected names of .* got 'llama3-405b'"):
+        tune.rank_shapes(["llama3-405b"], 2)
 
 
 @pytest.mark.parametrize("argv, message", [
