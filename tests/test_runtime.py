@@ -1,6 +1,8 @@
 """_runtime.launch: the direct-launch cache must hand back Triton's kernel only when every fact Triton
 specializes on is unchanged. CPU tests drive it with a fake kernel (the interpreter never takes the fast
 path); the gpu test checks the real thing against Triton's own launch."""
+import subprocess
+import sys
 import types
 
 import pytest
@@ -374,3 +376,13 @@ def test_every_op_under_every_capability(monkeypatch):
                 else:
                     assert g.shape == w.shape and g.dtype == w.dtype, (name, cap)
                     assert rel_err(g.float(), w.float()) < tol, (name, cap, rel_err(g.float(), w.float()))
+
+
+def test_importing_the_ops_and_layers_does_not_import_dynamo():
+    """The device queries are marked constant to torch.compile without torch.compiler.assume_constant_result,
+    whose import of torch._dynamo cost about a second at our import (every CLI call and test process)."""
+    code = ("import sys, qkernels, qkernels.ops.gemm, qkernels.ops.weight_only, qkernels.nn, qkernels.models\n"
+            "print('torch._dynamo' in sys.modules, qkernels._runtime.capability._dynamo_marked_constant)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["False", "True"], run.stdout

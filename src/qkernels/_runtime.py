@@ -15,7 +15,15 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@torch.compiler.assume_constant_result      # torch.compile reads it once, not through a cache (below too)
+def _constant_to_dynamo(fn):
+    """torch.compiler.assume_constant_result's mark, set without it: that decorator imports torch._dynamo (about a
+    second) at our import. A query so marked is called once while torch.compile traces and its result taken as a
+    constant, instead of being traced through its functools cache (Dynamo warns of each cache it traces)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_to_dynamo        # (below too)
 def is_interpreter() -> bool:
     """True when Triton runs kernels on the CPU through its interpreter (TRITON_INTERPRET=1).
 
@@ -55,9 +63,8 @@ def simulate_capability(cap: tuple[int, int] | None):
     return scoped_value(_SIMULATED, cap)
 
 
-# the device queries a model's forward asks: constants to torch.compile (read once while it traces, not traced through
-# their caches: Dynamo warns of every functools.cache it meets in a traced call)
-@torch.compiler.assume_constant_result
+# the device queries a model's forward asks: constants to torch.compile (_constant_to_dynamo)
+@_constant_to_dynamo
 def capability(device: torch.device) -> tuple[int, int]:
     if _SIMULATED[0] is not None:
         return tuple(_SIMULATED[0])
@@ -68,7 +75,7 @@ def capability(device: torch.device) -> tuple[int, int]:
     return (p.major, p.minor)
 
 
-@torch.compiler.assume_constant_result
+@_constant_to_dynamo
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
@@ -118,7 +125,7 @@ def runs_kernels(t: torch.Tensor) -> bool:
     return _runs_on(t.device, t.dtype is torch.bfloat16)
 
 
-@torch.compiler.assume_constant_result
+@_constant_to_dynamo
 def _runs_on(device: torch.device, bf16: bool) -> bool:
     if not (device.type == "cuda" or (device.type == "cpu" and is_interpreter())):
         return False
