@@ -341,6 +341,26 @@ def test_tp_table_and_targets(tmp_path):
     assert "- llama3-70b W4A16 TTFT at 2048 tokens: TP=2 ≤ 0.6x TP=1: 0.55x — met" in text
 
 
+def test_tp_all_reduce_column_is_what_the_kernels_add_to_the_step(tmp_path):
+    """Where a row's profile records each kernel's addition to the step's end (critical_us_per_step), the all-reduce
+    column sums that over the all-reduce kernels (their spans overlap the kernels before them under PDL); a row
+    whose profile predates it keeps its own figure."""
+    root = tmp_path / "results"
+    row = lambda b, ar: dict(op="decode", provider="qkernels runtime", mode="graph", model="llama3-8b", layers=2,  # noqa
+                             scheme="w4a16", batch=b, ctx=128, tp=2, median_us=1000.0, tokens_per_s=b * 1e3,
+                             bw_share=0.5, allreduce="one-shot", allreduce_us=ar, speedup_vs_tp1=1.3)
+    prof = [dict(kernel="_wo_gv_kernel", us_per_step=700.0, calls_per_step=128, critical_us_per_step=600.0),
+            dict(kernel="_all_reduce_rms_norm_kernel", us_per_step=550.0, calls_per_step=64, critical_us_per_step=320.0),
+            dict(kernel="ncclDevKernel_AllGather_RING_LL", us_per_step=9.0, calls_per_step=1, critical_us_per_step=9.0)]
+    old = [dict(kernel="_all_reduce_rms_norm_kernel", us_per_step=350.0, calls_per_step=64)]
+    _write(root, "h200", "tp", [row(1, 559.0), row(16, 400.0)],
+           profiles={"llama3-8b w4a16 tp=2 b=1, one-shot all-reduce": prof,
+                     "llama3-8b w4a16 tp=2 b=16, one-shot all-reduce": old})
+    text = report.build(root)
+    assert "| llama3-8b | w4a16 | 1 | 2 | one-shot | 1000 | 1000 | 50% | 329 | 1.3 |" in text
+    assert "| llama3-8b | w4a16 | 16 | 2 | one-shot | 1000 | 16000 | 50% | 400 | 1.3 |" in text
+
+
 def test_ppl_targets_group_calibrated_methods_by_group_size():
     rows = [dict(scheme="w4a16-g64-awq", delta_pct=16.9), dict(scheme="w4a16-g64-gptq-act", delta_pct=12.5),
             dict(scheme="w4a16-g64-awq+gptq-act", delta_pct=7.9), dict(scheme="w4a16-g32-gptq", delta_pct=16.5),

@@ -24,7 +24,9 @@ DESCRIPTIONS = {
           "and 16, context 128; TTFT of a 2048-token prompt; random weights of the real shapes; TP=N with the "
           "runtime's all-reduce (the one-shot kernel over peer memory at decode sizes) and with NCCL's for all; "
           "bandwidth share per GPU (one rank's bytes over one GPU's copy bandwidth); the all-reduce kernels' time "
-          "per step from a profile (a rank's wait for the others included; under programmatic dependent launch also the kernel's early start).",
+          "per step from a profile (a rank's wait for the others included): what they add to the step's end where "
+          "the profile records it, else their spans (under programmatic dependent launch those include each "
+          "kernel's early start).",
     "weight_only": "W4A16 / W8A16 linears against fp16 cuBLAS, torch's int4 kernel (tinygemm) and, in runs where "
                    "they were installed, gemlite (w4a16 g128, w8a16) and bitsandbytes (nf4), median µs of one call in "
                    "a CUDA graph (the JSON also holds eager and eight-weight-copy graph timings).",
@@ -563,7 +565,7 @@ def build(results: Path) -> str:
         if name == "runtime":
             out += _runtime(d)
         elif name == "tp":
-            out += _tp(d["rows"]) + _profiles(d)
+            out += _tp(d["rows"], d.get("profiles")) + _profiles(d)
         elif name == "decode_gemv":
             out += _runs_note(d, "shape") + _decode_gemv(d["rows"])
         elif name == "host":
@@ -621,18 +623,30 @@ TP_TTFT = ("llama3-70b", "w4a16", 0.6)
 PREFILL_TP = 2048
 
 
-def _tp(rows: list[dict]) -> list[str]:
+def allreduce_us(kernels: list[dict]) -> float:
+    """What the all-reduce kernels (NCCL's, the one-shot ones) of a profile add to the end of a step
+    (critical_us_per_step: under programmatic dependent launch their spans also hold their early start), or their
+    spans where the profile predates that column."""
+    return sum(k.get("critical_us_per_step", k["us_per_step"]) for k in kernels
+               if "nccl" in k["kernel"].lower() or "all_reduce" in k["kernel"])
+
+
+def _tp(rows: list[dict], profiles: dict | None = None) -> list[str]:
     """Per model, scheme and batch: each TP degree's decode step (TP > 1: with each all-reduce path), tokens/s,
-    bandwidth share, all-reduce time and speed-up over TP=1; the TTFT rows; then the tensor-parallel issue's targets
-    (TP_TARGETS, TP_TTFT), judged on the runtime's own path (the first of a TP degree's rows). Rows from before batch
-    was recorded are batch 1."""
+    bandwidth share, all-reduce time (what its kernels add to the step's end, from the row's profile where that has
+    it) and speed-up over TP=1; the TTFT rows; then the tensor-parallel issue's targets (TP_TARGETS, TP_TTFT), judged
+    on the runtime's own path (the first of a TP degree's rows). Rows from before batch was recorded are batch 1."""
     dec = [dict(r, batch=r.get("batch", 1)) for r in rows if r.get("op", "decode") == "decode"]
     body, got = [], {}
     for r in dec:
+        prof = (profiles or {}).get(f"{r['model']} {r['scheme']} tp={r['tp']} b={r['batch']}"
+                                    + (f", {r['allreduce']} all-reduce" if r.get("allreduce") else ""), [])
+        ar = (allreduce_us(prof) if r["tp"] > 1 and any("critical_us_per_step" in k for k in prof)
+              else r.get("allreduce_us"))
         body.append([r["model"], r["scheme"], r["batch"], r["tp"], r.get("allreduce") or "–", r["median_us"],
                      r.get("tokens_per_s"),
                      f"{100 * r['bw_share']:.0f}%" if r.get("bw_share") == r.get("bw_share") else None,
-                     r.get("allreduce_us"), r.get("speedup_vs_tp1")])
+                     ar, r.get("speedup_vs_tp1")])
         got.setdefault((r["model"], r["scheme"], r["batch"], r["tp"]), r)
     out = _table(["model", "scheme", "batch", "GPUs", "all-reduce", "µs / step", "tokens/s",
                   "share of one GPU's floor", "all-reduce µs", "x TP=1"], body) + [""]

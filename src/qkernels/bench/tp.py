@@ -23,8 +23,8 @@ Method:
   followed by the norm ("allreduce" in a row).
 - profile: one stretch of 20 replays on every rank (torch.profiler on rank 0), GPU time per kernel name per
   step, for every row (the file's "profiles"; a prefill row's over 20 prefills, per prefill); the all-reduce time
-  is that of the all-reduce kernels (NCCL's or the one-shot ones, the fused all-reduce + norm with its norm; it
-  includes a rank's wait for the others).
+  is what the all-reduce kernels (NCCL's or the one-shot ones, the fused all-reduce + norm with its norm) add to the
+  step's end (bench.runtime.critical_us; it includes a rank's wait for the others).
 On a machine without a GPU a tiny model runs through the Triton interpreter over gloo, to show the path works.
 """
 from __future__ import annotations
@@ -186,9 +186,9 @@ def _profile(fn, rank: int) -> tuple[float, list[dict]]:
             fn()
         torch.cuda.synchronize()
         return float("nan"), []
+    from .report import allreduce_us
     kernels = profile_step(fn, top=10 ** 6)
-    ar = sum(k["us_per_step"] for k in kernels if "nccl" in k["kernel"].lower() or "all_reduce" in k["kernel"])
-    return ar, kernels[:PROFILE_TOP]
+    return allreduce_us(kernels), kernels[:PROFILE_TOP]
 
 
 def run(root, models=None, schemes=SCHEMES, layers: int | None = None, tp: int = 2) -> list[Row]:
