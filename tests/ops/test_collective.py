@@ -40,6 +40,13 @@ def _emulated(world: int, capacity: int, ll: bool = False):
     return peers, data, flags
 
 
+def _assert_same_bits(got: tuple, want: tuple, what: str) -> None:
+    """The fused op's outputs (y or codes and scales, then h) bit for bit."""
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a) if a.dtype in DTYPES else a.view(torch.uint8), _bits(b) if b.dtype in DTYPES
+                           else b.view(torch.uint8)), what
+
+
 def _words(x: torch.Tensor, epoch: int) -> torch.Tensor:
     """x's elements as the LL protocol sends them: int64 words, the element's bits low, the epoch high."""
     bits = x.reshape(-1).view(torch.int16 if x.element_size() == 2 else torch.int32).to(torch.int64)
@@ -110,9 +117,7 @@ def test_all_reduce_rms_norm_ll_emulated_equals_the_unfused_sequence(dtype, quan
         with poison_outputs():
             got = one_shot_all_reduce_rms_norm(x0, res, w, 1e-6, peers, quantize)
         want = rms_norm(ref.all_reduce_sum([x0, x1]), w, 1e-6, residual=res, quantize=quantize)
-        for a, b in zip(got, want):
-            assert torch.equal(_bits(a) if a.dtype in DTYPES else a.view(torch.uint8), _bits(b) if b.dtype in DTYPES
-                               else b.view(torch.uint8)), f"{M}x{N}"
+        _assert_same_bits(got, want, f"{M}x{N}")
         assert torch.equal(data[1].view(torch.int64)[(half * world + 0) * (capacity // 8):][:M * N], _words(x0, epoch))
 
 
@@ -157,9 +162,7 @@ def test_all_reduce_rms_norm_emulated_equals_the_unfused_sequence(dtype, quantiz
         with poison_outputs():
             got = one_shot_all_reduce_rms_norm(x0, res, w, 1e-6, peers, quantize)
         want = rms_norm(ref.all_reduce_sum([x0, x1]), w, 1e-6, residual=res, quantize=quantize)
-        for a, b in zip(got, want):
-            assert torch.equal(_bits(a) if a.dtype in DTYPES else a.view(torch.uint8), _bits(b) if b.dtype in DTYPES
-                               else b.view(torch.uint8)), f"{M}x{N}"
+        _assert_same_bits(got, want, f"{M}x{N}")
         twin = ref.all_reduce_rms_norm([x0, x1], res, w, 1e-6, quantize, compute_dtype=torch.float64)
         assert torch.equal(got[-1], twin[-1])                                   # h: exact
         if quantize is None:

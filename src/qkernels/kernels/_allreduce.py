@@ -136,6 +136,20 @@ def _exchange_and_sum_ll(x, offs, mask, pid, data_ptr, data_deltas, epoch_ptr, s
 
 
 @triton.jit
+def _exchange(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr, slot, wait,
+              RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, TIMER: tl.constexpr,
+              LL: tl.constexpr):
+    """The fp32 sum of the ranks' x at offs, under the LL protocol or the flag protocol."""
+    if LL:
+        acc = _exchange_and_sum_ll(x, offs, mask, pid, data_ptr, data_deltas, epoch_ptr, status_ptr, slot, wait,
+                                   RANK, WORLD, TIMER)
+    else:
+        acc = _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr,
+                                status_ptr, slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
+    return acc
+
+
+@triton.jit
 def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr,
                                 numel, slot, wait, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
                                 BLOCK: tl.constexpr, TIMER: tl.constexpr, PDL: tl.constexpr = False,
@@ -151,12 +165,8 @@ def _one_shot_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, data_deltas
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask)
-    if LL:
-        acc = _exchange_and_sum_ll(x, offs, mask, pid, data_ptr, data_deltas, epoch_ptr, status_ptr, slot, wait,
-                                   RANK, WORLD, TIMER)
-    else:
-        acc = _exchange_and_sum(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr,
-                                status_ptr, slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
+    acc = _exchange(x, offs, mask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr, slot,
+                    wait, RANK, WORLD, MAX_PROGRAMS, TIMER, LL)
     tl.store(out_ptr + offs, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -183,12 +193,8 @@ def _all_reduce_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, s_ptr, dat
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + offs, mask=cmask)
-    if LL:
-        acc = _exchange_and_sum_ll(x, offs, cmask, pid, data_ptr, data_deltas, epoch_ptr, status_ptr, slot, wait,
-                                   RANK, WORLD, TIMER)
-    else:
-        acc = _exchange_and_sum(x, offs, cmask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr,
-                                status_ptr, slot, wait, RANK, WORLD, MAX_PROGRAMS, TIMER)
+    acc = _exchange(x, offs, cmask, pid, data_ptr, flags_ptr, data_deltas, flag_deltas, epoch_ptr, status_ptr, slot,
+                    wait, RANK, WORLD, MAX_PROGRAMS, TIMER, LL)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     a = _cast(acc, DT).to(tl.float32)
     res = tl.load(r_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
