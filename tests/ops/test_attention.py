@@ -220,7 +220,8 @@ def test_bad_inputs_are_named():
 def test_decode_attention_kernel_compiles_for_hopper():
     """The split kernel (PREFETCH on and off; DIRECT) and the combine build offline for sm_90 (no GPU: the
     interpreter does not type-check loops) with int32 and int64 lengths: a loop-carried tile whose index type
-    follows the lengths' once compiled under the interpreter and failed on the GPU."""
+    follows the lengths' once compiled under the interpreter and failed on the GPU. Under PDL the split kernel lets
+    the next kernel start early except in DIRECT (its PTX)."""
     code = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -236,7 +237,12 @@ for lens in ("*i32", "*i64"):
         sig = {n: "constexpr" if n in cx else types.get(n, "i32") for n in k.arg_names}
         c = triton.compile(ASTSource(k, sig, cx, {}), target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=4, num_stages=2))
-        print(lens, prefetch, c.n_regs if hasattr(c, "n_regs") else "built")
+        ptx = c.asm["ptx"]
+        # every grid waits for the kernel before; the one-split grid (several waves) lets the next start only as it
+        # exits (_pdl_wait_only), the split grids early
+        assert "griddepcontrol.wait" in ptx
+        assert ("griddepcontrol.launch_dependents" in ptx) == (not direct), (prefetch, direct)
+        print(lens, prefetch, direct, "built")
     types = dict(o_part_ptr="*fp32", lse_ptr="*fp32", len_ptr=lens, out_ptr="*fp16")
     cx = dict(D=128, BLOCK_D=128, BLOCK_S=64, BLOCK_SPLITS=16, PDL=True)
     sig = {n: "constexpr" if n in cx else types.get(n, "i32") for n in k2.arg_names}

@@ -58,6 +58,16 @@ def _pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
+def _pdl_wait_only(PDL: tl.constexpr):
+    """_pdl_wait without letting the next kernel start early: it starts as this one's programs exit. For a grid of
+    several waves, whose early trigger comes only once its last wave has started: the next kernel's programs would
+    then crowd onto the SMs that wave leaves first (measured: the weight-only GEMM after decode attention's one-split
+    grid, docs/design/runtime.md)."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
 def _k_slice(K, pid_k, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """[k_lo, k_hi) of program pid_k: K in SPLIT_K BLOCK_K-aligned slices (all of K when SPLIT_K == 1)."""
     if SPLIT_K == 1:
