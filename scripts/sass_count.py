@@ -7,7 +7,7 @@ lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
        w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-swiglu | w4a16-wg-tail |
-       w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
+       w4a16-wgp | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -174,11 +174,28 @@ def w4a16_wg_tail():
     return k, types, cx, 8, GluonASTSource, 2 * bn * 32 // 256, "HGMMA", "smallest"
 
 
+def w4a16_wgp():
+    """The Gluon wgmma kernel on its persistent grid (PERSISTENT): 16 x rows, 64 weight rows, 4 warps, 4 stages of
+    one chunk; the loop (two chunks per iteration) with the code that ends a tile's piece in it, not taken on most
+    iterations."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qkernels.kernels.weight_only.wg import _wo_wgp_kernel as k
+    bm, bn = 16, 64
+    cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, STAGES=4, BITS=4, SWIGLU=False, PDL=False)
+    xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
+    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
+    types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16",
+                 bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
+                 ws_ptr="*fp32", cnt_ptr="*i32", per="i32")
+    return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
+
+
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
          "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gv-intz": w4a16_gv_intz,
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
          "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
-         "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
+         "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wgp": w4a16_wgp, "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 

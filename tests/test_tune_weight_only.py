@@ -106,3 +106,15 @@ def test_chained_overrides_take_the_chain_gain(tune):
     tab = {"1": dict(a)}
     tune.overrides_only(tab, "w4a16", 1, [(3072, 4096)], results, lambda r: sum(r[0]))
     assert "1:N3072:K4096" not in tab                                    # 9.7 is not 5% faster
+
+
+def test_every_candidate_makes_a_launch_plan(tune):
+    """Each candidate of the decode buckets (M = 1 to 256; the persistent wg grid among them from M = 16) is a config
+    the launcher takes: a plan for Llama-3-8B's 4096x4096 at 132 SMs, no error naming a key it cannot take."""
+    from qkernels.ops import weight_only as WO
+    seen = set()
+    for m in (1, 2, 16, 32, 64, 128, 256):
+        for c in tune.candidates(m):
+            WO.launch._plan(c, m, 4096, 4096, 4, 128, False, True, False, 132)
+            seen.add((c["path"], "PERSISTENT" in c))
+    assert ("wg", True) in seen and ("wg", False) in seen and ("gv", True) in seen

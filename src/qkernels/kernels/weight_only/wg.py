@@ -514,3 +514,196 @@ def _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BI
         om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ol))
         mask = (on < N)[:, None] & (om < M)[None, :]
         gl.store(out_ptr + om.to(gl.int64)[None, :] * stride_om + on[:, None], y, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# the persistent grid (config key PERSISTENT)
+#
+# A program's iterations are followed by cursors (c, tn, tm): the chunk, the weight column block and the x row block
+# of an iteration, advanced by one iteration at a time (no division in the loop: a 32-bit division is ~20
+# instructions, and a first version that divided for every copy, (scale, zero) load and piece test ran at half the
+# grid kernel's speed).
+
+
+@gluon.jit
+def _wgp_next(c, tn, tm, C, num_n):
+    """The cursor of the iteration after (c, tn, tm): chunks, then column blocks, then row blocks."""
+    c = c + 1
+    wrap = c == C
+    c = gl.where(wrap, 0, c)
+    tn = gl.where(wrap, tn + 1, tn)
+    wrap = tn == num_n
+    tn = gl.where(wrap, 0, tn)
+    tm = gl.where(wrap, tm + 1, tm)
+    return c, tn, tm
+
+
+@gluon.jit
+def _wgp_sz(sz_i32, c, tn, up0, N, stride_sn, szl: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
+            SWIGLU: gl.constexpr):
+    """The (scale, zero) words of chunk c of column block tn, one per row (rows past N read the last row's)."""
+    TN: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N
+    rows = gl.minimum(_wg_rows(tn * TN, up0, BLOCK_N, SWIGLU, szl), N - 1)
+    p = sz_i32 + rows.to(gl.int64) * stride_sn
+    if GROUP == PER_CHANNEL:
+        return gl.load(p)
+    return gl.load(p + c * BK // GROUP)
+
+
+@gluon.jit
+def _wgp_fill(x_desc, w_desc, x_ring, c_ring, bars, l, n, c, tn, tm, up0, pred, STAGES: gl.constexpr,
+              BITS: gl.constexpr, SWIGLU: gl.constexpr, BLOCK_M: gl.constexpr, WITH_CODES: gl.constexpr,
+              WITH_X: gl.constexpr):
+    """Ring stage l mod STAGES <- the program's iteration l at cursor (c, tn, tm) (nothing past its n iterations
+    or unless pred): the barrier's expect and the code boxes (WITH_CODES), the x tile (WITH_X)."""
+    pred = pred & (l < n)
+    BN: gl.constexpr = c_ring.shape[1]           # the tile's rows (gate and up halves with SWIGLU)
+    TN: gl.constexpr = BN // 2 if SWIGLU else BN
+    stage = l % STAGES
+    if WITH_CODES:
+        _wg_expect(x_desc, w_desc, bars, bars, stage, pred, BITS, 1, SWIGLU, False)
+        _wg_issue_codes(w_desc, c_ring, bars, stage, tn * TN, up0, c * BK, pred, BITS, 1, SWIGLU)
+    if WITH_X:
+        _wg_issue_x(x_desc, x_ring, bars, stage, tm * BLOCK_M, c * BK, pred, 1)
+
+
+@gluon.jit
+def _wgp_piece(acc, l, c, tn, tm, i0, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+               HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
+    """The program's iteration l (cursor (c, tn, tm); i0: its first iteration, of tile t0) ends its piece of the
+    tile (the tile's last chunk, or the program's last iteration): a whole tile is stored; a piece of one is
+    stored to the program's workspace slot (ws_ptr [P, 2, BLOCK_N x BLOCK_M] fp32: slot 0 for the tile of its first
+    iteration, 1 for its last tile) and its chunk count added to the tile's counter (cnt_ptr, acq_rel, zero between
+    launches); the piece that completes the count adds the tile's pieces in program order (deterministic), stores
+    the tile and resets the counter."""
+    BN: gl.constexpr = acc.shape[0]
+    BM: gl.constexpr = acc.shape[1]
+    TN: gl.constexpr = BN // 2 if SWIGLU else BN
+    t = tm * num_n + tn
+    off_m = tm * BLOCK_M
+    off_n = tn * TN
+    n = gl.minimum(c + 1, l + 1)                # this piece's chunks: from the tile's first, or the program's
+    if n == C:
+        _wg_store(acc, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
+    else:
+        offs = (gl.arange(0, BN, layout=gl.SliceLayout(1, acc.type.layout))[:, None] * BM
+                + gl.arange(0, BM, layout=gl.SliceLayout(0, acc.type.layout))[None, :])
+        slot = 2 * (i0 // per) + (t0 != t).to(gl.int32)
+        gl.store(ws_ptr + slot.to(gl.int64) * (BN * BM) + offs, acc)
+        gl.thread_barrier()         # the whole piece is stored before the counter says so
+        done = gl.atomic_add(cnt_ptr + t, n, sem="acq_rel", scope="gpu")
+        if done + n == C:
+            s = gl.zeros_like(acc)
+            for q in range(t * C // per, ((t + 1) * C - 1) // per + 1):
+                qs = 2 * q + ((q * per) // C != t).to(gl.int32)
+                s += gl.load(ws_ptr + qs.to(gl.int64) * (BN * BM) + offs, cache_modifier=".cg")
+            gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+            _wg_store(s, bias_ptr, out_ptr, off_m, off_n, up0, M, N, stride_om, HAS_BIAS, SWIGLU, W)
+
+
+@gluon.jit
+def _wgp_step(acc, lo, hi, sz, l, n, cc, cn, cm, fc, fn, fm, sc, sn, i0, t0, per, C, num_n, up0, M, N, stride_sn,
+              stride_om, x_desc, w_desc, x_ring, c_ring, bars, sz_i32, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+              GROUP: gl.constexpr, INT_Z: gl.constexpr, HAS_BIAS: gl.constexpr, dt: gl.constexpr, st: gl.constexpr,
+              al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr, SWIGLU: gl.constexpr,
+              BLOCK_M: gl.constexpr, W: gl.constexpr):
+    """The program's iteration l, as _wg_step runs a chunk. Cursors: (cc, cn, cm) at iteration l, (fc, fn, fm) at
+    l - 1 + STAGES (the refill), (sc, sn) at l + 1 (the (scale, zero) words in sz). Issue l's wgmmas, load the
+    words of l + 2, wait for l - 1's wgmmas and refill its stage with l - 1 + STAGES; where l ends the program's
+    piece of its tile, wait for its own wgmmas and hand the accumulator to _wgp_piece (the next tile's starts from
+    zero); then read and dequantize l + 1's codes while the wgmmas run. Returns the accumulator, l + 1's tile, the
+    words of l + 2 and the cursors advanced by one iteration."""
+    BN: gl.constexpr = c_ring.shape[1]
+    szl: gl.constexpr = gl.SliceLayout(1, al)
+    acc = _wg_mma(acc, lo, hi, x_ring.index(l % STAGES))
+    sc, sn, sm_ = _wgp_next(sc, sn, 0, C, num_n)
+    sz_after = _wgp_sz(sz_i32, sc, sn, up0, N, stride_sn, szl, GROUP, BN, SWIGLU)
+    acc = warpgroup_mma_wait(2, deps=[acc])
+    gl.thread_barrier()             # every warp is past iteration l - 1's stage
+    _wgp_fill(x_desc, w_desc, x_ring, c_ring, bars, l - 1 + STAGES, n, fc, fn, fm, up0, l >= 1, STAGES, BITS, SWIGLU,
+              BLOCK_M, True, True)
+    fc, fn, fm = _wgp_next(fc, fn, fm, C, num_n)
+    if (cc == C - 1) | (l == n - 1):
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _wgp_piece(acc, l, cc, cn, cm, i0, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr,
+                   cnt_ptr, HAS_BIAS, SWIGLU, BLOCK_M, W)
+        acc = gl.zeros_like(acc)
+    cc, cn, cm = _wgp_next(cc, cn, cm, C, num_n)
+    codes = _wg_codes(c_ring, bars, bars, gl.minimum(l + 1, n - 1), al, STAGES, BITS, 1, False)
+    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
+    return acc, nlo, nhi, sz_after, cc, cn, cm, fc, fn, fm, sc, sn
+
+
+@gluon.jit
+def _wo_wgp_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr, cnt_ptr, per,
+                   GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, INT_Z: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr = 4,
+                   SWIGLU: gl.constexpr = False, PDL: gl.constexpr = False):
+    """_wo_wg_kernel on a persistent grid (path "wg" with PERSISTENT): the work is T tiles x C 64-k chunks,
+    iteration i = tile t C + chunk c (tiles row-major over x row blocks and weight column blocks), and program p
+    takes the `per` iterations from p per (the last ones fewer), so every program streams the same bytes and no
+    wave ends part full; the launcher sizes the grid to the programs the GPU holds at once (PERSISTENT per SM).
+    One ring runs through the program's iterations across its tiles: the stages of the next tile are in flight
+    while a tile is finished, and a tile split between programs is added up by the program that completes it
+    (_wgp_piece) while the others stream on. Ring stages of one chunk, no warp specialization; the rest as
+    _wo_wg_kernel (x_desc / w_desc blocks, SWIGLU, PDL: the first stages' code bytes and (scale, zero) words
+    before the wait, x after)."""
+    W: gl.constexpr = gl.num_warps()
+    dt: gl.constexpr = x_desc.dtype
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_M, 16])
+    al: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
+    szl: gl.constexpr = gl.SliceLayout(1, al)
+    TN: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N
+    up0 = N // 2 if SWIGLU else 0
+    num_n = gl.cdiv(N - up0, TN)
+    C = K // BK
+    total = gl.cdiv(M, BLOCK_M) * num_n * C
+    i0 = gl.program_id(0) * per
+    n = gl.minimum(per, total - i0)
+    t0 = i0 // C                                 # the cursor of the first iteration (the only divisions)
+    c0 = i0 - t0 * C
+    n0 = t0 % num_n
+    m0 = t0 // num_n
+    sz_i32 = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+
+    x_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BK], x_desc.layout)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES * (BITS // 4), BLOCK_N, BK // 2], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    fc, fn, fm = c0, n0, m0
+    for s in gl.static_range(STAGES):      # weights only before the wait (PDL)
+        if s > 0:
+            fc, fn, fm = _wgp_next(fc, fn, fm, C, num_n)
+        _wgp_fill(x_desc, w_desc, x_ring, c_ring, bars, s, n, fc, fn, fm, up0, True, STAGES, BITS, SWIGLU, BLOCK_M,
+                  True, False)
+    sz = _wgp_sz(sz_i32, c0, n0, up0, N, stride_sn, szl, GROUP, BLOCK_N, SWIGLU)
+    _pdl_wait(PDL)
+    xc, xn, xm = c0, n0, m0
+    for s in gl.static_range(STAGES):
+        if s > 0:
+            xc, xn, xm = _wgp_next(xc, xn, xm, C, num_n)
+        _wgp_fill(x_desc, w_desc, x_ring, c_ring, bars, s, n, xc, xn, xm, up0, True, STAGES, BITS, SWIGLU, BLOCK_M,
+                  False, True)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, bars, 0, al, STAGES, BITS, 1, False), sz, INT_Z, dt, st, al, BITS)
+    sc, sn, _ = _wgp_next(c0, n0, 0, C, num_n)          # iteration 1 (past the last: in bounds, unused)
+    sz = _wgp_sz(sz_i32, sc, sn, up0, N, stride_sn, szl, GROUP, BLOCK_N, SWIGLU)
+    cc, cn, cm = c0, n0, m0
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+    # two iterations per loop iteration, each tile in its own registers (as _wg_loop)
+    for j in range(n // 2):
+        acc, lo2, hi2, sz, cc, cn, cm, fc, fn, fm, sc, sn = _wgp_step(
+            acc, lo, hi, sz, 2 * j, n, cc, cn, cm, fc, fn, fm, sc, sn, i0, t0, per, C, num_n, up0, M, N, stride_sn,
+            stride_om, x_desc, w_desc, x_ring, c_ring, bars, sz_i32, bias_ptr, out_ptr, ws_ptr, cnt_ptr, GROUP, INT_Z,
+            HAS_BIAS, dt, st, al, STAGES, BITS, SWIGLU, BLOCK_M, W)
+        acc, lo, hi, sz, cc, cn, cm, fc, fn, fm, sc, sn = _wgp_step(
+            acc, lo2, hi2, sz, 2 * j + 1, n, cc, cn, cm, fc, fn, fm, sc, sn, i0, t0, per, C, num_n, up0, M, N,
+            stride_sn, stride_om, x_desc, w_desc, x_ring, c_ring, bars, sz_i32, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+            GROUP, INT_Z, HAS_BIAS, dt, st, al, STAGES, BITS, SWIGLU, BLOCK_M, W)
+    if n % 2 == 1:      # the last iteration's tile was dequantized by the loop (or before it)
+        acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((n - 1) % STAGES))])
+        _wgp_piece(acc, n - 1, cc, cn, cm, i0, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr,
+                   cnt_ptr, HAS_BIAS, SWIGLU, BLOCK_M, W)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
