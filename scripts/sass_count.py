@@ -176,8 +176,9 @@ def w4a16_wg_tail():
 
 def w4a16_wgp():
     """The Gluon wgmma kernel on its persistent grid (PERSISTENT): 16 x rows, 64 weight rows, 4 warps, 4 stages of
-    one chunk; the loop (two chunks per iteration) with the code that ends a tile's piece in it, not taken on most
-    iterations."""
+    one chunk. The count is the whole loop (two chunks per iteration), the code that ends a tile's piece included
+    (a copy per chunk, taken on few iterations): an upper bound of what an iteration runs, for its divisions and
+    spills rather than its count."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qkernels.kernels.weight_only.wg import _wo_wgp_kernel as k
@@ -188,7 +189,7 @@ def w4a16_wgp():
     types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16",
                  bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
                  ws_ptr="*fp32", cnt_ptr="*i32", per="i32")
-    return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
+    return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "largest"
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
