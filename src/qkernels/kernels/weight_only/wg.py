@@ -588,7 +588,7 @@ def _wgp_piece(acc, l, c, tn, tm, i0, t0, per, C, num_n, up0, M, N, stride_om, b
     else:
         offs = (gl.arange(0, BN, layout=gl.SliceLayout(1, acc.type.layout))[:, None] * BM
                 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc.type.layout))[None, :])
-        slot = 2 * (i0 // per) + (t0 != t).to(gl.int32)
+        slot = 2 * gl.program_id(0) + (t0 != t).to(gl.int32)
         gl.store(ws_ptr + slot.to(gl.int64) * (BN * BM) + offs, acc)
         gl.thread_barrier()         # the whole piece is stored before the counter says so
         done = gl.atomic_add(cnt_ptr + t, n, sem="acq_rel", scope="gpu")
