@@ -239,7 +239,7 @@ for lens in ("*i32", "*i64"):
                            options=dict(num_warps=4, num_stages=2))
         ptx = c.asm["ptx"]
         # every grid waits for the kernel before; the one-split grid (several waves) lets the next start only as it
-        # exits (_pdl_wait_only), the split grids early
+        # exits (_pdl_wait not EARLY), the split grids early
         assert "griddepcontrol.wait" in ptx
         assert ("griddepcontrol.launch_dependents" in ptx) == (not direct), (prefetch, direct)
         print(lens, prefetch, direct, "built")

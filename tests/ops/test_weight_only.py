@@ -2,11 +2,16 @@
 weight). Each of the three paths (gemv, mm, dequant+cuBLAS) is forced at every M tested, besides
 the M-dispatched default."""
 import contextlib
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import triton
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -853,3 +858,34 @@ def test_swiglu_equals_product_then_silu_and_mul(path, bits, group_size, dtype):
         assert_bit_exact(got, want, f"M={M}")
     with pytest.raises(ValueError, match="even number of rows, got N=37"):
         qk.w4a16_linear(torch.randn(2, K, device=DEVICE, dtype=torch.float16), _weight(37, K, 4, 32), swiglu=True)
+
+
+@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
+                    reason="Triton's CUDA tools are not installed")
+def test_wg_persistent_grid_lets_the_next_kernel_start_only_as_it_exits():
+    """Under PDL the persistent wg grid (it fills the GPU) waits for the kernel before but does not let the next
+    one start early, where the grid kernel does (offline sm_90 build, their PTX)."""
+    code = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from qkernels.kernels.weight_only.wg import _wo_wg_kernel, _wo_wgp_kernel
+xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
+wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
+types = dict(x_desc=f"tensordesc<fp16[16,64],{xl}>", w_desc=f"tensordesc<u8[64,32],{wl}>", sz_ptr="*fp16",
+             bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
+             ws_ptr="*fp32", cnt_ptr="*i32", full="i32", per="i32")
+for k, cx in ((_wo_wgp_kernel, dict(STAGES=4)),
+              (_wo_wg_kernel, dict(GROUP_M=8, STAGES=4, SPLIT_K=2, KC=1, TAIL=1, WS=False, XBAR=False))):
+    cx = dict(cx, GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=16, BLOCK_N=64, BITS=4, SWIGLU=False, PDL=True)
+    sig = {n: "constexpr" if n in cx else types[n] for n in k.arg_names}
+    c = triton.compile(GluonASTSource(k, sig, cx, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptx = c.asm["ptx"]
+    print(k.fn.__name__ if hasattr(k, "fn") else k.__name__, "griddepcontrol.wait" in ptx,
+          "griddepcontrol.launch_dependents" in ptx)
+"""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    env.pop("TRITON_INTERPRET", None)       # a real compile
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["_wo_wgp_kernel", "True", "False", "_wo_wg_kernel", "True", "True"], run.stdout

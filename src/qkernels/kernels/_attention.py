@@ -5,7 +5,7 @@ Launchers and numerics: ops/attention.py; pure-torch twins: reference.qkv_rope_c
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, _cast, _pdl_wait, _pdl_wait_only
+from ._common import INTERPRET, _cast, _pdl_wait
 
 
 @triton.jit
@@ -119,7 +119,7 @@ def _decode_attention_split_kernel(
     before wrote no cache row but each sequence's newest, lengths[b] - 1): the first key / value tile's other rows
     are read before the wait too, the newest after it. DIRECT (one split: n_splits == 1): o_part_ptr is the output
     [B, H, D] in q's dtype, written as the combine would write it (one split's combine is that cast), lse_ptr
-    unused; the next kernel starts as the programs exit (_pdl_wait_only: the grid then has several waves)."""
+    unused; the next kernel starts as the programs exit (_pdl_wait not EARLY: the grid then has several waves)."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = bh // N_KV
@@ -144,10 +144,7 @@ def _decode_attention_split_kernel(
             settled = (s_live & (s < length - 1))[:, None] & d_live[None, :]
             k = tl.load(k_at, mask=settled, other=0.0)
             v = tl.load(v_at, mask=settled, other=0.0)
-        if DIRECT:      # a grid of several waves (n_splits == 1 only at large batch): no early start for the next
-            _pdl_wait_only(PDL)
-        else:
-            _pdl_wait(PDL)
+        _pdl_wait(PDL, not DIRECT)      # DIRECT: a grid of several waves (large batch), no early start for the next
         heads = kvh * GROUP + g                                           # [BLOCK_G] query heads
         q = tl.load(q_ptr + (b * N_KV * GROUP + heads)[:, None] * D + d[None, :],
                     mask=g_live[:, None] & d_live[None, :], other=0.0)

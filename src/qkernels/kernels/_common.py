@@ -43,7 +43,7 @@ def _silu_mul_narrow(g, u, DT: tl.constexpr):
 
 
 @triton.jit
-def _pdl_wait(PDL: tl.constexpr):
+def _pdl_wait(PDL: tl.constexpr, EARLY: tl.constexpr = True):
     """Programmatic dependent launch (Hopper+; launch option launch_pdl, _runtime.pdl_options). A kernel so
     launched may start while the one before it in the stream still runs: this waits until that one has completed
     and its writes are visible (every load of an activation and every store comes after it; only what no kernel of
@@ -51,20 +51,14 @@ def _pdl_wait(PDL: tl.constexpr):
     then lets the next kernel start its programs. Here, not earlier: a kernel that let the next start before its own
     wait let the whole chain start at once, filling the GPU with programs waiting on their predecessors; nor at the
     end of the main loop, which hides less of the next kernel's start (docs/design/weight-only.md, "Where a kernel
-    lets the next start")."""
+    lets the next start"). Not EARLY: the next kernel starts as this one's programs exit. Decode attention's
+    one-split grid (several waves) waits so: the weight-only GEMM after it, started once its last wave had, crowded
+    onto the SMs that wave freed first (docs/design/runtime.md); and the persistent weight-only grid, which fills the
+    GPU. Between the weight-only GEMMs the early start wins (docs/design/weight-only.md)."""
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _pdl_wait_only(PDL: tl.constexpr):
-    """_pdl_wait without letting the next kernel start early: it starts as this one's programs exit. For a grid of
-    several waves, whose early trigger comes only once its last wave has started: the next kernel's programs would
-    then crowd onto the SMs that wave leaves first (measured: the weight-only GEMM after decode attention's one-split
-    grid, docs/design/runtime.md)."""
-    if PDL:
-        gdc_wait()
+        if EARLY:
+            gdc_launch_dependents()
 
 
 @triton.jit

@@ -647,7 +647,8 @@ def _wo_wgp_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn
     while a tile is finished, and a tile split between programs is added up by the program that completes it
     (_wgp_piece) while the others stream on. Ring stages of one chunk, no warp specialization; the rest as
     _wo_wg_kernel (x_desc / w_desc blocks, SWIGLU, PDL: the first stages' code bytes and (scale, zero) words
-    before the wait, x after)."""
+    before the wait, x after; but the next kernel starts as this one's programs exit, not early: a grid that fills
+    the GPU would leave its early programs crowded onto the SMs its first programs to finish free)."""
     W: gl.constexpr = gl.num_warps()
     dt: gl.constexpr = x_desc.dtype
     st: gl.constexpr = sz_ptr.dtype.element_ty
@@ -679,7 +680,7 @@ def _wo_wgp_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn
         _wgp_fill(x_desc, w_desc, x_ring, c_ring, bars, s, n, fc, fn, fm, up0, True, STAGES, BITS, SWIGLU, BLOCK_M,
                   True, False)
     sz = _wgp_sz(sz_i32, c0, n0, up0, N, stride_sn, szl, GROUP, BLOCK_N, SWIGLU)
-    _pdl_wait(PDL)
+    _pdl_wait(PDL, False)      # the grid fills the GPU: the next kernel starts as its programs exit
     xc, xn, xm = c0, n0, m0
     for s in gl.static_range(STAGES):
         if s > 0:
