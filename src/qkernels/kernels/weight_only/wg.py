@@ -568,9 +568,9 @@ def _wgp_fill(x_desc, w_desc, x_ring, c_ring, bars, l, n, c, tn, tm, up0, pred, 
 
 
 @gluon.jit
-def _wgp_piece(acc, l, c, tn, tm, i0, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+def _wgp_piece(acc, l, c, tn, tm, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
                HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
-    """The program's iteration l (cursor (c, tn, tm); i0: its first iteration, of tile t0) ends its piece of the
+    """The program's iteration l (cursor (c, tn, tm); t0: the tile of its first iteration) ends its piece of the
     tile (the tile's last chunk, or the program's last iteration): a whole tile is stored; a piece of one is
     stored to the program's workspace slot (ws_ptr [P, 2, BLOCK_N x BLOCK_M] fp32: slot 0 for the tile of its first
     iteration, 1 for its last tile) and its chunk count added to the tile's counter (cnt_ptr, acq_rel, zero between
@@ -602,7 +602,7 @@ def _wgp_piece(acc, l, c, tn, tm, i0, t0, per, C, num_n, up0, M, N, stride_om, b
 
 
 @gluon.jit
-def _wgp_step(acc, lo, hi, sz, l, n, cc, cn, cm, fc, fn, fm, sc, sn, i0, t0, per, C, num_n, up0, M, N, stride_sn,
+def _wgp_step(acc, lo, hi, sz, l, n, cc, cn, cm, fc, fn, fm, sc, sn, t0, per, C, num_n, up0, M, N, stride_sn,
               stride_om, x_desc, w_desc, x_ring, c_ring, bars, sz_i32, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
               GROUP: gl.constexpr, INT_Z: gl.constexpr, HAS_BIAS: gl.constexpr, dt: gl.constexpr, st: gl.constexpr,
               al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr, SWIGLU: gl.constexpr,
@@ -625,7 +625,7 @@ def _wgp_step(acc, lo, hi, sz, l, n, cc, cn, cm, fc, fn, fm, sc, sn, i0, t0, per
     fc, fn, fm = _wgp_next(fc, fn, fm, C, num_n)
     if (cc == C - 1) | (l == n - 1):
         acc = warpgroup_mma_wait(0, deps=[acc])
-        _wgp_piece(acc, l, cc, cn, cm, i0, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr,
+        _wgp_piece(acc, l, cc, cn, cm, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr,
                    cnt_ptr, HAS_BIAS, SWIGLU, BLOCK_M, W)
         acc = gl.zeros_like(acc)
     cc, cn, cm = _wgp_next(cc, cn, cm, C, num_n)
@@ -695,16 +695,16 @@ def _wo_wgp_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn
     # two iterations per loop iteration, each tile in its own registers (as _wg_loop)
     for j in range(n // 2):
         acc, lo2, hi2, sz, cc, cn, cm, fc, fn, fm, sc, sn = _wgp_step(
-            acc, lo, hi, sz, 2 * j, n, cc, cn, cm, fc, fn, fm, sc, sn, i0, t0, per, C, num_n, up0, M, N, stride_sn,
+            acc, lo, hi, sz, 2 * j, n, cc, cn, cm, fc, fn, fm, sc, sn, t0, per, C, num_n, up0, M, N, stride_sn,
             stride_om, x_desc, w_desc, x_ring, c_ring, bars, sz_i32, bias_ptr, out_ptr, ws_ptr, cnt_ptr, GROUP, INT_Z,
             HAS_BIAS, dt, st, al, STAGES, BITS, SWIGLU, BLOCK_M, W)
         acc, lo, hi, sz, cc, cn, cm, fc, fn, fm, sc, sn = _wgp_step(
-            acc, lo2, hi2, sz, 2 * j + 1, n, cc, cn, cm, fc, fn, fm, sc, sn, i0, t0, per, C, num_n, up0, M, N,
+            acc, lo2, hi2, sz, 2 * j + 1, n, cc, cn, cm, fc, fn, fm, sc, sn, t0, per, C, num_n, up0, M, N,
             stride_sn, stride_om, x_desc, w_desc, x_ring, c_ring, bars, sz_i32, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
             GROUP, INT_Z, HAS_BIAS, dt, st, al, STAGES, BITS, SWIGLU, BLOCK_M, W)
     if n % 2 == 1:      # the last iteration's tile was dequantized by the loop (or before it)
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((n - 1) % STAGES))])
-        _wgp_piece(acc, n - 1, cc, cn, cm, i0, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr,
+        _wgp_piece(acc, n - 1, cc, cn, cm, t0, per, C, num_n, up0, M, N, stride_om, bias_ptr, out_ptr, ws_ptr,
                    cnt_ptr, HAS_BIAS, SWIGLU, BLOCK_M, W)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
