@@ -130,6 +130,16 @@ def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
     return k, types, cx, 1, GluonASTSource, 16 * tiles * 16 * wpt // 32, "IMMA" if not fp8 else "HMMA"
 
 
+def _wg_types(bm: int, hb: int, last: str) -> dict:
+    """The argument types of the wg kernels: x / code-byte TMA descriptors of bm x rows and hb code rows per box,
+    pointers, sizes, and their last argument (`last`: the grid kernel's full, the persistent one's per)."""
+    xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
+    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
+    return dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{hb},32],{wl}>", sz_ptr="*fp16",
+                bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
+                ws_ptr="*fp32", cnt_ptr="*i32", **{last: "i32"})
+
+
 def w4a16_wg(swiglu: bool = False):
     """The Gluon wgmma kernel at batched decode: 4-bit, g128, 32 x rows, 64 weight rows, 8 stages of one 64-k chunk,
     split 2 (an H200 table's M = 32 entry on 14336x4096). Its main loop is the smallest one with the HGMMAs (the
@@ -141,12 +151,7 @@ def w4a16_wg(swiglu: bool = False):
     bm, bn = 32, 64
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=8, SPLIT_K=2, BITS=4,
               KC=1, SWIGLU=swiglu, TAIL=1, WS=False, PDL=False)
-    xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
-    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-    hb = bn // 2 if swiglu else bn
-    types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{hb},32],{wl}>", sz_ptr="*fp16",
-                 bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
-                 ws_ptr="*fp32", cnt_ptr="*i32", full="i32")
+    types = _wg_types(bm, bn // 2 if swiglu else bn, "full")
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
 
 
@@ -166,11 +171,7 @@ def w4a16_wg_tail():
     bm, bn = 256, 128
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4, SPLIT_K=1, BITS=4,
               KC=1, SWIGLU=False, TAIL=2, WS=False, PDL=False)
-    xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
-    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-    types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16",
-                 bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
-                 ws_ptr="*fp32", cnt_ptr="*i32", full="i32")
+    types = _wg_types(bm, bn, "full")
     return k, types, cx, 8, GluonASTSource, 2 * bn * 32 // 256, "HGMMA", "smallest"
 
 
@@ -184,11 +185,7 @@ def w4a16_wgp():
     from qkernels.kernels.weight_only.wg import _wo_wgp_kernel as k
     bm, bn = 16, 64
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, STAGES=4, BITS=4, SWIGLU=False, PDL=False)
-    xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
-    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-    types = dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16",
-                 bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
-                 ws_ptr="*fp32", cnt_ptr="*i32", per="i32")
+    types = _wg_types(bm, bn, "per")
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "largest"
 
 
