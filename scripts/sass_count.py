@@ -7,7 +7,7 @@ lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
        w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-swiglu | w4a16-wg-tail |
-       w4a16-wgp | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
+       w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -130,14 +130,14 @@ def w8a8_gvt(fp8=False, tiles=2, wpt=8, mt=1, xr=1):
     return k, types, cx, 1, GluonASTSource, 16 * tiles * 16 * wpt // 32, "IMMA" if not fp8 else "HMMA"
 
 
-def _wg_types(bm: int, hb: int, last: str) -> dict:
+def _wg_types(bm: int, hb: int) -> dict:
     """The argument types of the wg kernels: x / code-byte TMA descriptors of bm x rows and hb code rows per box,
-    pointers, sizes, and their last argument (`last`: the grid kernel's full, the persistent one's per)."""
+    pointers, sizes, and the grid's first split-tile program (full)."""
     xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
     wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
     return dict(x_desc=f"tensordesc<fp16[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{hb},32],{wl}>", sz_ptr="*fp16",
                 bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
-                ws_ptr="*fp32", cnt_ptr="*i32", **{last: "i32"})
+                ws_ptr="*fp32", cnt_ptr="*i32", full="i32")
 
 
 def w4a16_wg(swiglu: bool = False):
@@ -151,7 +151,7 @@ def w4a16_wg(swiglu: bool = False):
     bm, bn = 32, 64
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=8, SPLIT_K=2, BITS=4,
               KC=1, SWIGLU=swiglu, TAIL=1, WS=False, PDL=False)
-    types = _wg_types(bm, bn // 2 if swiglu else bn, "full")
+    types = _wg_types(bm, bn // 2 if swiglu else bn)
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
 
 
@@ -171,29 +171,15 @@ def w4a16_wg_tail():
     bm, bn = 256, 128
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4, SPLIT_K=1, BITS=4,
               KC=1, SWIGLU=False, TAIL=2, WS=False, PDL=False)
-    types = _wg_types(bm, bn, "full")
+    types = _wg_types(bm, bn)
     return k, types, cx, 8, GluonASTSource, 2 * bn * 32 // 256, "HGMMA", "smallest"
-
-
-def w4a16_wgp():
-    """The Gluon wgmma kernel on its persistent grid (PERSISTENT): 16 x rows, 64 weight rows, 4 warps, 4 stages of
-    one chunk. The count is the whole loop (two chunks per iteration), the code that ends a tile's piece included
-    (a copy per chunk, taken on few iterations): an upper bound of what an iteration runs, for its divisions and
-    spills rather than its count."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from qkernels.kernels.weight_only.wg import _wo_wgp_kernel as k
-    bm, bn = 16, 64
-    cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, STAGES=4, BITS=4, SWIGLU=False, PDL=False)
-    types = _wg_types(bm, bn, "per")
-    return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "largest"
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
          "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gv-intz": w4a16_gv_intz,
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
          "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
-         "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wgp": w4a16_wgp, "w4a16-wg-ws": w4a16_wg_ws,
+         "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 
@@ -206,6 +192,7 @@ def main():
     ap.add_argument("--maxnreg", type=int, help="cap the registers per thread (ptxas; spills show as LDL / STL)")
     ap.add_argument("--tile", type=int, nargs=3, metavar=("BLOCK_N", "BLOCK_K", "WARPS"),
                     help="gemv8 cases: another rows x k step and warps (a table's config)")
+    ap.add_argument("--dump", metavar="FILE", help="also write the counted loop's SASS to FILE")
     args = ap.parse_args()
     kernel, types, cx, warps, source, bytes_per_iter, *loop_op = CASES[args.case]()
     if args.tile:
@@ -234,11 +221,14 @@ def main():
         m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", l)
         if m and labels.get(m.group(1), i) < i - 1:     # not the one-instruction trap loop after EXIT
             loops.append((labels[m.group(1)], i))
-    ops = [[re.sub(r"^.*?\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0] for l in lines[a:b + 1]
-            if re.search(r"/\*[0-9a-f]{4}\*/", l)] for a, b in loops]
+    code = [[l for l in lines[a:b + 1] if re.search(r"/\*[0-9a-f]{4}\*/", l)] for a, b in loops]
+    ops = [[re.sub(r"^.*?\*/\s+(@!?U?P\w+\s+)?", "", l).split()[0] for l in c] for c in code]
     # the main loop: the largest (others: e.g. the row's absmax before it), or the largest with the case's opcode
     pick = min if loop_op[1:] == ["smallest"] else max
     body = pick([o for o in ops if not loop_op or any(op.startswith(loop_op[0]) for op in o)], key=len)
+    if args.dump:
+        with open(args.dump, "w") as f:
+            f.write("\n".join(code[next(i for i, o in enumerate(ops) if o is body)]) + "\n")
     regs = re.search(r"REG:(\d+)", usage)
     print(f"{args.case}: loop {len(body)} instructions per thread per iteration, {bytes_per_iter} weight bytes "
           f"-> {len(body) / bytes_per_iter:.1f} per byte; {regs.group(1) if regs else '?'} registers per thread"

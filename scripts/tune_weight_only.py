@@ -128,16 +128,12 @@ def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
 
 
 def wg(bm, bn, w, stages, g=8, split=1, min_programs=264, kc=1, tail=1, per_sm=1, ws=False, maxnreg=None,
-       xbar=False, persistent=0):
+       xbar=False):
     """split > 1: K split up to `split` ways while the grid has fewer than min_programs tiles (264: two per SM
     on the H100 / H200's 132 SMs); kc: 64-k chunks per ring stage (one barrier and one refill per stage); tail > 1:
     the last, partial wave's tiles (SMs x per_sm programs a wave) split along K up to `tail` ways; ws: a producer
     warp issues the ring's copies (warp-specialized); maxnreg: registers per thread capped (more programs per SM);
-    xbar: the x tiles on barriers of their own (one CTA barrier fewer per refill, a second mbarrier wait);
-    persistent: that many programs per SM, each an equal run of the (tile, chunk) iterations (one ring across its
-    tiles; tiles split between programs added up by the one that completes them)."""
-    if persistent:
-        return dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=w, PERSISTENT=persistent)
+    xbar: the x tiles on barriers of their own (one CTA barrier fewer per refill, a second mbarrier wait)."""
     c = dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=g, STAGES=stages, num_warps=w, **({"WS": True} if ws else {}),
              **({"maxnreg": maxnreg} if maxnreg else {}), **({"XBAR": True} if xbar else {}))
     c = c if kc == 1 else dict(c, KC=kc)
@@ -246,10 +242,6 @@ def candidates(m: int) -> list[dict]:
         # no bucket or shape in an H200 sweep at M = 16-64 (logs/pdl_decode_step_h200.log): no longer tried
         c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc, xbar=True) for st, kc, sp, mp in
               [(4, 1, 4, 792), (3, 1, 8, 1056), (2, 2, 4, 792)]]
-        # the persistent grid: every program an equal run of (tile, chunk) iterations through one ring, no split-K
-        # launch-wide fix-up at the end, no part-full wave
-        c += [wg(bm, bn, w, st, persistent=p) for bn, w, st, p in
-              [(64, 4, 4, 4), (64, 4, 6, 3), (64, 4, 8, 2), (128, 4, 4, 2), (128, 8, 4, 2), (64, 4, 3, 6)]]
     if 64 <= m <= 256:
         c += [wg(bm, bn, w, st, split=4) for bm, bn, w, st in
               [(64, 64, 4, 6), (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4)]]

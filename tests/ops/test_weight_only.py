@@ -2,16 +2,11 @@
 weight). Each of the three paths (gemv, mm, dequant+cuBLAS) is forced at every M tested, besides
 the M-dispatched default."""
 import contextlib
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import triton
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -464,9 +459,7 @@ def test_gvt_tails_scales_and_fallback(cfg):
                                  dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=3, SPLIT_K=3, MIN_PROGRAMS=1 << 30,
                                       XBAR=True),
                                  dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=2, KC=2, XBAR=True),
-                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, TAIL=3, XBAR=True),
-                                 dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=4, PERSISTENT=1),
-                                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=2, PERSISTENT=2)])
+                                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, TAIL=3, XBAR=True)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
@@ -475,8 +468,7 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
     multiple of KC: one chunk per stage),
     a 2-byte-offset x view (copied first), bias, symmetric / asymmetric, integer zero points taken as such or not,
     per channel; group 32 and K % 64 take the fallback; the last wave split (TAIL), the warp-specialized loop
-    (WS), the x tiles on barriers of their own (XBAR) and the persistent grid (PERSISTENT: at these sizes every
-    program a chunk or two, so every tile is added up from pieces). Against the reference."""
+    (WS) and the x tiles on barriers of their own (XBAR). Against the reference."""
     cfg = dict(WO.WG_DEFAULT, GROUP_M=4, **cfg)
     cfg["fallback"] = WO.dispatch.path_config(None, "mm", bits, 200, 320, DEVICE)
     for M, N, k, group_size, sym in ((1, 200, 320, 64, True), (130, 200, 640, 128, False), (300, 72, 512, -1, True),
@@ -500,8 +492,7 @@ def test_wg_tiles_tails_and_fallback(cfg, dtype, bits):
                                  dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, TAIL=3),
                                  dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3, KC=2, WS=True),
                                  dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=4, SPLIT_K=4, MIN_PROGRAMS=1 << 30,
-                                      XBAR=True),
-                                 dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=4, PERSISTENT=1)])
+                                      XBAR=True)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_wg_swiglu_in_the_epilogue(cfg, dtype, bits):
@@ -582,59 +573,6 @@ def test_wg_tail_split_mixed_wave(bits, ws):
         with qk.poison_outputs():
             got = WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, bits, 64, pw.int_zeros, cfg)
         _check(got, _ref(x, pw, bias), torch.float16)
-
-
-def test_wg_persistent_plan():
-    """PERSISTENT (wg): sms x PERSISTENT programs, each `per` consecutive (tile, 64-k chunk) iterations (the last
-    program fewer, none empty); scratch two tile slots per program and a counter per tile; the keys it cannot take
-    are refused, naming them."""
-    cfg = dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, PERSISTENT=2)
-    kernel, grid, split, cx, scratch = WO.launch._plan(cfg, 32, 4096, 4096, 4, 128, False, True, False, 132)
-    assert kernel.fn.__name__ == "_wo_wgp_kernel"
-    assert grid == (256, 1) and split == 1 and scratch == (256 * 2 * 64 * 32, 64, 16)     # 64 tiles x 64 chunks
-    assert "GROUP_M" not in cx and "PERSISTENT" not in cx and cx["BITS"] == 4 and cx["STAGES"] == 4
-    _, grid, _, _, scratch = WO.launch._plan(cfg, 17, 4096 * 2, 640, 4, 128, False, True, True, 132)
-    assert scratch[1] == 2 * 64 and scratch[2] == -(-2 * 64 * 10 // 264) and grid[0] == -(-1280 // scratch[2])
-    for bad in (dict(cfg, SPLIT_K=2), dict(cfg, TAIL=2), dict(cfg, WS=True), dict(cfg, KC=2), dict(cfg, PERSISTENT=0)):
-        with pytest.raises(RuntimeError, match="wg PERSISTENT takes"):
-            WO.launch._plan(bad, 32, 4096, 4096, 4, 128, False, True, False, 132)
-    with pytest.raises(RuntimeError, match="PERSISTENT .* is a gv / wg config key"):
-        WO.launch._plan(dict(path="tc", BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=3, PERSISTENT=1), 1, 64, 4096, 4,
-                        128, False, True)
-
-
-@gpu
-@pytest.mark.parametrize("swiglu", [False, True])
-@pytest.mark.parametrize("bits", [4, 8])
-def test_wg_persistent_pieces_counters_and_graphs(bits, swiglu):
-    """PERSISTENT with programs of more than a tile (runs that start and end inside tiles: tiles whole, and tiles
-    added up from two or three pieces) over two x row blocks: against the reference, the same bits again, replayed
-    in a CUDA graph, the tile counters back at zero. SwiGLU: against silu_and_mul of the reference product (its
-    tiles pair gate and up rows, so their pieces split K elsewhere than the plain product's: not its bits)."""
-    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
-    cfg = dict(WO.WG_DEFAULT, BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=4, PERSISTENT=1)
-    M, N, K = 17, 64 * (sms // 2 + 5), 640          # 2 x (sms / 2 + 5) tiles of 10 chunks over sms programs
-    N = 2 * N if swiglu else N
-    _, grid, _, _, scratch = WO.launch._plan(cfg, M, N, K, bits, 64, True, True, swiglu, sms)
-    assert scratch[2] % 10 and grid[0] <= sms       # runs cross tile boundaries
-    pw = _weight(N, K, bits, 64, False)
-    x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
-    bias = torch.randn(N, device=DEVICE, dtype=torch.float16)
-
-    def run():
-        return WO.launch.run_config(x, pw.qweight, pw.scale_zero, bias, bits, 64, pw.int_zeros, cfg, swiglu=swiglu)
-    with qk.poison_outputs():
-        first = run()
-    want, mag = _ref(x, pw, bias)
-    if swiglu:
-        g, u = want[:, :N // 2].float(), want[:, N // 2:].float()
-        # an error e in gate moves silu(gate) * up by at most 1.1 e |up| (|silu'| < 1.1), one in up by e |silu(gate)|
-        mag = mag[:, :N // 2] * 1.1 * u.abs() + mag[:, N // 2:] * torch.nn.functional.silu(g).abs()
-        want = ref.silu_and_mul(want)
-    _check(first, (want, mag), torch.float16)
-    assert_bit_exact(run(), first, "repeat")
-    assert_bit_exact(graph_replay(run), first, "graph")
-    assert all(not buf.any() for buf in _runtime._COUNTERS.values()), "tile counters left non-zero"
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("-splitk")])
@@ -761,7 +699,7 @@ def test_gv_persistent_plan():
     for bad in (dict(PERSISTENT=0), dict(SPLIT_K=2), dict(STAGES=3), dict(MIN_PROGRAMS=1024)):
         with pytest.raises(RuntimeError, match=r"gv PERSISTENT takes .*'PERSISTENT'"):
             WO.launch._plan(dict(cfg, **bad), 1, 64, 4096, 4, 128, False, True, False, 132)
-    with pytest.raises(RuntimeError, match=r"PERSISTENT .* is a gv / wg config key"):
+    with pytest.raises(RuntimeError, match=r"PERSISTENT .* is a gv config key"):
         WO.launch._plan(dict(path="gvt", TILES=1, WPT=8, num_warps=1, PERSISTENT=4), 1, 64, 4096, 4, 128, False, True)
 
 
@@ -858,34 +796,3 @@ def test_swiglu_equals_product_then_silu_and_mul(path, bits, group_size, dtype):
         assert_bit_exact(got, want, f"M={M}")
     with pytest.raises(ValueError, match="even number of rows, got N=37"):
         qk.w4a16_linear(torch.randn(2, K, device=DEVICE, dtype=torch.float16), _weight(37, K, 4, 32), swiglu=True)
-
-
-@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
-                    reason="Triton's CUDA tools are not installed")
-def test_wg_persistent_grid_lets_the_next_kernel_start_only_as_it_exits():
-    """Under PDL the persistent wg grid (it fills the GPU) waits for the kernel before but does not let the next
-    one start early, where the grid kernel does (offline sm_90 build, their PTX)."""
-    code = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from qkernels.kernels.weight_only.wg import _wo_wg_kernel, _wo_wgp_kernel
-xl = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
-wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-types = dict(x_desc=f"tensordesc<fp16[16,64],{xl}>", w_desc=f"tensordesc<u8[64,32],{wl}>", sz_ptr="*fp16",
-             bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32",
-             ws_ptr="*fp32", cnt_ptr="*i32", full="i32", per="i32")
-for k, cx in ((_wo_wgp_kernel, dict(STAGES=4)),
-              (_wo_wg_kernel, dict(GROUP_M=8, STAGES=4, SPLIT_K=2, KC=1, TAIL=1, WS=False, XBAR=False))):
-    cx = dict(cx, GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=16, BLOCK_N=64, BITS=4, SWIGLU=False, PDL=True)
-    sig = {n: "constexpr" if n in cx else types[n] for n in k.arg_names}
-    c = triton.compile(GluonASTSource(k, sig, cx, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    ptx = c.asm["ptx"]
-    print(k.fn.__name__ if hasattr(k, "fn") else k.__name__, "griddepcontrol.wait" in ptx,
-          "griddepcontrol.launch_dependents" in ptx)
-"""
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    env.pop("TRITON_INTERPRET", None)       # a real compile
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["_wo_wgp_kernel", "True", "False", "_wo_wg_kernel", "True", "True"], run.stdout

@@ -53,8 +53,8 @@ def _pdl_wait(PDL: tl.constexpr, EARLY: tl.constexpr = True):
     end of the main loop, which hides less of the next kernel's start (docs/design/weight-only.md, "Where a kernel
     lets the next start"). Not EARLY: the next kernel starts as this one's programs exit. Decode attention's
     one-split grid (several waves) waits so: the weight-only GEMM after it, started once its last wave had, crowded
-    onto the SMs that wave freed first (docs/design/runtime.md); and the persistent weight-only grid, which fills the
-    GPU. Between the weight-only GEMMs the early start wins (docs/design/weight-only.md)."""
+    onto the SMs that wave freed first (docs/design/runtime.md). Between the weight-only GEMMs the early start wins
+    (docs/design/weight-only.md)."""
     if PDL:
         gdc_wait()
         if EARLY:

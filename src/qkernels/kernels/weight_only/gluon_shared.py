@@ -123,11 +123,10 @@ def _k_slice(K, STEP: gl.constexpr, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _pdl_wait(PDL: gl.constexpr, EARLY: gl.constexpr = True):
+def _pdl_wait(PDL: gl.constexpr):
     """Wait until the kernel before in the stream has completed and its writes are visible (every load of an
     activation, every store and every touch of the split-K scratch comes after this), then let the next kernel
-    start its programs, or not EARLY only as this one's programs exit (see _common._pdl_wait)."""
+    start its programs (see _common._pdl_wait)."""
     if PDL:
         gdc_wait()
-        if EARLY:
-            gdc_launch_dependents()
+        gdc_launch_dependents()

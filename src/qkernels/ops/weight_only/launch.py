@@ -29,7 +29,7 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     """kernel, grid, split, constexprs and scratch of a launch: worked out once per shape and config, so an eager
     call does no dict building beyond the lookup. swiglu: the GEMV's SWIGLU epilogue (fused_swiglu). scratch: None,
     or the split-K workspace's fp32 elements, its tile counters and the first split program (sms, the device's SM
-    count: wg's TAIL sizes the last wave with it, gv's and wg's PERSISTENT their grids)."""
+    count: wg's TAIL sizes the last wave with it, gv's PERSISTENT its grid)."""
     key = (id(cfg), M, N, K, bits, group_size, has_bias, int_zeros, swiglu, sms)
     hit = _PLANS.get(key)
     if hit is not None:
@@ -44,9 +44,9 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
     if cfg["path"] not in SUPPORTED and p["BLOCK_K"] % 64:
         raise RuntimeError(f"weight-only config BLOCK_K={p['BLOCK_K']} must be a multiple of 64: {cfg}")
     split = int(p.pop("SPLIT_K", 1))
-    if cfg["path"] not in ("gv", "wg") and "PERSISTENT" in p:
-        raise RuntimeError(f"PERSISTENT (a grid of programs that each take an equal run of the work) is a gv / wg "
-                           f"config key: {cfg}")
+    if cfg["path"] != "gv" and "PERSISTENT" in p:
+        raise RuntimeError(f"PERSISTENT (a grid of programs that each take an equal run of the work) is a gv config "
+                           f"key: {cfg}")
     if cfg["path"] == "gv":
         # a thread holds WPT words of a chunk, 8 / WPT threads a chunk, so one step spans 4 WPT chunks per warp
         if p["WPT"] not in (1, 2, 4, 8) or p["BLOCK_K"] % (4 * p["WPT"] * p["num_warps"] * GV_K):
@@ -108,8 +108,6 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
             return _keep_plan(key, cfg, (_kernels("tc")._wo_tc_kernel, grid, split, constexprs))
         if swiglu:
             constexprs["SWIGLU"] = True
-        if "PERSISTENT" in p:
-            return _wg_persistent_plan(key, cfg, p, tiles, K // WG_K, sms, constexprs, bits)
         kernel = _kernels("wg")._wo_wg_kernel
         tail = int(constexprs.pop("TAIL", 1))
         slots = sms * int(constexprs.pop("PER_SM", 1))
@@ -145,25 +143,6 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         if swiglu:
             constexprs["SWIGLU"] = True
     return _keep_plan(key, cfg, (kernel, grid, split, constexprs))
-
-
-def _wg_persistent_plan(key, cfg, p, tiles, chunks, sms, constexprs, bits):
-    """wg with PERSISTENT (programs per SM): _wo_wgp_kernel's grid, every program `per` consecutive (tile, 64-k
-    chunk) iterations of the tiles x chunks, sized to sms x PERSISTENT programs; scratch: two fp32 tile slots per
-    program (the pieces of its first and last tile), a counter per tile, and per (the kernel's last argument)."""
-    per_sm = int(p["PERSISTENT"])
-    if per_sm < 1 or cfg.get("KC", 1) != 1 or any(k in cfg for k in ("SPLIT_K", "MIN_PROGRAMS", "TAIL", "PER_SM",
-                                                                        "WS", "XBAR")):
-        raise RuntimeError(f"wg PERSISTENT takes a number of programs per SM >= 1, ring stages of one chunk (KC 1) and "
-                           f"no SPLIT_K, MIN_PROGRAMS, TAIL, PER_SM, WS or XBAR: {cfg}")
-    total = tiles * chunks
-    per = cdiv(total, max(sms, 1) * per_sm)
-    programs = cdiv(total, per)
-    keep = ("GROUP", "HAS_BIAS", "INT_Z", "BLOCK_M", "BLOCK_N", "STAGES", "SWIGLU", "num_warps", "maxnreg")
-    cx = {k: v for k, v in constexprs.items() if k in keep}
-    bn, bm = cx["BLOCK_N"], cx["BLOCK_M"]
-    return _keep_plan(key, cfg, (_kernels("wg")._wo_wgp_kernel, (programs, 1), 1, dict(cx, BITS=bits)),
-                      (programs * 2 * bn * bm, tiles, per))
 
 
 def _keep_plan(key, cfg, plan, scratch=None):
