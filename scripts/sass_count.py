@@ -140,7 +140,7 @@ def _wg_types(bm: int, hb: int) -> dict:
                 ws_ptr="*fp32", cnt_ptr="*i32", full="i32")
 
 
-def w4a16_wg(swiglu: bool = False, frag: bool = False):
+def w4a16_wg(swiglu: bool = False):
     """The Gluon wgmma kernel at batched decode: 4-bit, g128, 32 x rows, 64 weight rows, 8 stages of one 64-k chunk,
     split 2 (an H200 table's M = 32 entry on 14336x4096). Its main loop is the smallest one with the HGMMAs (the
     larger ones are the mbarrier waits' retry paths jumping back into it); two chunks per iteration. swiglu: the
@@ -150,7 +150,7 @@ def w4a16_wg(swiglu: bool = False, frag: bool = False):
     from qkernels.kernels.weight_only.wg import _wo_wg_kernel as k
     bm, bn = 32, 64
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=8, SPLIT_K=2, BITS=4,
-              KC=1, SWIGLU=swiglu, TAIL=1, WS=False, PDL=False, FRAG=frag)
+              KC=1, SWIGLU=swiglu, TAIL=1, WS=False, PDL=False)
     types = _wg_types(bm, bn // 2 if swiglu else bn)
     return k, types, cx, 4, GluonASTSource, 2 * bn * 32 // 128, "HGMMA", "smallest"
 
@@ -180,7 +180,7 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
          "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
          "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
-         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-frag": lambda: w4a16_wg(frag=True), "w4a16-gvt-ring": w4a16_gvt_ring,
+         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 
 

@@ -575,36 +575,6 @@ def test_wg_tail_split_mixed_wave(bits, ws):
         _check(got, _ref(x, pw, bias), torch.float16)
 
 
-def _frag_order(qweight):
-    """4-bit codes in fragment order (wg FRAG): in each 32-byte chunk of a row, byte 8 q + 4 b + t is byte
-    2 q + 16 b + (0, 8, 1, 9)[t] of the packed layout."""
-    p = torch.arange(32)
-    j = 2 * (p // 8) + 16 * (p // 4 % 2) + torch.tensor([0, 8, 1, 9])[p % 4]
-    N, W = qweight.shape
-    return qweight.view(N, W // 32, 32)[:, :, j.to(qweight.device)].reshape(N, W).contiguous()
-
-
-@gpu
-@pytest.mark.parametrize("cfg", [dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, STAGES=4, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
-                                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=3, KC=2),
-                                 dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=3, WS=True)])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_wg_fragment_order(cfg, dtype):
-    """wg FRAG (4-bit codes in fragment order: one 8-byte load a row, four fp16 pairs a word) on codes so
-    re-laid: against the reference, M / N tails, bias, symmetric / asymmetric, per group and per channel, integer
-    zero points taken as such or not."""
-    cfg = dict(WO.WG_DEFAULT, GROUP_M=4, FRAG=True, **cfg)
-    for M, N, k, group_size, sym in ((1, 200, 320, 64, True), (130, 200, 640, 128, False), (17, 72, 512, -1, True)):
-        pw = _weight(N, k, 4, group_size, sym, dtype)
-        x = torch.randn(M, k, device=DEVICE, dtype=dtype)
-        bias = torch.randn(N, device=DEVICE, dtype=dtype)
-        for int_zeros in sorted({pw.int_zeros, False}):
-            with qk.poison_outputs():
-                got = WO.launch.run_config(x, _frag_order(pw.qweight), pw.scale_zero, bias, 4, pw.group_size,
-                                           int_zeros, cfg)
-            _check(got, _ref(x, pw, bias), dtype)
-
-
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("-splitk")])
 def test_splitk_fixup_counters_and_graphs(path):
     """Split-K partials are added by the last program of each tile (every kernel: no second launch), counted

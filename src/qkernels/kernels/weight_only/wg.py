@@ -113,68 +113,6 @@ _BYTES_F16: gl.constexpr = gl.constexpr("""{
         }""")
 
 
-def _words_asm(magic: str) -> str:
-    """PTX: one 32-bit word of 8 code nibbles in $4 (fragment order, FRAG) -> magic + nibbles (0, 4), (1, 5),
-    (2, 6), (3, 7) as 16-bit float pairs in $0..$3 (a shift and a lop3 each)."""
-    return f"""{{
-        .reg .b32 t, m, mg;
-        mov.b32 m, 0x000F000F;
-        mov.b32 mg, {magic};
-        lop3.b32 $0, $4, m, mg, 0xEA;
-        shr.b32 t, $4, 4;
-        lop3.b32 $1, t, m, mg, 0xEA;
-        shr.b32 t, $4, 8;
-        lop3.b32 $2, t, m, mg, 0xEA;
-        shr.b32 t, $4, 12;
-        lop3.b32 $3, t, m, mg, 0xEA;
-        }}"""
-
-
-# fp16: the high nibbles of each byte ORed in unshifted, magic + 16 u (exact: 1024 + 16 u < 2048), two shifts fewer
-_WORDS_F16: gl.constexpr = gl.constexpr("""{
-        .reg .b32 t, m, mh, mg;
-        mov.b32 m, 0x000F000F;
-        mov.b32 mh, 0x00F000F0;
-        mov.b32 mg, 0x64006400;
-        lop3.b32 $0, $4, m, mg, 0xEA;
-        lop3.b32 $1, $4, mh, mg, 0xEA;
-        shr.b32 t, $4, 8;
-        lop3.b32 $2, t, m, mg, 0xEA;
-        lop3.b32 $3, t, mh, mg, 0xEA;
-        }""")
-_WORDS_BF16: gl.constexpr = gl.constexpr(_words_asm("0x43004300"))
-
-
-@gluon.constexpr_function
-def _words_layout(ll):
-    """Linear layout of the A operand's tile [R, 32] (k of a half chunk) -> the layout of the chunk's code words
-    [R, 8] in fragment order (FRAG): a thread's words 2 q and 2 q + 1 (q = its lane's k / 2 bits), word + 1 first
-    among the registers (one 8-byte load a row), its rows as in the A operand."""
-    kmap = {1: None, 8: None, 16: 1, 2: 2, 4: 4}
-
-    def words(bases):
-        out = []
-        for r, k in bases:
-            if k == 0:
-                out.append([r, 0])
-            elif kmap[k] is not None:
-                out.append([0, kmap[k]])
-        return out
-    reg = words(ll.reg_bases)
-    reg = [b for b in reg if b == [0, 1]] + [b for b in reg if b != [0, 1]]
-    return gl.DistributedLinearLayout(reg, words(ll.lane_bases), words(ll.warp_bases), words(ll.block_bases),
-                                      [ll.shape[0], 8])
-
-
-@gluon.jit
-def _frag_pairs(pa, pb):
-    """Pairs of a word layout [R, 8] (word c = 2 q + b of a row) -> the half chunk's pairs [R, 16]: pair
-    8 b + 4 h + q from pa (h = 0) or pb (h = 1) of word 2 q + b (k = 16 b + 8 h + 2 q and + 1: the A operand's)."""
-    R: gl.constexpr = pa.shape[0]
-    j = gl.reshape(gl.join(pa, pb), [R, 4, 2, 2])         # (q, b, h)
-    return gl.reshape(gl.permute(j, (0, 2, 3, 1)), [R, 16])
-
-
 @gluon.constexpr_function
 def _pairs_layout(ll):
     """Linear layout of the A operand's code bytes [R, 32] (register bit 0 is k bit 0: each thread holds byte
@@ -189,31 +127,13 @@ def _pairs_layout(ll):
 
 @gluon.jit
 def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
-                BITS: gl.constexpr, FRAG: gl.constexpr = False):
+                BITS: gl.constexpr):
     """Code pairs (_wg_codes) -> (lo, hi): the dequantized k = j and k = 32 + j halves of the step's 64-k chunk,
     [BN, 32] each, in the wgmma A-operand layout `al`. The codes become magic + u in 16-bit floats: 4-bit, one
     uint16 of two code bytes per pair of each half (low / high nibbles); 8-bit, one uint16 per pair and half, in
     fp16 whatever dt (bf16's 7 mantissa bits hold no magic + u for u up to 255: u is taken exactly from the fp16
-    form, exact in bf16 too). For integer zero points and the magic's own dtype, (magic + u) - (magic + z) is exact.
-    FRAG: codes are the chunk's 32-bit words in fragment order (_wg_codes), 8 nibbles each: (k, k + 1) of the low
-    half and the same of the high half, for two k blocks 8 apart."""
-    if FRAG:
-        gl.static_assert(BITS == 4, "FRAG: 4-bit codes")
-        if dt == gl.bfloat16:
-            p0, p1, p2, p3 = gl.inline_asm_elementwise(asm=_WORDS_BF16, constraints="=r,=r,=r,=r,r", args=[codes[0]],
-                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
-                                                       pack=1)
-            HT: gl.constexpr = gl.bfloat16
-            MAGIC: gl.constexpr = 128.0
-        else:
-            p0, p1, p2, p3 = gl.inline_asm_elementwise(asm=_WORDS_F16, constraints="=r,=r,=r,=r,r", args=[codes[0]],
-                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
-                                                       pack=1)
-            HT: gl.constexpr = gl.float16
-            MAGIC: gl.constexpr = 1024.0
-        lw = _frag_pairs(p0, p2)
-        hw = _frag_pairs(p1, p3)
-    elif BITS == 8:
+    form, exact in bf16 too). For integer zero points and the magic's own dtype, (magic + u) - (magic + z) is exact."""
+    if BITS == 8:
         lw, hw = gl.inline_asm_elementwise(asm=_BYTES_F16, constraints="=r,=r,h,h", args=[codes[0], codes[1]],
                                            dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
         HT: gl.constexpr = gl.float16
@@ -233,15 +153,7 @@ def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constex
     szl: gl.constexpr = gl.SliceLayout(1, al)
     sz = gl.convert_layout(sz, szl, assert_trivial=True)
     z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True)
-    if FRAG and dt == gl.float16:       # hi: 1024 + 16 u, (1024 + 16 u) / 16 - 64 = u exactly
-        if INT_Z:
-            lo = lo - (z.to(gl.float32) + MAGIC).to(dt)[:, None]
-            hi = hi * 0.0625 - (z.to(gl.float32) + MAGIC / 16).to(dt)[:, None]
-        else:
-            zz = z.to(dt)[:, None]
-            lo = (lo - MAGIC).to(dt) - zz
-            hi = (hi * 0.0625 - MAGIC / 16).to(dt) - zz
-    elif INT_Z and HT == dt:
+    if INT_Z and HT == dt:
         zz = (z.to(gl.float32) + MAGIC).to(dt)[:, None]
         lo = lo - zz
         hi = hi - zz
@@ -255,7 +167,7 @@ def _wg_dequant(codes, sz, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constex
 
 @gluon.jit
 def _wg_codes(c_ring, bars, xbars, step, al: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr,
-              KC: gl.constexpr, XBAR: gl.constexpr, FRAG: gl.constexpr = False):
+              KC: gl.constexpr, XBAR: gl.constexpr):
     """Wait for the stage holding chunk `step` (stage step // KC mod STAGES; a wait on a stage already complete
     returns at once; XBAR: for its x tiles too) and read the chunk's code bytes as 16-bit pairs in the A-operand
     layout: 8-bit, the pairs of k and of k + 32; 4-bit, the pairs of both (twice, the same value)."""
@@ -267,16 +179,11 @@ def _wg_codes(c_ring, bars, xbars, step, al: gl.constexpr, STAGES: gl.constexpr,
     pl: gl.constexpr = _pairs_layout(gl.to_linear_layout(al, [BN, BK // 2]))
     CPS: gl.constexpr = BITS // 4
     e = step % (STAGES * KC)
-    if FRAG:
-        wl: gl.constexpr = _words_layout(gl.to_linear_layout(al, [BN, BK // 2]))
-        clo = c_ring.index(e)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(wl)
-        chi = clo
+    clo = c_ring.index(CPS * e)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
+    if BITS == 8:
+        chi = c_ring.index(CPS * e + 1)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
     else:
-        clo = c_ring.index(CPS * e)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
-        if BITS == 8:
-            chi = c_ring.index(CPS * e + 1)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(pl)
-        else:
-            chi = clo
+        chi = clo
     return clo, chi
 
 
@@ -311,7 +218,7 @@ def _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, xbars, g, steps, s0, off_m,
 def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, xbars, empty, s_p, off_m, off_n,
              up0, GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
              STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr, WS: gl.constexpr,
-             XBAR: gl.constexpr, FRAG: gl.constexpr):
+             XBAR: gl.constexpr):
     """Chunk `step`: issue its wgmmas on (lo, hi) and start the load of the (scale, zero) words of the chunk
     after next; wait for the previous chunk's wgmmas (its tile's registers are then free); if that chunk was its
     stage's last, refill the stage with the chunks STAGES stages on, once every warp is past it (WS: hand the stage
@@ -339,8 +246,8 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
             gl.thread_barrier()
             _wg_refill(x_desc, w_desc, x_ring, c_ring, bars, xbars, g, steps, s0, off_m, off_n, up0, True, BITS, KC,
                        STAGES, SWIGLU, XBAR)
-    codes = _wg_codes(c_ring, bars, xbars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC, XBAR, FRAG)
-    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS, FRAG)
+    codes = _wg_codes(c_ring, bars, xbars, gl.minimum(step + 1, steps - 1), al, STAGES, BITS, KC, XBAR)
+    nlo, nhi = _wg_dequant(codes, sz, INT_Z, dt, st, al, BITS)
     return acc, nlo, nhi, sz_after
 
 
@@ -348,7 +255,7 @@ def _wg_step(acc, lo, hi, sz, step, steps, s0, x_desc, w_desc, x_ring, c_ring, b
 def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, xbars, empty, steps, s0, off_m, off_n, up0,
              GROUP: gl.constexpr, INT_Z: gl.constexpr, dt: gl.constexpr, st: gl.constexpr, al: gl.constexpr,
              mma: gl.constexpr, STAGES: gl.constexpr, BITS: gl.constexpr, KC: gl.constexpr, SWIGLU: gl.constexpr,
-             WS: gl.constexpr, XBAR: gl.constexpr, FRAG: gl.constexpr):
+             WS: gl.constexpr, XBAR: gl.constexpr):
     """The main loop over the slice's chunks (sz: the first chunk's (scale, zero) words, or None: loaded here);
     with WS, the default partition of the warp-specialized kernel (the ring filled by _wg_produce). Returns (acc,)
     once every wgmma is done."""
@@ -356,8 +263,7 @@ def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, xbars, empty, steps,
     BM: gl.constexpr = x_ring.shape[1]
     if sz is None:
         sz = _wg_sz(s_p, 0, steps, s0, GROUP)
-    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, xbars, 0, al, STAGES, BITS, KC, XBAR, FRAG), sz, INT_Z, dt, st, al,
-                         BITS, FRAG)
+    lo, hi = _wg_dequant(_wg_codes(c_ring, bars, xbars, 0, al, STAGES, BITS, KC, XBAR), sz, INT_Z, dt, st, al, BITS)
     if GROUP != PER_CHANNEL:
         sz = _wg_sz(s_p, 1, steps, s0, GROUP)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
@@ -367,10 +273,10 @@ def _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, xbars, empty, steps,
     for j in range(steps // 2):
         acc, lo2, hi2, sz = _wg_step(acc, lo, hi, sz, 2 * j, steps, s0, x_desc, w_desc, x_ring, c_ring, bars, xbars,
                                      empty, s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC, SWIGLU,
-                                     WS, XBAR, FRAG)
+                                     WS, XBAR)
         acc, lo, hi, sz = _wg_step(acc, lo2, hi2, sz, 2 * j + 1, steps, s0, x_desc, w_desc, x_ring, c_ring, bars,
                                    xbars, empty, s_p, off_m, off_n, up0, GROUP, INT_Z, dt, st, al, STAGES, BITS, KC,
-                                   SWIGLU, WS, XBAR, FRAG)
+                                   SWIGLU, WS, XBAR)
     if steps % 2 == 1:      # the last step's tile was dequantized by the last iteration
         acc = warpgroup_mma_wait(0, deps=[_wg_mma(acc, lo, hi, x_ring.index((steps - 1) % (STAGES * KC)))])
     return (warpgroup_mma_wait(0, deps=[acc]),)
@@ -403,7 +309,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                    SPLIT_K: gl.constexpr = 1, BITS: gl.constexpr = 4, KC: gl.constexpr = 1,
                    SWIGLU: gl.constexpr = False, TAIL: gl.constexpr = 1, WS: gl.constexpr = False,
-                   PDL: gl.constexpr = False, XBAR: gl.constexpr = False, FRAG: gl.constexpr = False):
+                   PDL: gl.constexpr = False, XBAR: gl.constexpr = False):
     """W4A16 / W8A16 (BITS) on Hopper, K a multiple of 64, GROUP PER_CHANNEL or a multiple of 64. One program per
     output tile, computed as out.T [BLOCK_N, BLOCK_M] = W tile @ x tile.T (grouped order: GROUP_M x blocks share
     each weight block in L2). x_desc: TMA descriptor of x [M, K], blocks [BLOCK_M, 64]; w_desc: of the code bytes
@@ -485,7 +391,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
             mbarrier.init(empty.index(p), count=1)
         acc, = gl.warp_specialize([
             (_wg_loop, (None, s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, empty, steps, s0, off_m, off_n, up0,
-                        GROUP, INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, True, False, FRAG)),
+                        GROUP, INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, True, False)),
             (_wg_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, up0, STAGES, BITS,
                            KC, SWIGLU, PDL)),
         ], [1], [24])
@@ -502,7 +408,7 @@ def _wo_wg_kernel(x_desc, w_desc, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn,
             _wg_issue_x(x_desc, x_ring, xbars, p, off_m, (s0 + p * KC) * BK, p * KC < steps, KC)
         # (no `empty` barriers without WS: bars stands in for them, unused)
         acc, = _wg_loop(sz, s_p, x_desc, w_desc, x_ring, c_ring, bars, xbars, bars, steps, s0, off_m, off_n, up0,
-                        GROUP, INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, False, XBAR, FRAG)
+                        GROUP, INT_Z, dt, st, al, mma, STAGES, BITS, KC, SWIGLU, False, XBAR)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
         if XBAR:
