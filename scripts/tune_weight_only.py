@@ -237,6 +237,10 @@ def candidates(m: int) -> list[dict]:
         # warpgroup that multiplies, the loop's latency-bound part)
         c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc, ws=True) for st, kc, sp, mp in
               [(4, 1, 4, 792), (3, 1, 8, 1056), (2, 2, 4, 792)]]
+        # WS compiles at 255 registers for its 8 warps (one program per SM): capped, several programs per SM
+        # (logs/pdl_decode_step_h200.log: 28672x4096 at M = 16 64.7 -> 37.7 µs with maxnreg 64; no spills at 64
+        # up to 32 x rows, at 80 for 64)
+        c += [wg(bm, 64, 4, st, split=4, min_programs=792, ws=True, maxnreg=64 if bm <= 32 else 80) for st in (4, 6)]
         # the same with the x tiles on barriers of their own (XBAR: 3 CTA barriers per chunk instead of 4 in the
         # loop's SASS, 361 instructions per two chunks instead of 355). Registers capped (maxnreg 64 / 80 / 96) won
         # no bucket or shape in an H200 sweep at M = 16-64 (logs/pdl_decode_step_h200.log): no longer tried
