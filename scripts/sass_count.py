@@ -6,7 +6,7 @@ loads per iteration. Registers per thread from cuobjdump. A kernel whose count p
 lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at the bandwidth limit.
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
-       w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-swiglu | w4a16-wg-tail |
+       w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-128 | w4a16-wg-swiglu | w4a16-wg-tail |
        w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
@@ -140,15 +140,16 @@ def _wg_types(bm: int, hb: int) -> dict:
                 ws_ptr="*fp32", cnt_ptr="*i32", full="i32")
 
 
-def w4a16_wg(swiglu: bool = False):
+def w4a16_wg(swiglu: bool = False, bn: int = 64):
     """The Gluon wgmma kernel at batched decode: 4-bit, g128, 32 x rows, 64 weight rows, 8 stages of one 64-k chunk,
     split 2 (an H200 table's M = 32 entry on 14336x4096). Its main loop is the smallest one with the HGMMAs (the
     larger ones are the mbarrier waits' retry paths jumping back into it); two chunks per iteration. swiglu: the
-    runtime's gate|up (SWIGLU: half-height code boxes, gate and up paired in the epilogue)."""
+    runtime's gate|up (SWIGLU: half-height code boxes, gate and up paired in the epilogue). bn 128: 128 weight rows
+    on the one warpgroup (two m64 wgmmas a k step)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qkernels.kernels.weight_only.wg import _wo_wg_kernel as k
-    bm, bn = 32, 64
+    bm = 32
     cx = dict(GROUP=128, HAS_BIAS=False, INT_Z=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=8, SPLIT_K=2, BITS=4,
               KC=1, SWIGLU=swiglu, TAIL=1, WS=False, PDL=False)
     types = _wg_types(bm, bn // 2 if swiglu else bn)
@@ -180,7 +181,7 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
          "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
          "w4a16-wg-tail": w4a16_wg_tail, "w4a16-wg-ws": w4a16_wg_ws,
-         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-gvt-ring": w4a16_gvt_ring,
+         "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128), "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 
 

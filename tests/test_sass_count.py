@@ -14,8 +14,8 @@ NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdis
 
 @pytest.mark.skipif(not NVDISASM.exists(), reason="Triton's CUDA tools are not installed")
 @pytest.mark.parametrize("case", ["gemv8-fp8", "gemv8-fp8-quant", "w4a16-gemv", "w4a16-gv", "w4a16-gv-wpt2",
-                                  "w4a16-gv-wpt2-intz", "w4a16-gvp", "w4a16-gvt", "w4a16-wg", "w4a16-wg-swiglu",
-                                  "w4a16-wg-tail",
+                                  "w4a16-gv-wpt2-intz", "w4a16-gvp", "w4a16-gvt", "w4a16-wg", "w4a16-wg-128",
+                                  "w4a16-wg-swiglu", "w4a16-wg-tail",
                                   "w4a16-wg-ws", "w4a16-gvt-ring",
                                   "w8a8-gvt", "w8a8-gvt-fp8"])
 def test_sass_count_counts_each_decode_loop(case):
