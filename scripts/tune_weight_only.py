@@ -240,7 +240,8 @@ def candidates(m: int) -> list[dict]:
         # 128 weight rows on one warpgroup (two m64 wgmmas a k step): the step's fixed cost (ring refill, barriers,
         # scale loads) over twice the weights, 4.1-4.3 instructions a weight in the loop against 5.5 at 64 rows
         # (offline sm_90 SASS), at 126 / 144 / 176 registers for M = 16 / 32 / 64: K split until the grid fills the
-        # programs an SM then holds (4 / 3 / 2), where the 264-program candidates above leave half of them empty
+        # programs an SM then holds (4 / 3 / 2); the 264-program candidates above leave up to half of them empty on
+        # the smaller shapes
         c += [wg(bm, 128, 4, st, split=sp, min_programs=mp) for st, sp, mp in
               [(4, 4, 528), (4, 8, 528), (6, 4, 396), (3, 8, 264)]]
         # WS compiles at 255 registers for its 8 warps (one program per SM): capped, several programs per SM
