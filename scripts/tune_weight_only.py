@@ -237,13 +237,6 @@ def candidates(m: int) -> list[dict]:
         # warpgroup that multiplies, the loop's latency-bound part)
         c += [wg(bm, 64, 4, st, split=sp, min_programs=mp, kc=kc, ws=True) for st, kc, sp, mp in
               [(4, 1, 4, 792), (3, 1, 8, 1056), (2, 2, 4, 792)]]
-        # 128 weight rows on one warpgroup (two m64 wgmmas a k step): the step's fixed cost (ring refill, barriers,
-        # scale loads) over twice the weights, 4.1-4.3 instructions a weight in the loop against 5.5 at 64 rows
-        # (offline sm_90 SASS), at 126 / 144 / 176 registers for M = 16 / 32 / 64: K split until the grid fills the
-        # programs an SM then holds (4 / 3 / 2); the 264-program candidates above leave up to half of them empty on
-        # the smaller shapes
-        c += [wg(bm, 128, 4, st, split=sp, min_programs=mp) for st, sp, mp in
-              [(4, 4, 528), (4, 8, 528), (6, 4, 396), (3, 8, 264)]]
         # WS compiles at 255 registers for its 8 warps (one program per SM): capped, several programs per SM
         # (logs/pdl_decode_step_h200.log: 28672x4096 at M = 16 64.7 -> 37.7 µs with maxnreg 64; no spills at 64
         # up to 32 x rows, at 80 for 64)
