@@ -31,6 +31,17 @@ def test_decode_step_runs_and_skip_reasons():
     assert bm.skip_reason("w8a8", {"fp8": False}) is None
 
 
+def test_decode_step_rewinds_the_cache_every_step():
+    """The timed step writes slot ctx on every call (the cache's per-layer token counts set back before each, in one
+    launch): many more calls than the cache's spare slots give the same logits every time, no overflow."""
+    cfg = bm.model_configs(tiny=True)["tiny-llama"]
+    m = bm.build(cfg, "fp16", DEVICE)
+    step = bm.decode_step(m, 1, 8, DEVICE, graph=False)
+    first = step().clone()
+    for _ in range(12):                 # the cache holds ctx + 8 positions
+        assert torch.equal(step(), first)
+
+
 @pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is `qkernels bench model`'s job, not a test's")
 def test_vision_language_model_runs_when_named(tmp_path):
     """--models qwen3-vl-2b (here its tiny twin): the conditional-generation model is built with its buffers,

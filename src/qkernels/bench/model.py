@@ -198,13 +198,16 @@ def decode_step(model, batch: int, ctx: int, device, graph: bool, compiled: bool
     pos = torch.tensor([ctx], device=device)
     pos_ids = pos.expand(batch, 1)
 
-    layers = getattr(cache, "layers", [])
+    # caches that count written tokens (a tensor per layer): rewound before every step, so every replay writes slot
+    # ctx, all in one launch (a fill per layer would put the layers' count of launches, outside the compiled step's
+    # graph, into a step that a user's generate() does not pay)
+    lens = [n for n in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", []))
+            if isinstance(n, torch.Tensor)]
+    at_ctx = [torch.full_like(lens[0], ctx)] * len(lens) if lens else []
 
     def step():
-        for layer in layers:      # caches that count written tokens: rewind, so every replay writes slot ctx
-            n = getattr(layer, "cumulative_length", None)
-            if isinstance(n, torch.Tensor):
-                n.fill_(ctx)
+        if lens:
+            torch._foreach_copy_(lens, at_ctx)
         with torch.no_grad():
             return fwd(tok, past_key_values=cache, cache_position=pos, position_ids=pos_ids, logits_to_keep=1).logits
 
