@@ -199,8 +199,8 @@ def decode_step(model, batch: int, ctx: int, device, graph: bool, compiled: bool
     pos_ids = pos.expand(batch, 1)
 
     # caches that count written tokens (a tensor per layer): rewound before every step, so every replay writes slot
-    # ctx, all in one launch (a fill per layer would put the layers' count of launches, outside the compiled step's
-    # graph, into a step that a user's generate() does not pay)
+    # ctx; one launch for all layers (a fill per layer, outside the compiled step's graph, would add launches that a
+    # user's generate() does not make)
     lens = [n for n in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", []))
             if isinstance(n, torch.Tensor)]
     at_ctx = [torch.full_like(lens[0], ctx)] * len(lens) if lens else []
