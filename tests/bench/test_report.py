@@ -277,6 +277,17 @@ def test_missing_peers_count_as_targets_not_measured(tmp_path):
     assert "- decode_gemv — GPU X: the targets against gemlite: not installed: not in this run — not measured" in text
 
 
+def test_a_peer_timed_by_an_earlier_merged_run_is_not_missing(tmp_path):
+    """A file merged from runs where the last lacked a peer keeps the rows an earlier run timed of it: that peer is
+    not named as missing (its targets are judged on those rows); one no row measured still is."""
+    root = tmp_path / "results"
+    row = dict(op="gemm_linear", provider="gemlite w8a8 fp8", mode="graph", M=16, N=4096, K=4096, median_us=9.0)
+    _write(root, "h100", "gemm", [row], peers_missing=["gemlite: not installed", "marlin: not built"])
+    text = report.build(root)
+    assert "- the targets against marlin: not built: not in this run — **not measured**" in text
+    assert "gemlite: not installed" not in text
+
+
 def test_gemm_targets_from_graph_rows():
     row = lambda p, M, N, K, us, mode="graph": dict(op="gemm_linear", provider=p, mode=mode, M=M, N=N, K=K,  # noqa
                                                      median_us=us)
