@@ -207,6 +207,28 @@ def test_tile_kernel_split_k(M, N, K, split, min_programs):
     assert_bit_exact(againf, gotf, "fp8, second call (partials added in slice order)")
 
 
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_tile_config_pdl_false_is_a_launch_option(dtype):
+    """A tile config's "PDL": false launches the GEMM without programmatic dependent launch: no constexpr of the
+    config's own, and the W8A8 linear gives the bits of the same config without it (and the reference's value)."""
+    from qkernels.ops import gemm as G
+    if dtype == "fp8" and ON_GPU and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 GEMMs need sm_89+")
+    cfg = dict(_SPLIT_TILE, SPLIT_K=2, PDL=False)
+    assert "PDL" not in G._tile_plan(cfg, 20, 48, 256)[0]
+    x = torch.randn(20, 256, device=DEVICE, dtype=torch.float16)
+    w = torch.randn(48, 256, device=DEVICE)
+    ws = w.abs().amax(1) / (127.0 if dtype == "int8" else 448.0)
+    wq = (w / ws[:, None]).round().to(torch.int8) if dtype == "int8" else (w / ws[:, None]).to(torch.float8_e4m3fn)
+    with qk.poison_outputs():
+        with G.use_config(cfg):
+            got = qk.w8a8_linear(x, wq, ws, dtype=dtype)
+        with G.use_config(dict(_SPLIT_TILE, SPLIT_K=2)):
+            want = qk.w8a8_linear(x, wq, ws, dtype=dtype)
+    assert_bit_exact(got, want, "PDL false")
+    assert rel_err(got, ref.w8a8_linear(x, wq, ws, dtype=dtype)) < 2e-3
+
+
 def test_tile_kernel_split_k_refused_past_int32_workspace():
     """No split where split x M x N would reach 2**31 workspace elements (int32 offsets in the kernel)."""
     from qkernels.ops import gemm as G

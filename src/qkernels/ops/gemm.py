@@ -130,13 +130,16 @@ def _launch_config(a2, b, c, sa, sb, bias, scale_c, act, kind, M, N, K, cfg):
     tile_cfg, split = _tile_plan(cfg, M, N, K)
     unused = c   # pointer for absent optional inputs; the constexpr flags keep it unread
     ws, cnt = _splitk_buffers(c, split, tiles, kind)
+    # "PDL": false in a tile config: launched without programmatic dependent launch (it starts once the kernel
+    # before, the quantize kernel of a W8A8 linear, has ended): where the early start costs more than it hides
+    pdl = pdl_options(c.device) if cfg.get("PDL", True) else {}
     launch(_kg()._scaled_mm_kernel, (tiles, split),
            a2, b, c, sa if sa is not None else unused, sb if sb is not None else unused,
            bias if bias is not None else unused, scale_c, M, N, K,
            a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), ws, cnt,
            HAS_SCALES=sa is not None, SA_PER_ROW=sa is not None and sa.numel() > 1,
            SB_PER_COL=sb is not None and sb.numel() > 1, HAS_BIAS=bias is not None, ACT=_ACT_ID[act],
-           ACC_INT=kind != "fp8", INT4=kind == "int4", **tile_cfg, **pdl_options(c.device))
+           ACC_INT=kind != "fp8", INT4=kind == "int4", **tile_cfg, **pdl)
 
 
 # (id(cfg), M, N, K) -> (cfg, the tile kernel's constexprs, split); cfg kept alive: ids stay unique
@@ -155,7 +158,8 @@ def _tile_plan(cfg: dict, M: int, N: int, K: int) -> tuple[dict, int]:
     split = k_splits(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"]), tiles, cfg.get("MIN_PROGRAMS"))
     if split * M * N >= 2 ** 31:
         split = 1
-    constexprs = {k: v for k, v in cfg.items() if k not in ("SPLIT_K", "MIN_PROGRAMS")}
+    # PDL: a launch option (_launch_config), not a constexpr
+    constexprs = {k: v for k, v in cfg.items() if k not in ("SPLIT_K", "MIN_PROGRAMS", "PDL")}
     constexprs["SPLIT_K"] = split
     if len(_TILE_PLANS) >= 4096:
         _TILE_PLANS.clear()
