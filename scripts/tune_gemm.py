@@ -8,7 +8,9 @@ rows), against the quantize kernel + the GEMM its table picks ("path": "quantize
 two launches count as TWO_LAUNCHES times their time; at M = 1 the linear is one launch (ONE_LAUNCH), quantize + GEMM
 timed for the log only. --chain times the decode buckets as a
 decode step runs them (weight copies in one CUDA graph) instead of one-call graphs: in those chains the W8A8 GEMV
-quantizing x fares worse than the one-call graphs show (docs/design/gemm.md). Usage:
+quantizing x fares worse than the one-call graphs show (docs/design/gemm.md); int8 / fp8 at M = 17..256 are timed
+there as the W8A8 linear (the quantize kernel, then the GEMM), and the candidates close to the best once more with
+"PDL": false (launched without programmatic dependent launch). Usage:
 PYTHONPATH=src python3 scripts/tune_gemm.py [--kinds int8 fp8 w8a8 w8a8-fp8] [--buckets 16 1 ...] [--chain]"""
 import argparse
 import ast
@@ -111,6 +113,9 @@ WG_BUCKETS = ("1024", "4096", "16384")
 M_OF = {"16": [2, 16], "1": [1],       # the M <= 16 bucket serves M = 2..16 (M = 1 has its own)
          "32": [32], "64": [64], "128": [128], "256": [256], "1024": [1024], "4096": [4096], "16384": [16384]}
 CHAIN_MAX = 256         # --chain: the buckets a decode step runs (batches up to 256 sequences)
+# --chain, buckets 32-256 (int8 / fp8 timed as the W8A8 linear: quantize kernel + GEMM): the candidates within this
+# factor of the best are timed once more launched without programmatic dependent launch
+PDL_OFF_WITHIN = 1.15
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 # decode sizes: also the small and merged projections a decode step runs (k / v, q|k|v, gate|up) and the lm_head
 # (the runtime quantizes it on request; bench decode-gemv times it)
@@ -258,6 +263,9 @@ for kind in args.kinds:
                     if kind in W8A8_KINDS:
                         times.append(time_w8a8(cfg, W8A8_KINDS[kind], M, N, K))
                         continue
+                    if args.chain and int(bucket) > 16:       # batched decode: as the W8A8 linear runs it
+                        times.append(time_w8a8(cfg, kind, M, N, K))
+                        continue
                     a = torch.randint(-128, 128, (M, K), dtype=torch.int8, device=dev)
                     if kind == "fp8":
                         a = a.view(torch.float8_e4m3fn).float().clamp(-400, 400).to(torch.float8_e4m3fn)
@@ -285,10 +293,15 @@ for kind in args.kinds:
             if best is None or gm < best[0]:
                 best = (gm, cfg)
         paths = []
+        if args.chain and int(bucket) > 16:
+            # the close candidates again launched without programmatic dependent launch ("PDL": false): behind the
+            # quantize kernel an early start can cost more than it hides (docs/design/gemm.md)
+            paths = [dict(c, PDL=False) for t, c in results
+                     if math.exp(sum(map(math.log, t)) / len(t)) < PDL_OFF_WITHIN * best[0]]
         if kind == "fp8" and bucket != "1":      # cuBLAS (torch._scaled_mm) where it is faster, our best as fallback
-            paths = [dict(path="cublas", fallback=best[1])]
+            paths += [dict(path="cublas", fallback=best[1])]
         if kind == "int8" and bucket in WG_BUCKETS and torch.cuda.get_device_capability(dev) == (9, 0):
-            paths = [dict(c, fallback=best[1]) for c in WG]
+            paths += [dict(c, fallback=best[1]) for c in WG]
         if kind in ("int8", "fp8") and bucket == "16":    # a tile config as the fallback
             paths += [dict(c, fallback=tile_of(best[1])) for c in GVT[:2]]
         for cfg in paths:
