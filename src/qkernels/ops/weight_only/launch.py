@@ -174,8 +174,7 @@ def _launch(x2, qweight, scale_zero, bias, out, bits, group_size, int_zeros, cfg
     N = qweight.shape[0]
     kernel, grid, _, constexprs, scratch = _plan(cfg, M, N, K, bits, group_size, bias is not None, int_zeros, swiglu,
                                                  num_sms(x2.device) if "TAIL" in cfg or "PERSISTENT" in cfg else 0)
-    if (cfg["path"] == "gv" and "PERSISTENT" in cfg and N * qweight.stride(0) >= _GVP_MAX_BYTES
-            and N * (K // 2) < _GVP_MAX_BYTES):
+    if "PERSISTENT" in cfg and N * qweight.stride(0) >= _GVP_MAX_BYTES and N * (K // 2) < _GVP_MAX_BYTES:
         raise RuntimeError(f"gv PERSISTENT addresses the codes with int32 offsets: rows of {qweight.stride(0)} bytes "
                            f"(K / 2 = {K // 2} expected) put {N} rows past 2**31 bytes")
     bias_arg = bias if bias is not None else scale_zero
