@@ -181,3 +181,9 @@ def test_generate_image_errors_name_the_file(tmp_path, capsys):
     text_dir = _model_dir(tmp_path / "t")
     assert cli.main(["generate", str(text_dir), "--image", big, "--prompt", "x", "--dtype", "float32"]) == 2
     assert "is not a vision-language model" in capsys.readouterr().err
+    # image placeholders in the prompt (a template pasted in by hand) and no --image: refused, no tokens streamed
+    assert cli.main(["generate", str(d), "--prompt", "describe <|image_pad|> <|image_pad|>", "--dtype",
+                     "float32"]) == 2
+    out = capsys.readouterr()
+    assert "--prompt holds 2 image placeholder token(s) (<|image_pad|>, id" in out.err and "pass --image" in out.err
+    assert "tok/s" not in out.err and out.out == ""

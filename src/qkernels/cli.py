@@ -243,6 +243,12 @@ def cmd_generate(args) -> int:
             return 2
     else:
         ids = tokenizer.encode(args.prompt).ids
+        if model.visual is not None and model.visual.args.image_token_id in ids:
+            tok = model.visual.args.image_token_id
+            print(f"error: --prompt holds {ids.count(tok)} image placeholder token(s) "
+                  f"({tokenizer.id_to_token(tok)}, id {tok}) but no image was given: pass --image FILE",
+                  file=sys.stderr)
+            return 2
     stop = _stop_ids(Path(args.model), tokenizer)
     shown = []
     say(args.prompt, end="", flush=True)

@@ -142,6 +142,18 @@ def test_bad_image_inputs_name_the_argument():
         m.visual(pv, torch.tensor([[1, 3, 8]], device=DEVICE))
     with pytest.raises(ValueError, match=r"image_grid_thw must be an \[images, 3\] tensor"):
         m.visual(pv, torch.tensor([4, 6], device=DEVICE))
+    ids = torch.tensor([prompt_with([6], [[5], [7]])], device=DEVICE)
+    with pytest.raises(ValueError, match="images need both pixel_values and image_grid_thw"):
+        m(ids, pixel_values=pv)
+    with pytest.raises(ValueError, match="images need both pixel_values and image_grid_thw"):
+        m(ids, image_grid_thw=grid)
+    for poison in (float("nan"), float("inf"), -float("inf")):
+        bad = pv.clone()
+        bad[3, 7] = poison
+        with pytest.raises(ValueError, match=r"pixel_values must be finite, got 1 NaN / Inf value\(s\) of 2304"):
+            m.visual(bad, grid)
+        with pytest.raises(ValueError, match=r"pixel_values must be finite"):    # through the model's forward
+            m(ids, pixel_values=bad, image_grid_thw=grid)
     with pytest.raises(ValueError, match="vision_config.hidden_act must be one of"):
         VisionArgs.from_hf({"vision_config": dict(VISION, hidden_act="swish", out_hidden_size=64)})
 
@@ -254,6 +266,23 @@ def test_image_token_count_must_match_the_grid():
         dtype=torch.float32)
     with pytest.raises(ValueError, match="given to a model without a vision encoder"):
         text_only(none, pixel_values=pv, image_grid_thw=grid)
+
+
+def test_image_tokens_without_images_are_refused():
+    """A prompt holding image placeholders but no pixel_values (a forgotten image, a template's placeholders):
+    refused by the forward and by generate before any token comes back, not embedded as text."""
+    hf = hf_vl()
+    m = from_pretrained(hf, device=DEVICE, dtype=torch.float32)
+    ids = torch.tensor([prompt_with([6], [[5], [7]])], device=DEVICE)
+    msg = r"input_ids hold 6 image placeholder token\(s\) \(image_token_id 150\) but no pixel_values"
+    for pos in (None, 0):
+        with pytest.raises(ValueError, match=msg):
+            m(ids, pos)
+    with pytest.raises(ValueError, match=msg):
+        m.generate(ids[0].tolist(), 3)
+    text = torch.tensor([[5, 6, 7]], device=DEVICE)           # plain text still runs, and so do its decode steps
+    assert m(text).shape == (1, 3, TEXT["vocab_size"])
+    assert len(m.generate(text[0].tolist(), 3)) == 6
 
 
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a16", "w8a8", "w8a8-fp8"])

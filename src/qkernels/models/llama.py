@@ -304,7 +304,9 @@ class Transformer(nn.Module):
         if pixel_values is not None or image_grid_thw is not None:
             mm = self._images(input_ids, pos, pixel_values, image_grid_thw, lengths)
             rope, rope_pos = mm.rope, mm.rope_pos
-        elif self.rope_delta is not None and pos is not None:   # text after a prompt with images: rotary offsets
+        elif self.visual is not None and not isinstance(pos, torch.Tensor):
+            self._no_stray_image_tokens(input_ids)
+        if mm is None and self.rope_delta is not None and pos is not None:   # text after a prompt with images
             if isinstance(pos, torch.Tensor):
                 rope_pos = (pos + self.rope_delta[:B]).view(B, 1)
             elif pos == 0:
@@ -373,6 +375,15 @@ class Transformer(nn.Module):
         if self.tp is not None:
             return self.tp.embed(input_ids, self.tok_embeddings.weight, self.args.vocab_size)
         return self.tok_embeddings(input_ids)
+
+    def _no_stray_image_tokens(self, input_ids: torch.Tensor) -> None:
+        """A prompt (chunk) without images must hold no image placeholders: embedded as text they would have the
+        model answer about an image it never saw. One host sync per prompt chunk, none per decode step."""
+        tok = self.visual.args.image_token_id
+        n = int((input_ids == tok).sum())
+        if n:
+            raise ValueError(f"input_ids hold {n} image placeholder token(s) (image_token_id {tok}) but no "
+                             f"pixel_values / image_grid_thw were given: pass the images the prompt stands for")
 
     def _images(self, input_ids, pos, pixel_values, image_grid_thw, lengths) -> Prompt:
         if self.visual is None:

@@ -184,6 +184,12 @@ class VisionTower(nn.Module):
         if not isinstance(pixel_values, torch.Tensor) or tuple(pixel_values.shape) != (n, a.patch_dim):
             raise ValueError(f"pixel_values must be [{n}, {a.patch_dim}] (the patches image_grid_thw counts, "
                              f"C * T * P * P each), got {tuple(getattr(pixel_values, 'shape', ()))}")
+        # one count on the device and one host sync per call (the grid above needs one already): a NaN or Inf
+        # patch would run through every block and the decoder without a word
+        bad = int((~torch.isfinite(pixel_values)).sum())
+        if bad:
+            raise ValueError(f"pixel_values must be finite, got {bad} NaN / Inf value(s) of {pixel_values.numel()} "
+                             f"(an image decoder or preprocessing fault before the model)")
         return grid
 
     def positions(self, grid: list) -> tuple:
