@@ -304,6 +304,22 @@ def weight_only_linear(x: torch.Tensor, qweight, scales, zeros, bits: int, group
     return y.to(x.dtype)
 
 
+def w4a8_linear(x: torch.Tensor, qweight, scales, zeros, group_size: int, perm=None, bias=None) -> torch.Tensor:
+    """W4A8-FP8: x [..., K] quantized per token to float8_e4m3fn (quantize(x, "fp8_e4m3", "row")), times the
+    dequantized 4-bit weight (weight_only_dequantize: (u - z) * s exactly in fp32), in fp32, times the tokens'
+    scales (+ bias), output in x's dtype. act-order (perm): x is gathered into the codes' order first."""
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    if perm is not None:
+        x2 = x2[:, perm]
+    q, sx, _ = quantize(x2, "fp8_e4m3", "row")
+    w = weight_only_dequantize(qweight, scales, zeros, 4, group_size, K)
+    y = (q.to(torch.float32) @ w.t()) * sx.reshape(-1, 1)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
 # ---------------------------------------------------------------------------------------------
 # collectives (ops/collective.py)
 

@@ -1,0 +1,129 @@
+"""W4A8-FP8 tile configs swept in the decode chain (bench.decode_gemv's method: one CUDA graph calling the linear on
+weight copies spanning 256 MB), beside fp16 F.linear, our W4A16 and our W8A8-FP8 on the same shapes, M and run.
+First a correctness pass of w4a8_linear against reference.w4a8_linear on the GPU (fp16 / bf16, group 128 / 64 /
+per channel, bias, odd M and N).
+
+Usage: python scripts/tune_w4a8.py [--out DIR] [--models llama3-8b qwen3-1.7b] [--ms 16 32 64 128 256]
+Writes DIR/w4a8_sweep.json: per (shape, M) each provider's µs and the best W4A8 config.
+"""
+import argparse
+import copy
+import itertools
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+
+import qkernels as qk
+from qkernels import reference as ref
+from qkernels.bench.decode_gemv import SHAPES, _nbytes, chain_copies, chain_us
+from qkernels.nn.linear import QuantizedLinear
+from qkernels.ops import w4a8
+
+
+def check(dev):
+    torch.manual_seed(1)
+    bad = 0
+    for (N, K, g, sym, M, dt, bias) in [(4096, 4096, 128, False, 16, torch.float16, False),
+                                        (1000, 2048, 64, True, 33, torch.bfloat16, True),
+                                        (768, 1024, -1, False, 5, torch.float16, False),
+                                        (6144, 4096, 128, False, 256, torch.float16, True),
+                                        (4096, 14336, 128, False, 100, torch.bfloat16, False)]:
+        w = torch.randn(N, K, device=dev) * K ** -0.5
+        pw = qk.PackedWeight.from_float(w.to(dt), bits=4, group_size=g, symmetric=sym)
+        x = torch.randn(M, K, device=dev, dtype=dt)
+        b = torch.randn(N, device=dev, dtype=dt) if bias else None
+        r = ref.w4a8_linear(x, pw.qweight, pw.scales, pw.zeros, pw.group_size, None, b).float()
+        for cfg in [None] + list(w4a8.DEFAULT_CONFIGS.values()):
+            if cfg is None:
+                y = w4a8.w4a8_linear(x, pw, b).float()
+            else:
+                with w4a8.use_config(cfg):
+                    y = w4a8.w4a8_linear(x, pw, b).float()
+            rel = ((y - r).norm() / r.norm()).item()
+            ok = rel < (2e-3 if dt == torch.float16 else 1e-2) and bool(torch.isfinite(y).all())
+            bad += not ok
+            if not ok or cfg is None:
+                print(f"check N={N} K={K} g={g} sym={sym} M={M} {dt} bias={bias} cfg={cfg}: rel {rel:.2e} "
+                      f"{'ok' if ok else 'FAILED'}", flush=True)
+    print(f"check: {bad} failed", flush=True)
+    return bad
+
+
+def candidates(M):
+    """Tile configs for an M bucket: BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
+    bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[min(max(16, 1 << (M - 1).bit_length()), 256)]
+    out = []
+    for bm, split, bn, stages in itertools.product(bms, [4, 1], [64, 128], [4, 3, 5]):
+        warps = 8 if bm * bn >= 128 * 128 else 4
+        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, num_warps=warps, num_stages=stages, SPLIT_K=split,
+                        MIN_PROGRAMS=528))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--models", nargs="+", default=["llama3-8b", "qwen3-1.7b"])
+    ap.add_argument("--layers", nargs="+", default=["gate|up", "down", "q|k|v", "q, o"])
+    ap.add_argument("--ms", nargs="+", type=int, default=[16, 32, 64, 128, 256])
+    ap.add_argument("--max-candidates", type=int, default=14)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    os.makedirs(a.out, exist_ok=True)
+    print(torch.cuda.get_device_name(dev), torch.__version__, flush=True)
+    failed = check(dev)
+    rows = []
+    for model in a.models:
+        for N, K, layer in SHAPES[model]:
+            if layer not in a.layers:
+                continue
+            torch.manual_seed(0)
+            lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=torch.float16)
+            torch.nn.init.normal_(lin.weight, std=K ** -0.5)
+            lin.requires_grad_(False)
+            q4 = QuantizedLinear.from_linear(lin, "w4a16")
+            q8 = QuantizedLinear.from_linear(lin, "w8a8-fp8")
+            pw = qk.PackedWeight.from_float(lin.weight, bits=4, group_size=128)     # w4a16's weight, as quantize_ makes it
+            provs = {"fp16": (lambda: lin.weight.clone(), N * K * 2, lambda w, x: (lambda: F.linear(x, w))),
+                     "w4a16": (lambda: copy.deepcopy(q4), _nbytes(q4), lambda w, x: (lambda: w(x))),
+                     "w8a8-fp8": (lambda: copy.deepcopy(q8), _nbytes(q8), lambda w, x: (lambda: w(x)))}
+            w4_bytes = pw.qweight.numel() + pw.scale_zero.numel() * 2
+            copies = {}
+            for M in a.ms:
+                x = torch.randn(M, K, device=dev, dtype=torch.float16)
+                row = dict(model=model, layer=layer, shape=f"{N}x{K}", M=M)
+                with torch.inference_mode():
+                    for name, (make, nbytes, call) in provs.items():
+                        ws = copies.setdefault(name, [make() for _ in range(chain_copies(nbytes))])
+                        row[name] = chain_us([call(w, x) for w in ws], True)
+                    pws = copies.setdefault("w4a8", [copy.deepcopy(pw) for _ in range(chain_copies(w4_bytes))])
+                    best = None
+                    for cfg in [w4a8.config_for(M)] + candidates(M)[:a.max_candidates]:
+                        try:
+                            with w4a8.use_config(cfg):
+                                us = chain_us([lambda w=w: w4a8.w4a8_linear(x, w) for w in pws], True)
+                        except Exception as e:
+                            print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                            continue
+                        if best is None or us < best[0]:
+                            best = (us, cfg)
+                        row.setdefault("w4a8 default", us)
+                    row["w4a8 best"], row["w4a8 config"] = best
+                f = row["fp16"]
+                print(f"{model} {layer:8s} {N}x{K} M={M:3d} fp16 {f:7.2f}  w4a16 {row['w4a16']:7.2f} "
+                      f"({f / row['w4a16']:.2f}x)  w8a8-fp8 {row['w8a8-fp8']:7.2f} ({f / row['w8a8-fp8']:.2f}x)  "
+                      f"w4a8 {row['w4a8 default']:7.2f} / best {row['w4a8 best']:7.2f} ({f / row['w4a8 best']:.2f}x) "
+                      f"{row['w4a8 config']}", flush=True)
+                rows.append(row)
+            copies.clear()
+            torch.cuda.empty_cache()
+    doc = dict(gpu=torch.cuda.get_device_name(dev), torch=torch.__version__, triton=__import__("triton").__version__,
+               check_failed=failed, rows=rows)
+    with open(os.path.join(a.out, "w4a8_sweep.json"), "w") as fh:
+        json.dump(doc, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

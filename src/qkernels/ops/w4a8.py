@@ -1,0 +1,153 @@
+"""W4A8-FP8 linear: 4-bit weights as W4A16 stores them (PackedWeight), activations quantized per token to
+float8_e4m3fn, the product on FP8 tensor cores (kernels/_w4a8.py; numerics there). Reference:
+reference.w4a8_linear.
+
+One op (qkernels::w4a8_linear): the per-token quantization of x (ops.quant.quantize, "fp8_e4m3", "row"), then the
+GEMM with the group scales and zero points applied per group in fp32. Tile configs: `config=` (tests, tuners), else
+DEFAULT_CONFIGS by M. GPUs without FP8 tensor cores (compute capability < 8.9) refuse it, naming the GPU.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import reference as ref
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
+                        k_splits, launch, next_pow2, pdl_options, register_twin, splitk_scratch)
+from ..packed_weight import PackedWeight
+from ..schemes import PER_CHANNEL
+from .quant import quantize
+
+X_DTYPES = (torch.float16, torch.bfloat16)
+# M bucket (next power of two, at most 256) -> tile config. SPLIT_K with MIN_PROGRAMS: K split (in whole groups)
+# only while the grid has fewer programs than that.
+DEFAULT_CONFIGS = {
+    16: dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=4, MIN_PROGRAMS=528),
+    32: dict(BLOCK_M=32, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=4, MIN_PROGRAMS=528),
+    64: dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=4, MIN_PROGRAMS=528),
+    128: dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=2, MIN_PROGRAMS=264),
+    256: dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3),
+}
+_KERNEL = []
+
+
+def _kernel():
+    if not _KERNEL:      # imported on first use: `import qkernels` compiles and touches nothing
+        from ..kernels._w4a8 import _w4a8_kernel
+        _KERNEL.append(_w4a8_kernel)
+    return _KERNEL[0]
+
+
+def config_for(M: int) -> dict:
+    return DEFAULT_CONFIGS[min(max(next_pow2(M), 16), 256)]
+
+
+def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
+         bias: torch.Tensor | None, group_size: int, out: torch.Tensor, cfg: dict) -> torch.Tensor:
+    M, K = xq.shape
+    N = qweight.shape[0]
+    group = 64 if group_size == PER_CHANNEL else group_size     # per channel: one scale word, promoted every 64 k
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    split = k_splits(cfg.get("SPLIT_K", 1), K // group, tiles, cfg.get("MIN_PROGRAMS"))
+    ws, cnt = (out, out) if split == 1 else splitk_scratch(out.device, split * M * N, tiles)
+    pdl = pdl_options(out.device) if cfg.get("PDL", True) else {}
+    launch(_kernel(), (tiles, split), xq.view(torch.uint8), xs, qweight, scale_zero,
+           bias if bias is not None else out, out, ws, cnt, M, N, K, xq.stride(0), qweight.stride(0),
+           scale_zero.stride(0) // 2, out.stride(0),
+           GROUP=group, HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+           GROUP_M=cfg["GROUP_M"], PER_CHANNEL=group_size == PER_CHANNEL, SPLIT_K=split, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+    return out
+
+
+def _w4a8_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bias: torch.Tensor | None,
+               group_size: int) -> torch.Tensor:
+    """x [M, K] (fp16 / bf16), qweight / scale_zero contiguous in the 4-bit PackedWeight layout."""
+    M, K = x.shape
+    N = qweight.shape[0]
+    out = alloc((M, N), x.dtype, x.device)
+    if M == 0 or N == 0:
+        return out
+    q = quantize(x, "fp8_e4m3", "row")
+    return _run(q.data, q.scale.reshape(M), qweight, scale_zero, bias, group_size, out, _forced[0] or config_for(M))
+
+
+_w4a8_op = torch.library.custom_op("qkernels::w4a8_linear", mutates_args=())(_w4a8_impl)
+
+
+def _w4a8_twin(x, qweight, scale_zero, bias, group_size):
+    return ref.w4a8_linear(x, qweight, scale_zero[..., 0], scale_zero[..., 1], group_size, None, bias)
+
+
+register_twin(_w4a8_op, _w4a8_twin)
+
+
+@_w4a8_op.register_fake
+def _(x, qweight, scale_zero, bias, group_size):
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+_forced: list = [None]
+
+
+class use_config:
+    """with use_config(cfg): every w4a8_linear call runs tile config cfg (tests and tuners)."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+
+    def __enter__(self):
+        self.prev, _forced[0] = _forced[0], self.cfg
+
+    def __exit__(self, *exc):
+        _forced[0] = self.prev
+
+
+def fp8_capable(device: torch.device) -> bool:
+    """FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper and later); the interpreter emulates them."""
+    return device.type == "cpu" or torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def w4a8_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = quant_fp8(x) @ W.T (+ bias) with W a 4-bit PackedWeight (group-wise with a group size a multiple of 64,
+    or per channel; symmetric or with zero points; act-order) and x (float16 / bfloat16 [..., K]) quantized per
+    token to float8_e4m3fn inside the call; output in x's dtype."""
+    if not isinstance(w_packed, PackedWeight):
+        raise TypeError(f"w_packed must be a qkernels.PackedWeight, got {type(w_packed).__name__}")
+    if w_packed.bits != 4:
+        raise ValueError(f"w4a8_linear needs a 4-bit PackedWeight, got bits={w_packed.bits}")
+    check_tensor("x", x, dtypes=X_DTYPES, ndim_min=1)
+    check_kernel_device("x", x)
+    N, K = w_packed.shape
+    check_same_device("x", x, w_packed=w_packed.qweight, bias=bias)
+    if x.shape[-1] != K:
+        raise ValueError(f"x's last dim must be the weight's in_features K={K}, got x.shape={tuple(x.shape)}")
+    if K % 64:
+        raise ValueError(f"w4a8_linear needs in_features K a multiple of 64, got K={K}")
+    if w_packed.group_size != PER_CHANNEL and w_packed.group_size % 64:
+        raise ValueError(f"w4a8_linear needs group_size a multiple of 64 or -1 (per channel), got "
+                         f"{w_packed.group_size}")
+    if x.is_cuda and not fp8_capable(x.device):
+        name = torch.cuda.get_device_name(x.device)
+        cc = ".".join(map(str, torch.cuda.get_device_capability(x.device)))
+        raise RuntimeError(f"w4a8_linear needs FP8 tensor cores (compute capability >= 8.9), got {name} "
+                           f"(compute capability {cc}): use w4a16 there")
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=X_DTYPES + (torch.float32,))
+        if bias.dim() != 1 or bias.shape[0] != N:
+            raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+        bias = bias.contiguous()
+    M = math.prod(x.shape[:-1])
+    x2 = x.reshape(M, K)
+    if w_packed.perm is not None:
+        x2 = x2.index_select(1, w_packed.perm)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    sz = w_packed.scale_zero
+    if sz.data_ptr() % 4 or not sz.is_contiguous():
+        sz = sz.contiguous().clone()
+    out = call_op(_w4a8_op, _w4a8_impl, x2, w_packed.qweight.contiguous(), sz, bias, w_packed.group_size)
+    return out.reshape(*x.shape[:-1], N)
+
+
+__all__ = ["w4a8_linear", "use_config", "config_for", "DEFAULT_CONFIGS", "fp8_capable"]

@@ -1,0 +1,110 @@
+"""w4a8_linear (ops/w4a8.py) against its twin reference.w4a8_linear: the same fp8 activation codes and scales, the
+4-bit weight's exact dequantization, fp32 sums in another order (relative error bound)."""
+import pytest
+import torch
+
+import qkernels as qk
+from qkernels import reference as ref
+from qkernels._runtime import poison_outputs
+from qkernels.ops import w4a8
+
+from ..conftest import DEVICE, ON_GPU
+
+
+def _case(N, K, group, symmetric, M, dtype, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(N, K, generator=g) * K ** -0.5).to(DEVICE, dtype)
+    pw = qk.PackedWeight.from_float(w, bits=4, group_size=group, symmetric=symmetric)
+    x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
+    b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+    return x, pw, b
+
+
+def _check(x, pw, b, cfg=None):
+    with poison_outputs():
+        if cfg is None:
+            y = w4a8.w4a8_linear(x, pw, b)
+        else:
+            with w4a8.use_config(cfg):
+                y = w4a8.w4a8_linear(x, pw, b)
+    r = ref.w4a8_linear(x, pw.qweight, pw.scales, pw.zeros, pw.group_size, pw.perm, b)
+    assert y.shape == r.shape and y.dtype == x.dtype
+    assert torch.isfinite(y).all()
+    rel = ((y.float() - r.float()).norm() / r.float().norm()).item()
+    assert rel < (2e-3 if x.dtype == torch.float16 else 1e-2), rel     # the output's rounding, a few ulps at most
+
+
+@pytest.mark.parametrize("N, K, group, symmetric, M, dtype, bias", [
+    (96, 256, 128, False, 5, torch.float16, False),
+    (64, 128, 64, True, 17, torch.bfloat16, True),
+    (80, 192, -1, False, 3, torch.float16, False),
+    (33, 128, 128, False, 1, torch.float16, True),         # odd N, one token
+])
+def test_matches_twin(N, K, group, symmetric, M, dtype, bias):
+    _check(*_case(N, K, group, symmetric, M, dtype, bias, seed=N + M))
+
+
+@pytest.mark.parametrize("cfg", list(w4a8.DEFAULT_CONFIGS.values())[:2], ids=["m16", "m32"])
+def test_split_k_and_tile_edges(cfg):
+    """K split over programs (the last one adds the slices) and M, N past the tile edges."""
+    x, pw, b = _case(72, 512, 128, False, 19, torch.float16, True, seed=3)
+    _check(x, pw, b, dict(cfg, MIN_PROGRAMS=10 ** 9))
+
+
+def test_act_order_and_views():
+    x, pw, b = _case(64, 256, 64, False, 4, torch.float16, False, seed=5)
+    perm = torch.randperm(256, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    pw = qk.PackedWeight(pw.qweight, pw.scale_zero, pw.bits, pw.group_size, pw.shape, perm, pw.symmetric, pw.int_zeros)
+    big = torch.randn(4, 512, device=DEVICE, dtype=torch.float16)
+    view = big[:, ::2]                                        # strided rows
+    _check(view, pw, b)
+    x3 = x.view(2, 2, 256)
+    y3 = w4a8.w4a8_linear(x3, pw)
+    assert torch.equal(y3.view(4, -1), w4a8.w4a8_linear(x, pw))
+
+
+def test_code_as_e4m3_is_exact():
+    """The identity the kernel rests on: a 4-bit code u as an e4m3 bit pattern is u * 2**-9."""
+    u = torch.arange(16, dtype=torch.uint8)
+    assert torch.equal(u.view(torch.float8_e4m3fn).float(), u.float() * 2 ** -9)
+
+
+def test_bad_inputs_name_the_argument():
+    x, pw, b = _case(64, 128, 64, False, 2, torch.float16, False, seed=0)
+    with pytest.raises(TypeError, match="w_packed must be a qkernels.PackedWeight"):
+        w4a8.w4a8_linear(x, torch.zeros(64, 64, dtype=torch.uint8, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x's last dim must be the weight's in_features K=128"):
+        w4a8.w4a8_linear(x[:, :64], pw)
+    with pytest.raises(TypeError, match=r"x must have dtype in \(float16, bfloat16\), got float32"):
+        w4a8.w4a8_linear(x.float(), pw)
+    pw32 = qk.PackedWeight.from_float(torch.randn(64, 128, device=DEVICE).half(), bits=4, group_size=32)
+    with pytest.raises(ValueError, match="group_size a multiple of 64 or -1 .* got 32"):
+        w4a8.w4a8_linear(x, pw32)
+    pw8 = qk.PackedWeight.from_float(torch.randn(64, 128, device=DEVICE).half(), bits=8, group_size=-1)
+    with pytest.raises(ValueError, match="needs a 4-bit PackedWeight, got bits=8"):
+        w4a8.w4a8_linear(x, pw8)
+    with pytest.raises(ValueError, match=r"bias must have shape \(64,\)"):
+        w4a8.w4a8_linear(x, pw, torch.zeros(3, device=DEVICE, dtype=torch.float16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability() < (8, 9), reason="FP8 tensor cores")
+@pytest.mark.parametrize("M", [1, 2, 16, 17, 31, 64, 65, 128, 129, 256])
+@pytest.mark.parametrize("N, K", [(4096, 4096), (1000, 2048), (2048, 6144)])
+def test_real_sizes_every_bucket(M, N, K):
+    _check(*_case(N, K, 128, False, M, torch.float16, M % 2 == 1, seed=M))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability() < (8, 9), reason="FP8 tensor cores")
+def test_cuda_graph_and_compile():
+    x, pw, b = _case(1024, 2048, 128, False, 16, torch.float16, True, seed=9)
+    eager = w4a8.w4a8_linear(x, pw, b)
+    g = torch.cuda.CUDAGraph()
+    w4a8.w4a8_linear(x, pw, b)
+    with torch.cuda.graph(g):
+        y = w4a8.w4a8_linear(x, pw, b)
+    g.replay()
+    assert torch.equal(y, eager)
+    f = torch.compile(lambda t: w4a8.w4a8_linear(t, pw, b), fullgraph=True)
+    assert torch.equal(f(x), eager)
