@@ -117,12 +117,12 @@ def main():
                       f"w4a8 {row['w4a8 default']:7.2f} / best {row['w4a8 best']:7.2f} ({f / row['w4a8 best']:.2f}x) "
                       f"{row['w4a8 config']}", flush=True)
                 rows.append(row)
+                doc = dict(gpu=torch.cuda.get_device_name(dev), torch=torch.__version__,
+                           triton=__import__("triton").__version__, check_failed=failed, rows=rows)
+                with open(os.path.join(a.out, "w4a8_sweep.json"), "w") as fh:     # after each row: a cut run keeps them
+                    json.dump(doc, fh, indent=1)
             copies.clear()
             torch.cuda.empty_cache()
-    doc = dict(gpu=torch.cuda.get_device_name(dev), torch=torch.__version__, triton=__import__("triton").__version__,
-               check_failed=failed, rows=rows)
-    with open(os.path.join(a.out, "w4a8_sweep.json"), "w") as fh:
-        json.dump(doc, fh, indent=1)
 
 
 if __name__ == "__main__":
