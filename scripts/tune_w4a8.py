@@ -55,6 +55,10 @@ def candidates(M):
     """Tile configs for an M bucket: BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
     bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[min(max(16, 1 << (M - 1).bit_length()), 256)]
     out = []
+    if M <= 64:      # the weight tile as the MMA's M side first
+        for bn, split, stages in itertools.product([64, 128], [4, 1], [4, 3]):
+            out.append(dict(BLOCK_M=max(16, bms[0]), BLOCK_N=bn, GROUP_M=8, num_warps=4, num_stages=stages,
+                            SPLIT_K=split, MIN_PROGRAMS=528, SWAP=True))
     for bm, split, bn, stages in itertools.product(bms, [4, 1], [64, 128], [4, 3, 5]):
         warps = 8 if bm * bn >= 128 * 128 else 4
         out.append(dict(BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, num_warps=warps, num_stages=stages, SPLIT_K=split,

@@ -44,7 +44,8 @@ def test_matches_twin(N, K, group, symmetric, M, dtype, bias):
     _check(*_case(N, K, group, symmetric, M, dtype, bias, seed=N + M))
 
 
-@pytest.mark.parametrize("cfg", list(w4a8.DEFAULT_CONFIGS.values())[:2], ids=["m16", "m32"])
+@pytest.mark.parametrize("cfg", list(w4a8.DEFAULT_CONFIGS.values())[:2]
+                         + [dict(w4a8.DEFAULT_CONFIGS[16], SWAP=True)], ids=["m16", "m32", "m16-swap"])
 def test_split_k_and_tile_edges(cfg):
     """K split over programs (the last one adds the slices) and M, N past the tile edges."""
     x, pw, b = _case(72, 512, 128, False, 19, torch.float16, True, seed=3)
@@ -92,7 +93,10 @@ def test_bad_inputs_name_the_argument():
 @pytest.mark.parametrize("M", [1, 2, 16, 17, 31, 64, 65, 128, 129, 256])
 @pytest.mark.parametrize("N, K", [(4096, 4096), (1000, 2048), (2048, 6144)])
 def test_real_sizes_every_bucket(M, N, K):
-    _check(*_case(N, K, 128, False, M, torch.float16, M % 2 == 1, seed=M))
+    case = _case(N, K, 128, False, M, torch.float16, M % 2 == 1, seed=M)
+    _check(*case)
+    if M <= 64:
+        _check(*case, dict(w4a8.config_for(M), SWAP=True))
 
 
 @pytest.mark.gpu

@@ -29,11 +29,23 @@ def _as_fp8(b):
 
 
 @triton.jit
+def _group_scale_zero(sz_row, g0, GROUP: tl.constexpr, PER_CHANNEL: tl.constexpr, st: tl.constexpr):
+    """(scale, zero point) in fp32 of the group starting at k = g0, per row of sz_row."""
+    if PER_CHANNEL:
+        szw = tl.load(sz_row)
+    else:
+        szw = tl.load(sz_row + g0 // GROUP)
+    s = (szw & 0xFFFF).to(tl.uint16).to(st, bitcast=True).to(tl.float32)
+    z = ((szw >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True).to(tl.float32)
+    return s, z
+
+
+@triton.jit
 def _w4a8_kernel(x_ptr, xs_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                  stride_xm, stride_wn, stride_sn, stride_om,
                  GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 GROUP_M: tl.constexpr, PER_CHANNEL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
-                 PDL: tl.constexpr = False):
+                 GROUP_M: tl.constexpr, PER_CHANNEL: tl.constexpr = False, SWAP: tl.constexpr = False,
+                 SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False):
     """out tile (pid_m, pid_n) of program_id(0); program_id(1): K slice (whole groups) under SPLIT_K > 1, the
     tile's last program adding the slices' fp32 partials in slice order. x_ptr: [M, K] e4m3 bits (uint8), xs_ptr:
     [M] fp32 per-token scales; w_ptr: [N, K / 2] PackedWeight codes; sz_ptr: [N, K / GROUP] (scale, zero) words
@@ -49,33 +61,44 @@ def _w4a8_kernel(x_ptr, xs_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_pt
     offs_m = tl.max_contiguous(tl.multiple_of(offs_m, BLOCK_M), BLOCK_M)
     offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
     h = tl.arange(0, 32)
-    x_lo = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + h[None, :]            # [BLOCK_M, 32]
-    w_col = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + h[:, None]           # [32, BLOCK_N]: B = W^T
     s32 = sz_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     sz_row = s32 + offs_n.to(tl.int64) * stride_sn
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     _pdl_wait(PDL)
-    for g0 in range(k_lo, k_hi, GROUP):
-        p = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for c in tl.static_range(GROUP // 64):
-            k0 = g0 + 64 * c
-            xl = tl.load(x_lo + k0)
-            xh = tl.load(x_lo + k0 + 32)
-            wb = tl.load(w_col + k0 // 2)
-            fl = _as_fp8(xl)
-            fh = _as_fp8(xh)
-            p = tl.dot(fl, _as_fp8(wb & 0xF), p, out_dtype=tl.float32)
-            p = tl.dot(fh, _as_fp8(wb >> 4), p, out_dtype=tl.float32)
-            xsum += tl.sum(fl.to(tl.float32), axis=1) + tl.sum(fh.to(tl.float32), axis=1)
-        if PER_CHANNEL:
-            szw = tl.load(sz_row)
-        else:
-            szw = tl.load(sz_row + g0 // GROUP)
-        s = (szw & 0xFFFF).to(tl.uint16).to(st, bitcast=True).to(tl.float32)
-        z = ((szw >> 16) & 0xFFFF).to(tl.uint16).to(st, bitcast=True).to(tl.float32)
-        acc += s[None, :] * (512.0 * p - z[None, :] * xsum[:, None])
+    if SWAP:     # out^T = W x^T: the weight tile is the MMA's M side (64 / 128 rows), x's rows its N side
+        w_row = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + h[None, :]           # [BLOCK_N, 32]
+        x_col = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + h[:, None]           # [32, BLOCK_M]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for g0 in range(k_lo, k_hi, GROUP):
+            p = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for c in tl.static_range(GROUP // 64):
+                k0 = g0 + 64 * c
+                wb = tl.load(w_row + k0 // 2)
+                fl = _as_fp8(tl.load(x_col + k0))
+                fh = _as_fp8(tl.load(x_col + k0 + 32))
+                p = tl.dot(_as_fp8(wb & 0xF), fl, p, out_dtype=tl.float32)
+                p = tl.dot(_as_fp8(wb >> 4), fh, p, out_dtype=tl.float32)
+                xsum += tl.sum(fl.to(tl.float32), axis=0) + tl.sum(fh.to(tl.float32), axis=0)
+            s, z = _group_scale_zero(sz_row, g0, GROUP, PER_CHANNEL, st)
+            acc += s[:, None] * (512.0 * p - z[:, None] * xsum[None, :])
+        acc = tl.trans(acc)
+    else:
+        x_lo = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + h[None, :]            # [BLOCK_M, 32]
+        w_col = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + h[:, None]           # [32, BLOCK_N]: B = W^T
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for g0 in range(k_lo, k_hi, GROUP):
+            p = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for c in tl.static_range(GROUP // 64):
+                k0 = g0 + 64 * c
+                wb = tl.load(w_col + k0 // 2)
+                fl = _as_fp8(tl.load(x_lo + k0))
+                fh = _as_fp8(tl.load(x_lo + k0 + 32))
+                p = tl.dot(fl, _as_fp8(wb & 0xF), p, out_dtype=tl.float32)
+                p = tl.dot(fh, _as_fp8(wb >> 4), p, out_dtype=tl.float32)
+                xsum += tl.sum(fl.to(tl.float32), axis=1) + tl.sum(fh.to(tl.float32), axis=1)
+            s, z = _group_scale_zero(sz_row, g0, GROUP, PER_CHANNEL, st)
+            acc += s[None, :] * (512.0 * p - z[None, :] * xsum[:, None])
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -56,7 +56,7 @@ def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: 
            bias if bias is not None else out, out, ws, cnt, M, N, K, xq.stride(0), qweight.stride(0),
            scale_zero.stride(0) // 2, out.stride(0),
            GROUP=group, HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-           GROUP_M=cfg["GROUP_M"], PER_CHANNEL=group_size == PER_CHANNEL, SPLIT_K=split, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+           GROUP_M=cfg["GROUP_M"], PER_CHANNEL=group_size == PER_CHANNEL, SWAP=cfg.get("SWAP", False), SPLIT_K=split, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
     return out
 
 
@@ -65,6 +65,8 @@ def _w4a8_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
     """x [M, K] (fp16 / bf16), qweight / scale_zero contiguous in the 4-bit PackedWeight layout."""
     M, K = x.shape
     N = qweight.shape[0]
+    if scale_zero.data_ptr() % 4 or not scale_zero.is_contiguous():
+        scale_zero = scale_zero.contiguous().clone()   # the kernel reads each (scale, zero) as one 32-bit word
     out = alloc((M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return out
@@ -143,10 +145,8 @@ def w4a8_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | No
         x2 = x2.index_select(1, w_packed.perm)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    sz = w_packed.scale_zero
-    if sz.data_ptr() % 4 or not sz.is_contiguous():
-        sz = sz.contiguous().clone()
-    out = call_op(_w4a8_op, _w4a8_impl, x2, w_packed.qweight.contiguous(), sz, bias, w_packed.group_size)
+    out = call_op(_w4a8_op, _w4a8_impl, x2, w_packed.qweight.contiguous(), w_packed.scale_zero, bias,
+                  w_packed.group_size)
     return out.reshape(*x.shape[:-1], N)
 
 
