@@ -16,7 +16,9 @@ import qkernels as qk
 
 from .conftest import DEVICE
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "cuda-quantization-kernels.md"
+# the kernel-library guide where it was given to the project (not in the repository): its C snippet is built when
+# the guide is beside the checkout
+GUIDE = Path(__file__).resolve().parents[2] / "shared" / "guides" / "cuda-quantization-kernels.md"
 
 
 def _export(out, gpu: str) -> None:
@@ -44,6 +46,8 @@ def test_export_writes_a_c_api_that_compiles(tmp_path):
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
     # the guide's C snippet as it is written (C++: its includes, then its statements in a function that declares the
     # host buffers and sizes it uses) builds against the header, with the CUDA runtime's headers Triton ships
+    if not GUIDE.is_file():
+        pytest.skip("the kernel-library guide is not beside this checkout (../shared/guides/)")
     snippet = re.findall(r"```cpp\n(.*?)```", GUIDE.read_text(), flags=re.S)[0]
     lines = snippet.splitlines()
     includes = [ln for ln in lines if ln.startswith("#include")]

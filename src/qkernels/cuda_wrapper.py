@@ -1,4 +1,4 @@
-"""The Python interface of the kernel-library guide (docs/guide/cuda-quantization-kernels.md), on qkernels' kernels.
+"""The Python interface of the kernel-library guide (docs/guide/index.md), on qkernels' kernels.
 
 The guide's snippets run as written with `from cuda_wrapper import ...` changed to `from qkernels.cuda_wrapper
 import ...` (tests/test_cuda_wrapper.py runs each of them). Where the guide contradicts itself this module takes the

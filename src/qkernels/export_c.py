@@ -10,7 +10,7 @@ device pointers:
                           the GEMV config 8 rows x 2048 k, 4 warps, no split; for decode-sized M)
 
 With int8_matmul exported, cuda_kernels.h also declares the kernel-library guide's C entry point
-(docs/guide/cuda-quantization-kernels.md), on the same kernel:
+(docs/guide/index.md), on the same kernel:
 
   int8_matmul_cuda        A int8 [M, K] @ B int8 [K, N] -> C int32 [M, N], exact; the guide's signature (device
                           pointers, M, N, K, scale_a, scale_b, scale_c, a cudaStream_t)
@@ -183,7 +183,7 @@ def export_c(out_dir, ops=tuple(SPECS), gpu: str = "sm_90") -> list[Path]:
 # type; this returns the CUresult of the launch. Its scales are read as the Python wrapper reads them
 # (qkernels.cuda_wrapper): C is the exact int32 product, whose real value is C * scale_a * scale_b; scale_c, an
 # int32 requantization the exported kernel does not do, must be 1 (the guide's value): anything else is refused.
-_GUIDE_HEADER = """/* The kernel-library guide's C interface (docs/guide/cuda-quantization-kernels.md), on qkernels'
+_GUIDE_HEADER = """/* The kernel-library guide's C interface (docs/guide/index.md), on qkernels'
    int8 GEMM (`qkernels export-c`; implemented in qkernels.c, build it with that file).
 
    C [M, N] int32 = A [M, K] int8 @ B [K, N] int8, exact; all row-major, device pointers (cudaMalloc'd), A and B

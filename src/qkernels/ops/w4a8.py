@@ -22,12 +22,12 @@ from .quant import quantize
 X_DTYPES = (torch.float16, torch.bfloat16)
 # M bucket (next power of two, at most 256) -> tile config. SPLIT_K with MIN_PROGRAMS: K split (in whole groups)
 # only while the grid has fewer programs than that.
-DEFAULT_CONFIGS = {
-    16: dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=4, MIN_PROGRAMS=528),
-    32: dict(BLOCK_M=32, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=4, MIN_PROGRAMS=528),
-    64: dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=4, MIN_PROGRAMS=528),
-    128: dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, SPLIT_K=2, MIN_PROGRAMS=264),
-    256: dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3),
+DEFAULT_CONFIGS = {   # SWAP: the weight tile as the MMA's M side (H200 sweep, benchmarks/logs/tune_w4a8_h200.log)
+    16: dict(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528, SWAP=True),
+    32: dict(BLOCK_M=32, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528, SWAP=True),
+    64: dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528, SWAP=True),
+    128: dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528),
+    256: dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528),
 }
 _KERNEL = []
 
