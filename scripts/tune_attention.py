@@ -2,7 +2,7 @@
 "decode_attention"). Each candidate is timed in the runtime's captured decode step (bench.runtime's method: a
 128-token context in a 2112-position cache, one CUDA graph, median replay time), where attention meets its
 neighbours under programmatic dependent launch, not alone. In that step attention costs 4 µs a layer at batch 1 and
-14 at batch 32 on the H200, for about 4 µs of key and value bytes at batch 32 (logs/decode_step_knockout_h200.log):
+14 at batch 32 on the H200, for about 4 µs of key and value bytes at batch 32 (measured on the H200):
 its grid and tiles, not its bytes. Candidates: BLOCK_S keys per tile, warps, the pipeline's stages, WAVES (a full
 cache's grid in programs per SM: the most splits a sequence's keys spread over), PREFETCH (the first key tile read
 before the PDL wait: the runtime allows it; it holds the tile in registers, so fewer programs fit an SM).

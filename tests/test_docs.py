@@ -22,3 +22,11 @@ def test_every_docs_page_is_in_the_nav():
     missing = [str(p.relative_to(docs)) for p in docs.rglob("*.md")
                if "hooks" not in p.parts and f": {p.relative_to(docs).as_posix()}" not in nav]
     assert missing == []
+
+
+def test_design_pages_hold_the_present():
+    """A design page says how it works now, what limits it, what was tried and what is next, in at most 300 lines:
+    its history is in git."""
+    long = {p.name: n for p in (ROOT / "docs" / "design").glob("*.md")
+            if (n := len(p.read_text().splitlines())) > 300}
+    assert long == {}

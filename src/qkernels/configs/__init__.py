@@ -165,7 +165,7 @@ def lookup(table: dict, M: int, N: int, K: int) -> dict:
 OVERRIDE_GAIN = 0.95   # a shape gets its own config when another is this much faster there than the bucket's
 # (one-call graph timings vary 2-3% run to run, so 5% is past the noise)
 CHAIN_OVERRIDE_GAIN = 0.98     # the same for decode-chain timings (the tuners' --chain), which repeat within ~0.3%:
-# configs that launch the same kernel, timed as separate candidates (logs/tune_decode_h100.log, W8A16 M = 1)
+# configs that launch the same kernel, timed as separate candidates (measured on the H100, W8A16 M = 1)
 
 
 def set_shape_overrides(tab: dict, kind: str, bucket, shapes: list, results: list, chosen: dict,

@@ -54,7 +54,7 @@ def _splitk_fixup_at(acc, ws_ptr, cnt_ptr, tile, offs, mask, MN, SPLIT_K: gl.con
     zero between launches, acq_rel) adds them in slice order (deterministic) and resets the counter for the next
     launch. Returns (the sum, whether this program is the tile's last: only then is the sum complete)."""
     # evict_last: the scratch stays in L2 while the weights stream past it, instead of going to DRAM and back each
-    # call (benchmarks/logs/ab_trees_splitk_evict_last_h100.log)
+    # call (measured on the H100; the log is in the repository history)
     gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * MN + offs, acc, mask=mask, eviction_policy="evict_last")
     gl.thread_barrier()     # the whole tile is stored before the counter says so
     done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
