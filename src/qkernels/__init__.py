@@ -16,7 +16,7 @@ _EXPORTS = {
     "dequantize_tensor": ".ops.quant", "pack_int4": ".ops.quant", "unpack_int4": ".ops.quant",
     "QuantizedTensor": ".ops.quant",
     "int8_matmul": ".ops.gemm", "fp8_matmul": ".ops.gemm", "int4_matmul": ".ops.gemm", "w8a8_linear": ".ops.gemm",
-    "w4a16_linear": ".ops.weight_only", "w8a16_linear": ".ops.weight_only",
+    "w4a16_linear": ".ops.weight_only", "w8a16_linear": ".ops.weight_only", "w4a8_linear": ".ops.w4a8",
     "PackedWeight": ".packed_weight",
     "rms_norm": ".ops.fused", "layer_norm": ".ops.fused", "silu_and_mul": ".ops.fused", "softmax": ".ops.fused",
     "QuantizedLinear": ".nn", "quantize_": ".nn.convert", "save_quantized": ".nn.convert",

@@ -64,6 +64,11 @@ def test_act_order_and_views():
     assert torch.equal(y3.view(4, -1), w4a8.w4a8_linear(x, pw))
 
 
+def test_opcheck():
+    x, pw, b = _case(64, 128, 64, False, 3, torch.float16, True, seed=2)
+    torch.library.opcheck(w4a8._w4a8_op, (x, pw.qweight, pw.scale_zero, b, pw.group_size))
+
+
 def test_code_as_e4m3_is_exact():
     """The identity the kernel rests on: a 4-bit code u as an e4m3 bit pattern is u * 2**-9."""
     u = torch.arange(16, dtype=torch.uint8)

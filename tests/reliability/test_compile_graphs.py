@@ -17,6 +17,7 @@ def _registered_ops() -> set[str]:
     import qkernels.ops.fused  # noqa: F401
     import qkernels.ops.gemm  # noqa: F401
     import qkernels.ops.quant  # noqa: F401
+    import qkernels.ops.w4a8  # noqa: F401
     import qkernels.ops.weight_only  # noqa: F401
     return {name for name in dir(torch.ops.qkernels) if not name.startswith("_")
             and isinstance(getattr(torch.ops.qkernels, name), torch._ops.OpOverloadPacket)}
@@ -31,7 +32,7 @@ def test_every_custom_op_is_opchecked():
     src = "\n".join(p.read_text() for p in TESTS.rglob("test_*.py"))
     attrs = set(re.findall(r"opcheck\(\w+\.(_\w+_op)\b", src))     # e.g. opcheck(F._norm_op, ...)
     checked = set()
-    for mod in (pkg.attention, pkg.fused, pkg.gemm, pkg.quant, pkg.weight_only):
+    for mod in (pkg.attention, pkg.fused, pkg.gemm, pkg.quant, pkg.weight_only, pkg.w4a8):
         for a in attrs:
             if hasattr(mod, a):
                 checked.add(getattr(mod, a)._name)
