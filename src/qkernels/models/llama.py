@@ -301,12 +301,13 @@ class Transformer(nn.Module):
         B, T = input_ids.shape
         rope = self._rope(max(T if pos is None else self.max_seq_len, 1))
         rope_pos, mm = None, None
+        if self.visual is not None and pixel_values is None and image_grid_thw is None \
+                and not isinstance(pos, torch.Tensor):
+            self._no_stray_image_tokens(input_ids)
         if pixel_values is not None or image_grid_thw is not None:
             mm = self._images(input_ids, pos, pixel_values, image_grid_thw, lengths)
             rope, rope_pos = mm.rope, mm.rope_pos
-        elif self.visual is not None and not isinstance(pos, torch.Tensor):
-            self._no_stray_image_tokens(input_ids)
-        if mm is None and self.rope_delta is not None and pos is not None:   # text after a prompt with images
+        elif self.rope_delta is not None and pos is not None:   # text after a prompt with images: rotary offsets
             if isinstance(pos, torch.Tensor):
                 rope_pos = (pos + self.rope_delta[:B]).view(B, 1)
             elif pos == 0:
