@@ -35,7 +35,7 @@ def check(dev):
         x = torch.randn(M, K, device=dev, dtype=dt)
         b = torch.randn(N, device=dev, dtype=dt) if bias else None
         r = ref.w4a8_linear(x, pw.qweight, pw.scales, pw.zeros, pw.group_size, None, b).float()
-        for cfg in [None] + list(w4a8.DEFAULT_CONFIGS.values()):
+        for cfg in [None] + list(w4a8.DEFAULT_CONFIGS.values()) + list(w4a8.WG_CONFIGS.values()):
             if cfg is None:
                 y = w4a8.w4a8_linear(x, pw, b).float()
             else:
@@ -51,10 +51,19 @@ def check(dev):
     return bad
 
 
-def candidates(M):
-    """Tile configs for an M bucket: BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
-    bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[min(max(16, 1 << (M - 1).bit_length()), 256)]
+def candidates(M, hopper: bool):
+    """Tile configs for an M bucket. Hopper: the wgmma kernel's first (BLOCK_M the bucket, at most 128; 64 weight rows
+    a warpgroup, one or two warpgroups; 4 or 6 stages; K split while the grid is small). Then the Triton kernel's:
+    BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
+    bucket = min(max(16, 1 << (M - 1).bit_length()), 256)
     out = []
+    if hopper:
+        bm = min(bucket, 128)
+        for (bn, warps), stages, (split, mp) in itertools.product(
+                [(64, 4), (128, 8)], [4, 6] if bm <= 32 else [4], [(4, 528), (1, 0), (8, 1056), (2, 264)]):
+            out.append(dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=stages, num_warps=warps,
+                            SPLIT_K=split, MIN_PROGRAMS=mp))
+    bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[bucket]
     if M <= 64:      # the weight tile as the MMA's M side first
         for bn, split, stages in itertools.product([64, 128], [4, 1], [4, 3]):
             out.append(dict(BLOCK_M=max(16, bms[0]), BLOCK_N=bn, GROUP_M=8, num_warps=4, num_stages=stages,
@@ -104,7 +113,8 @@ def main():
                         row[name] = chain_us([call(w, x) for w in ws], True)
                     pws = copies.setdefault("w4a8", [copy.deepcopy(pw) for _ in range(chain_copies(w4_bytes))])
                     best = None
-                    for cfg in [w4a8.config_for(M)] + candidates(M)[:a.max_candidates]:
+                    hopper = torch.cuda.get_device_capability(dev) == (9, 0)
+                    for cfg in [w4a8.config_for(M, dev)] + candidates(M, hopper)[:a.max_candidates]:
                         try:
                             with w4a8.use_config(cfg):
                                 us = chain_us([lambda w=w: w4a8.w4a8_linear(x, w) for w in pws], True)

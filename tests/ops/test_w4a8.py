@@ -117,3 +117,80 @@ def test_cuda_graph_and_compile():
     assert torch.equal(y, eager)
     f = torch.compile(lambda t: w4a8.w4a8_linear(t, pw, b), fullgraph=True)
     assert torch.equal(f(x), eager)
+
+
+def _hopper():
+    return ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _wg(M, **kw):
+    """The Hopper wgmma kernel's bucket config for M, with kw (and no fallback: a case it does not run fails)."""
+    cfg = dict(w4a8.WG_CONFIGS[min(max(1 << (M - 1).bit_length(), 16), 256)], **kw)
+    return cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 33, 64, 100, 128, 129, 256])
+@pytest.mark.parametrize("N, K, group, symmetric, dtype, bias", [
+    (4096, 2048, 128, False, torch.float16, False),
+    (1000, 4160, 64, True, torch.bfloat16, True),          # N past a tile edge, an odd number of 64-k chunks
+    (768, 1024, -1, False, torch.float16, True),           # per channel
+])
+def test_wg_matches_twin(M, N, K, group, symmetric, dtype, bias):
+    x, pw, b = _case(N, K, group, symmetric, M, dtype, bias, seed=M + N)
+    assert w4a8.wg_runs(x.device, pw.int_zeros)
+    _check(x, pw, b, _wg(M))
+    _check(x, pw, b, _wg(M, MIN_PROGRAMS=10 ** 9))          # K split 4 (2 at M > 128) ways
+    _check(x, pw, b, _wg(M, SPLIT_K=1, STAGES=2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
+@pytest.mark.parametrize("bm, bn, warps", [(8, 64, 4), (16, 128, 8), (64, 128, 8), (128, 64, 4)])
+def test_wg_tiles(bm, bn, warps):
+    x, pw, b = _case(520, 1536, 128, False, 37, torch.float16, True, seed=bm + bn)
+    _check(x, pw, b, dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=4, STAGES=3, num_warps=warps, SPLIT_K=3,
+                          MIN_PROGRAMS=10 ** 9))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
+def test_wg_zero_points_at_the_ends():
+    """Zero points 0 and 16 (GPTQ's stored-minus-one zeros reach 2**bits): -z is an exact e4m3 tile for both."""
+    g = torch.Generator().manual_seed(4)
+    N, K, G = 192, 512, 128
+    codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(N, K // G, generator=g) * 0.02 + 0.001).half()
+    zeros = torch.randint(0, 2, (N, K // G), generator=g).half() * 16          # 0 or 16
+    pw = qk.PackedWeight.from_parts(ref.pack_weight_codes(codes, 4).to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE),
+                                    4, G, (N, K))
+    assert pw.int_zeros
+    x = torch.randn(24, K, generator=g).to(DEVICE, torch.float16)
+    _check(x, pw, None, _wg(24))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
+def test_wg_float_zero_points_fall_back():
+    """Zero points that are not integers in [0, 16] have no exact e4m3 -z: the Triton kernel runs them."""
+    x, pw, b = _case(256, 512, 128, False, 16, torch.float16, False, seed=6)
+    pw = qk.PackedWeight.from_parts(pw.qweight, pw.scales, pw.zeros + 0.25, 4, 128, pw.shape)
+    assert not pw.int_zeros and not w4a8.wg_runs(x.device, pw.int_zeros)
+    _check(x, pw, b, w4a8.config_for(16, x.device))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
+def test_wg_cuda_graph_and_compile():
+    x, pw, b = _case(1024, 2048, 128, False, 16, torch.float16, True, seed=9)
+    with w4a8.use_config(_wg(16, MIN_PROGRAMS=10 ** 9)):
+        eager = w4a8.w4a8_linear(x, pw, b)
+        g = torch.cuda.CUDAGraph()
+        w4a8.w4a8_linear(x, pw, b)
+        with torch.cuda.graph(g):
+            y = w4a8.w4a8_linear(x, pw, b)
+        g.replay()
+        assert torch.equal(y, eager)
+        f = torch.compile(lambda t: w4a8.w4a8_linear(t, pw, b), fullgraph=True)
+        assert torch.equal(f(x), eager)

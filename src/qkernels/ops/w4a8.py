@@ -8,13 +8,14 @@ DEFAULT_CONFIGS by M. GPUs without FP8 tensor cores (compute capability < 8.9) r
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from .. import reference as ref
-from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
-                        k_splits, launch, next_pow2, pdl_options, register_twin, splitk_scratch)
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, ensure_context,
+                        is_interpreter, k_splits, launch, next_pow2, pdl_options, register_twin, splitk_scratch)
 from ..packed_weight import PackedWeight
 from ..schemes import PER_CHANNEL
 from .quant import quantize
@@ -29,22 +30,75 @@ DEFAULT_CONFIGS = {   # SWAP: the weight tile as the MMA's M side (H200 sweep, b
     128: dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528),
     256: dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528),
 }
-_KERNEL = []
+# Hopper: the Gluon FP8 wgmma kernel (kernels/_w4a8_wg.py; "path": "wg"), for integer zero points; the Triton
+# config under "fallback" runs where it does not (other GPUs, float zero points). BLOCK_N: 64 per warpgroup.
+WG_CONFIGS = {
+    16: dict(path="wg", BLOCK_M=16, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
+    32: dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
+    64: dict(path="wg", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
+    128: dict(path="wg", BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=264),
+    256: dict(path="wg", BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8, SPLIT_K=2, MIN_PROGRAMS=264),
+}
+_KERNEL = {}
 
 
-def _kernel():
-    if not _KERNEL:      # imported on first use: `import qkernels` compiles and touches nothing
-        from ..kernels._w4a8 import _w4a8_kernel
-        _KERNEL.append(_w4a8_kernel)
-    return _KERNEL[0]
+def _kernel(path: str):
+    if path not in _KERNEL:      # imported on first use: `import qkernels` compiles and touches nothing
+        if path == "wg":
+            from ..kernels._w4a8_wg import _w4a8_wg_kernel as k
+        else:
+            from ..kernels._w4a8 import _w4a8_kernel as k
+        _KERNEL[path] = k
+    return _KERNEL[path]
 
 
-def config_for(M: int) -> dict:
-    return DEFAULT_CONFIGS[min(max(next_pow2(M), 16), 256)]
+def config_for(M: int, device: torch.device | None = None) -> dict:
+    """The tile config of an M bucket: on Hopper the wgmma kernel's (its Triton fallback under "fallback")."""
+    bucket = min(max(next_pow2(M), 16), 256)
+    if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+        return dict(WG_CONFIGS[bucket], fallback=DEFAULT_CONFIGS[bucket])
+    return DEFAULT_CONFIGS[bucket]
+
+
+def wg_runs(device: torch.device, int_zeros: bool) -> bool:
+    """Whether the Gluon wgmma kernel runs: sm_90, integer zero points (-z as an exact e4m3 tile), no interpreter."""
+    return (device.type == "cuda" and not is_interpreter() and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) == (9, 0) and int_zeros)
+
+
+@functools.cache
+def _wg_layouts():
+    """TensorDescriptor and the shared layouts of its blocks: x (e4m3) 64-byte swizzled, as the wgmma's B operand
+    reads it; code bytes unswizzled. Built once: the launcher runs per call."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor, gl.NVMMASharedLayout(64, 8, rank=2), gl.NVMMASharedLayout(0, 8, rank=2)
+
+
+def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Tensor:
+    M, K = xq.shape
+    N = qweight.shape[0]
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    split = k_splits(cfg.get("SPLIT_K", 1), K // 64, tiles, cfg.get("MIN_PROGRAMS"))
+    ws, cnt = (out, out) if split == 1 else splitk_scratch(out.device, split * M * N, tiles)
+    pdl = pdl_options(out.device) if cfg.get("PDL", True) else {}
+    desc, xl, wl = _wg_layouts()
+    ensure_context(out.device)
+    x_desc = desc.from_tensor(xq, [cfg["BLOCK_M"], 64], xl)
+    w_desc = desc.from_tensor(qweight, [cfg["BLOCK_N"], 32], wl)
+    launch(_kernel("wg"), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out, out,
+           M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size, HAS_BIAS=bias is not None,
+           BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
+           SPLIT_K=split, num_warps=cfg["num_warps"], **pdl)
+    return out
 
 
 def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
-         bias: torch.Tensor | None, group_size: int, out: torch.Tensor, cfg: dict) -> torch.Tensor:
+         bias: torch.Tensor | None, group_size: int, out: torch.Tensor, cfg: dict, int_zeros: bool) -> torch.Tensor:
+    if cfg.get("path") == "wg":
+        if wg_runs(out.device, int_zeros) and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0:
+            return _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg)
+        cfg = cfg.get("fallback") or DEFAULT_CONFIGS[min(max(next_pow2(xq.shape[0]), 16), 256)]
     M, K = xq.shape
     N = qweight.shape[0]
     group = 64 if group_size == PER_CHANNEL else group_size     # per channel: one scale word, promoted every 64 k
@@ -52,7 +106,7 @@ def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: 
     split = k_splits(cfg.get("SPLIT_K", 1), K // group, tiles, cfg.get("MIN_PROGRAMS"))
     ws, cnt = (out, out) if split == 1 else splitk_scratch(out.device, split * M * N, tiles)
     pdl = pdl_options(out.device) if cfg.get("PDL", True) else {}
-    launch(_kernel(), (tiles, split), xq.view(torch.uint8), xs, qweight, scale_zero,
+    launch(_kernel("triton"), (tiles, split), xq.view(torch.uint8), xs, qweight, scale_zero,
            bias if bias is not None else out, out, ws, cnt, M, N, K, xq.stride(0), qweight.stride(0),
            scale_zero.stride(0) // 2, out.stride(0),
            GROUP=group, HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
@@ -61,7 +115,7 @@ def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: 
 
 
 def _w4a8_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bias: torch.Tensor | None,
-               group_size: int) -> torch.Tensor:
+               group_size: int, int_zeros: bool = False) -> torch.Tensor:
     """x [M, K] (fp16 / bf16), qweight / scale_zero contiguous in the 4-bit PackedWeight layout."""
     M, K = x.shape
     N = qweight.shape[0]
@@ -71,13 +125,14 @@ def _w4a8_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
     if M == 0 or N == 0:
         return out
     q = quantize(x, "fp8_e4m3", "row")
-    return _run(q.data, q.scale.reshape(M), qweight, scale_zero, bias, group_size, out, _forced[0] or config_for(M))
+    return _run(q.data, q.scale.reshape(M), qweight, scale_zero, bias, group_size, out,
+                _forced[0] or config_for(M, x.device), int_zeros)
 
 
 _w4a8_op = torch.library.custom_op("qkernels::w4a8_linear", mutates_args=())(_w4a8_impl)
 
 
-def _w4a8_twin(x, qweight, scale_zero, bias, group_size):
+def _w4a8_twin(x, qweight, scale_zero, bias, group_size, int_zeros=False):
     return ref.w4a8_linear(x, qweight, scale_zero[..., 0], scale_zero[..., 1], group_size, None, bias)
 
 
@@ -85,7 +140,7 @@ register_twin(_w4a8_op, _w4a8_twin)
 
 
 @_w4a8_op.register_fake
-def _(x, qweight, scale_zero, bias, group_size):
+def _(x, qweight, scale_zero, bias, group_size, int_zeros=False):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
@@ -146,8 +201,8 @@ def w4a8_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | No
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     out = call_op(_w4a8_op, _w4a8_impl, x2, w_packed.qweight.contiguous(), w_packed.scale_zero, bias,
-                  w_packed.group_size)
+                  w_packed.group_size, w_packed.int_zeros)
     return out.reshape(*x.shape[:-1], N)
 
 
-__all__ = ["w4a8_linear", "use_config", "config_for", "DEFAULT_CONFIGS", "fp8_capable"]
+__all__ = ["w4a8_linear", "use_config", "config_for", "DEFAULT_CONFIGS", "WG_CONFIGS", "fp8_capable", "wg_runs"]

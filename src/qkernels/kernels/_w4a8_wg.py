@@ -1,0 +1,217 @@
+"""Gluon kernel of the W4A8-FP8 linear on Hopper (sm_90): FP8 wgmma with the weight tile as its A operand straight
+from registers. Launcher: ops/w4a8.py (configs with "path": "wg"). Reference: reference.w4a8_linear. The Triton
+kernel (_w4a8.py) computes the same thing and is its CPU twin (Gluon has no interpreter).
+
+Why. The weight-only wgmma kernel (weight_only/wg.py) spends about 2.3 instructions a weight turning codes into
+fp16 (16-bit code pairs out of shared memory, a magic-number LOP3, an HADD2 for the zero point and an HMUL2 for
+the scale per two weights). With FP8 activations the codes need none of that: a 4-bit code u under a zero high
+nibble is, read as e4m3 bits, exactly u * 2**-9 (see _w4a8.py), and PackedWeight keeps k and k + 32 of a 64-k chunk
+in one byte, so one 32-bit word of a row's codes is, after one AND, the A operand's four consecutive k of the
+chunk's first half (k .. k + 3), and after a shift and an AND, the same four k of its second half. A thread reads
+four such words per 64-k chunk (two rows, two k quads): about 0.5 instructions a weight.
+
+The zero point rides on the tensor cores too: -z for an integer z in [0, 16] is also an exact e4m3 pattern (the
+sign bit over the byte z), so a tile whose row r holds -z_r everywhere, multiplied by the same x slice into the
+same accumulator, makes it sum_k (u_k - z) x_k. Each 64-k chunk has its own accumulator (fresh, four wgmmas: codes
+and -z against x[k .. k + 31], then against x[k + 32 .. k + 63]), which is added to the fp32 total with the
+chunk's group scale (times 2**9) once it is done: FP8 products are summed in fp32 over 128 products at most before
+that promotion. Two chunk accumulators alternate, so one chunk's wgmmas run while the previous one is promoted and
+the next one's codes are read.
+
+Schedule (per program: a [BLOCK_N, BLOCK_M] tile of out.T, all or a slice of K): x (already e4m3, per-token
+scales) and the code bytes come through a STAGES-deep shared-memory ring by TMA, one mbarrier per stage; a stage
+is refilled once every warp is past the wgmmas that read it. Programmatic dependent launch: the first stages' code
+bytes and (scale, zero) words are fetched before the wait for the kernel before, x after it.
+"""
+import triton  # noqa: F401  (Gluon needs Triton's runtime)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .weight_only.gluon_shared import PER_CHANNEL, _pdl_wait, _splitk_fixup
+from .weight_only.wg import _wg_store
+
+BK: gl.constexpr = gl.constexpr(64)     # k per chunk: 32 code bytes a row
+
+
+@gluon.constexpr_function
+def _quads_layout(ll):
+    """Linear layout of an fp8 A operand [R, 32] (register bits 0, 1: k bits 0, 1: four consecutive k a thread)
+    -> the layout of those quads as 32-bit words [R, 8]."""
+    assert list(ll.reg_bases[0]) == [0, 1] and list(ll.reg_bases[1]) == [0, 2], ll
+
+    def quad(bases):
+        return [[r, k // 4] for r, k in bases]
+    return gl.DistributedLinearLayout(quad(ll.reg_bases[2:]), quad(ll.lane_bases), quad(ll.warp_bases),
+                                      quad(ll.block_bases), [ll.shape[0], ll.shape[1] // 4])
+
+
+@gluon.jit
+def _fp8_of(w, layout: gl.constexpr):
+    """int32 words [R, C] -> the e4m3 values of their bytes [R, 4 C] (little endian) in `layout`: each word joined
+    with itself twice (the new axes become register bits 0, 1), then an identity asm whose packed output is the
+    word itself: no instructions."""
+    R: gl.constexpr = w.shape[0]
+    C: gl.constexpr = w.shape[1]
+    w4 = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [R, 4 * C])
+    f = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4], dtype=gl.float8e4nv,
+                                  is_pure=True, pack=4)
+    return gl.convert_layout(f, layout, assert_trivial=True)
+
+
+@gluon.jit
+def _sz_words(s_p, chunk, GROUP: gl.constexpr):
+    """The (scale, zero) words of K chunk `chunk` (absolute), one per row of s_p's layout."""
+    if GROUP == PER_CHANNEL:
+        return gl.load(s_p)
+    return gl.load(s_p + chunk * BK // GROUP)
+
+
+@gluon.jit
+def _promote_scale(sz, st: gl.constexpr, ml: gl.constexpr):
+    """A chunk's promotion factor per row: the group scale times 2**9 (the codes are u * 2**-9), in acc's row
+    layout ml."""
+    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32) * 512.0
+    return gl.convert_layout(s, ml)
+
+
+@gluon.jit
+def _neg_zero(sz, st: gl.constexpr, ql: gl.constexpr, al: gl.constexpr):
+    """The A tile [R, 32] whose row r is -z_r (e4m3: the sign bit over the byte z, exact for integers 0..16)."""
+    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32).to(gl.int32)
+    w = (z | 0x80) * 0x01010101
+    w = gl.convert_layout(w, gl.SliceLayout(1, ql))
+    R: gl.constexpr = w.shape[0]
+    return _fp8_of(w[:, None] + gl.zeros([R, BK // 8], gl.int32, layout=ql), al)
+
+
+@gluon.jit
+def _issue(chunk, sz, c_ring, x_ring, bars, acc, STAGES: gl.constexpr, st: gl.constexpr, ql: gl.constexpr,
+           al: gl.constexpr):
+    """Wait for chunk `chunk`'s ring stage (chunk of the slice, from 0), read its codes into the two A tiles and issue
+    the chunk's four wgmmas into acc (fresh: its old value is not read)."""
+    stage = chunk % STAGES
+    mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
+    BN: gl.constexpr = c_ring.shape[1]
+    w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
+    lo = _fp8_of(w & 0x0F0F0F0F, al)
+    hi = _fp8_of((w >> 4) & 0x0F0F0F0F, al)
+    nz = _neg_zero(sz, st, ql, al)
+    xs = x_ring.index(stage)
+    xl = xs.slice(0, BK // 2, dim=1).permute((1, 0))
+    xh = xs.slice(BK // 2, BK // 2, dim=1).permute((1, 0))
+    acc = warpgroup_mma(lo, xl, acc, use_acc=False, is_async=True)
+    acc = warpgroup_mma(nz, xl, acc, is_async=True)
+    acc = warpgroup_mma(hi, xh, acc, is_async=True)
+    return warpgroup_mma(nz, xh, acc, is_async=True)
+
+
+@gluon.jit
+def _refill(x_desc, w_desc, x_ring, c_ring, bars, chunk, steps, s0, off_m, off_n, STAGES: gl.constexpr):
+    """Load chunk `chunk` of the slice (if it is in it) into its ring stage, after every warp is done with that
+    stage (the caller waited for the wgmmas that read it)."""
+    gl.thread_barrier()
+    pred = chunk < steps
+    stage = chunk % STAGES
+    k0 = (s0 + chunk) * BK
+    mbarrier.expect(bars.index(stage), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(w_desc, [off_n, k0 // 2], bars.index(stage), c_ring.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(x_desc, [off_m, k0], bars.index(stage), x_ring.index(stage), pred=pred)
+
+
+@gluon.jit
+def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
+                    cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
+                    PDL: gl.constexpr = False):
+    """out [M, N] = (x_q @ W.T) * x_scale (+ bias). x_desc: TMA descriptor of the e4m3 x [M, K], blocks
+    [BLOCK_M, 64]; w_desc: of the code bytes [N, K / 2], blocks [BLOCK_N, 32] (rows past M / N read as zeros);
+    xs_ptr: [M] fp32 per-token scales; sz_ptr: [N, K / GROUP] (scale, zero) words, integer zero points in [0, 16].
+    BLOCK_N: 64 x warpgroups; BLOCK_M: 8..256, a multiple of 8 (the wgmma's n). Grouped program order (GROUP_M x
+    blocks share each weight block in L2). SPLIT_K > 1: program column z covers slice z of the chunks, partials added
+    up by the tile's last program (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile)."""
+    W: gl.constexpr = gl.num_warps()
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_M, 32])
+    al: gl.constexpr = gl.DotOperandLayout(0, mma, 4)
+    ql: gl.constexpr = _quads_layout(gl.to_linear_layout(al, [BLOCK_N, BK // 2]))
+    rl: gl.constexpr = gl.SliceLayout(1, ql)          # a value per weight row, as the A tiles hold the rows
+    ml: gl.constexpr = gl.SliceLayout(1, mma)         # the same, as the accumulator holds them
+
+    pid = gl.program_id(0)
+    num_m = gl.cdiv(M, BLOCK_M)
+    num_n = gl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gm = gl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % width) % gm) * BLOCK_M
+    off_n = ((pid % width) // gm) * BLOCK_N
+
+    rows = (off_n + gl.arange(0, BLOCK_N, layout=rl)) % N         # wrapped: no masks on the scale loads
+    s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
+    if SPLIT_K == 1:
+        s0 = 0
+        steps = K // BK
+    else:
+        per = gl.cdiv(K // BK, SPLIT_K)
+        s0 = gl.program_id(1) * per
+        steps = gl.minimum(K // BK - s0, per)
+
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for p in gl.static_range(STAGES):
+        mbarrier.init(bars.index(p), count=1)
+    for p in gl.static_range(STAGES):      # the weights before the wait for the kernel before (PDL), x after
+        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
+        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
+                                        pred=p < steps)
+    sz = _sz_words(s_p, s0, GROUP)
+    _pdl_wait(PDL)
+    for p in gl.static_range(STAGES):
+        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
+                                        pred=p < steps)
+
+    tot = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+    acc_b = tot
+    a_b = gl.zeros([BLOCK_N], gl.float32, layout=ml)     # no chunk before the first: a zero promotion
+    sz_b = _sz_words(s_p, s0 + gl.minimum(1, steps - 1), GROUP)
+    # two chunks per iteration, each with its own accumulator: chunk c's wgmmas run while chunk c - 1 is promoted,
+    # its stage refilled and chunk c + 1's codes read; each chunk's (scale, zero) words are loaded two chunks ahead
+    for j in range(steps // 2):
+        c = 2 * j
+        acc_a = _issue(c, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_a = _promote_scale(sz, st, ml)
+        sz = _sz_words(s_p, s0 + gl.minimum(c + 2, steps - 1), GROUP)
+        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
+        if c >= 1:
+            _refill(x_desc, w_desc, x_ring, c_ring, bars, c - 1 + STAGES, steps, s0, off_m, off_n, STAGES)
+        acc_b = _issue(c + 1, sz_b, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_b = _promote_scale(sz_b, st, ml)
+        sz_b = _sz_words(s_p, s0 + gl.minimum(c + 3, steps - 1), GROUP)
+        acc_a, acc_b = warpgroup_mma_wait(4, deps=[acc_a, acc_b])     # chunk c + 1's four still in flight
+        tot += a_a[:, None] * acc_a
+        _refill(x_desc, w_desc, x_ring, c_ring, bars, c + STAGES, steps, s0, off_m, off_n, STAGES)
+    if steps % 2 == 1:
+        acc_a = _issue(steps - 1, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_a = _promote_scale(sz, st, ml)
+        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
+        acc_a = warpgroup_mma_wait(0, deps=[acc_a])
+        tot += a_a[:, None] * acc_a
+    else:
+        acc_b = warpgroup_mma_wait(0, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
+    for p in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(p))
+
+    on = off_n + gl.arange(0, BLOCK_N, layout=ml)
+    om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+    last = True
+    if SPLIT_K > 1:
+        tot, last = _splitk_fixup(tot, ws_ptr, cnt_ptr, pid, on, om, (on < N)[:, None] & (om < M)[None, :], M, N,
+                                  SPLIT_K)
+    if last:
+        tot = tot * gl.load(xs_ptr + om % M)[None, :]
+        _wg_store(tot, bias_ptr, out_ptr, off_m, off_n, 0, M, N, stride_om, HAS_BIAS, False, W)
