@@ -8,6 +8,8 @@ objects. The defaults live here and only here. Pure data: no device work, no ker
     W8A8(fp8=True)              the same in float8_e4m3fn
     WeightOnly(4)               4-bit weights in groups of 128 along K, zero points; fp16 / bf16 activations
     WeightOnly(8)               8-bit weights per output channel, symmetric
+    WeightOnly(4, fp8_act=True) W4A8-FP8: W4A16's weights, activations quantized per token to float8_e4m3fn
+                                in the linear (batched calls; a single token runs W4A16's GEMV)
 
 Per channel (one group spanning a whole row) is `group_size=PER_CHANNEL` (-1) everywhere in the API.
 """
@@ -64,19 +66,30 @@ class W8A8:
 @dataclass(frozen=True)
 class WeightOnly:
     """`bits`-bit weights in groups of `group_size` along K (PER_CHANNEL: one group per row), with zero points
-    unless symmetric; activations stay fp16 / bf16. None takes the default for `bits`."""
+    unless symmetric; activations stay fp16 / bf16. None takes the default for `bits`. fp8_act (4-bit only,
+    "w4a8-fp8"): the same weights, stored and loaded exactly as W4A16's, multiplied by activations quantized per
+    token to float8_e4m3fn inside the linear on FP8 tensor cores wherever a call has W4A8_MIN_M rows or more (a
+    single decode token gains nothing from FP8 and runs W4A16's GEMV)."""
     bits: int = 4
     group_size: int | None = None
     symmetric: bool | None = None
+    fp8_act: bool = False
 
-    weight_only = True
+    weight_only = True      # stored as weight-only schemes are (PackedWeight); fp8_act changes only the product
 
     def __post_init__(self):
         if self.bits not in WEIGHT_ONLY_BITS or isinstance(self.bits, bool):
             raise ValueError(f"bits must be one of {WEIGHT_ONLY_BITS}, got {self.bits!r}")
+        if not isinstance(self.fp8_act, bool):
+            raise TypeError(f"fp8_act must be a bool, got {self.fp8_act!r}")
+        if self.fp8_act and self.bits != 4:
+            raise ValueError(f"fp8_act (W4A8-FP8) takes 4-bit weights, got bits={self.bits}")
         if self.group_size is None:
             object.__setattr__(self, "group_size", DEFAULT_GROUP_SIZE[self.bits])
         check_group_size(self.group_size)
+        if self.fp8_act and self.group_size != PER_CHANNEL and self.group_size % 64:
+            raise ValueError(f"w4a8-fp8 needs group_size a multiple of 64 or {PER_CHANNEL} (per channel): its kernels "
+                             f"promote whole 64-k chunks, got {self.group_size}")
         if self.symmetric is None:
             object.__setattr__(self, "symmetric", DEFAULT_SYMMETRIC[self.bits])
         if not isinstance(self.symmetric, bool):
@@ -84,7 +97,7 @@ class WeightOnly:
 
     @property
     def name(self) -> str:
-        return f"w{self.bits}a16"
+        return "w4a8-fp8" if self.fp8_act else f"w{self.bits}a16"
 
     @property
     def spec(self) -> str:
@@ -96,9 +109,12 @@ class WeightOnly:
 
 
 Scheme = W8A8 | WeightOnly
-SCHEME_NAMES = ("w8a8", "w8a8-fp8", "w4a16", "w8a16")
-_GRAMMAR = re.compile(r"(?P<base>w8a8-fp8|w8a8|w4a16|w8a16)(?:-g(?P<group>-?\d+))?(?:-(?P<sym>sym|asym))?")
-_SYNTAX = "w8a8, w8a8-fp8, or w4a16 / w8a16 optionally followed by -g<group_size> (-g-1: per channel) and -sym or -asym"
+SCHEME_NAMES = ("w8a8", "w8a8-fp8", "w4a16", "w8a16", "w4a8-fp8")
+# rows of a call from which a w4a8-fp8 linear quantizes its activations (fewer: W4A16's kernels)
+W4A8_MIN_M = 2
+_GRAMMAR = re.compile(r"(?P<base>w8a8-fp8|w8a8|w4a16|w8a16|w4a8-fp8)(?:-g(?P<group>-?\d+))?(?:-(?P<sym>sym|asym))?")
+_SYNTAX = ("w8a8, w8a8-fp8, or w4a16 / w8a16 / w4a8-fp8 optionally followed by -g<group_size> (-g-1: per channel) "
+           "and -sym or -asym")
 
 
 def parse_scheme(scheme, *, group_size: int | None = None, symmetric: bool | None = None) -> Scheme:
@@ -122,7 +138,7 @@ def parse_scheme(scheme, *, group_size: int | None = None, symmetric: bool | Non
                                  f"got {scheme!r}")
             parsed = W8A8(fp8=base == "w8a8-fp8")
         else:
-            parsed = WeightOnly(int(base[1]), **from_string)
+            parsed = WeightOnly(int(base[1]), **from_string, fp8_act=base == "w4a8-fp8")
     else:
         raise TypeError(f"scheme must be a str ({_SYNTAX}) or a qkernels.schemes.W8A8 / WeightOnly, "
                         f"got {type(scheme).__name__}")
@@ -140,4 +156,4 @@ def parse_scheme(scheme, *, group_size: int | None = None, symmetric: bool | Non
         if key in explicit and explicit[key] != value:
             raise ValueError(f"{key}={value!r} contradicts the scheme {scheme!s} ({key}={explicit[key]!r})")
     return WeightOnly(parsed.bits, given.get("group_size", parsed.group_size),
-                      given.get("symmetric", parsed.symmetric))
+                      given.get("symmetric", parsed.symmetric), parsed.fp8_act)

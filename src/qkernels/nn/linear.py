@@ -7,7 +7,7 @@ from torch import nn
 
 from .. import reference as ref
 from .._runtime import runs_kernels
-from ..schemes import Scheme, WeightOnly, parse_scheme
+from ..schemes import W4A8_MIN_M, Scheme, WeightOnly, parse_scheme
 
 
 class QuantizedLinear(nn.Module):
@@ -20,6 +20,8 @@ class QuantizedLinear(nn.Module):
       WeightOnly(4) ("w4a16")      4-bit weights, group-wise (PER_CHANNEL = -1: one group per row),
                                    symmetric or with zero points; fp16/bf16 activations.
       WeightOnly(8) ("w8a16")      8-bit weights (default per output channel), fp16/bf16 activations.
+      WeightOnly(4, fp8_act=True)  W4A16's weights; a call of W4A8_MIN_M rows or more quantizes its activations
+        ("w4a8-fp8")               per token to float8_e4m3fn and multiplies on FP8 tensor cores (ops.w4a8).
         Buffers: `qweight`, `scale_zero` (scales and zero points side by side; `scales` and `zeros`
         are views of it), `perm` (act-order), `bias`, in the PackedWeight layout
         (qkernels.packed_weight). State dicts with separate `scales` / `zeros` entries (before
@@ -70,7 +72,7 @@ class QuantizedLinear(nn.Module):
             from ..packed_weight import PackedWeight
             pw = PackedWeight.from_float(w, scheme.bits, scheme.group_size, scheme.symmetric, scale_dtype=dtype)
             b = linear.bias.detach().to(dtype) if linear.bias is not None else None
-            return cls.from_packed(pw, b)
+            return cls.from_packed(pw, b, scheme.fp8_act)
         mod = cls(linear.in_features, linear.out_features, linear.bias is not None, scheme, w.device, dtype)
         if runs_kernels(w):
             from ..ops.quant import quantize
@@ -85,10 +87,11 @@ class QuantizedLinear(nn.Module):
         return mod
 
     @classmethod
-    def from_packed(cls, packed, bias: torch.Tensor | None = None) -> "QuantizedLinear":
-        """Wrap a PackedWeight (e.g. from PackedWeight.from_gptq / from_awq) as a weight-only layer."""
+    def from_packed(cls, packed, bias: torch.Tensor | None = None, fp8_act: bool = False) -> "QuantizedLinear":
+        """Wrap a PackedWeight (e.g. from PackedWeight.from_gptq / from_awq) as a weight-only layer (fp8_act:
+        as a w4a8-fp8 one, the codes and scales as they are)."""
         N, K = packed.shape
-        mod = cls(K, N, bias is not None, WeightOnly(packed.bits, packed.group_size, packed.symmetric),
+        mod = cls(K, N, bias is not None, WeightOnly(packed.bits, packed.group_size, packed.symmetric, fp8_act),
                   packed.device, packed.scales.dtype)
         mod.qweight.copy_(packed.qweight)
         mod.scale_zero.copy_(packed.scale_zero)
@@ -179,6 +182,8 @@ class QuantizedLinear(nn.Module):
             return self._reference_forward(x)
         gemm, weight_only = _ops()
         if self.scheme.weight_only:
+            if self._fp8_rows(x):
+                return _w4a8()(x, self.packed_weight(), self.bias)
             return weight_only._weight_only(x, self.packed_weight(), self.bias, self.bits,
                                             f"{self.scheme.name} QuantizedLinear")
         # an eager call replays the launches of the first calls like it (ops/_eager.py; the plans kept on the weight)
@@ -192,6 +197,9 @@ class QuantizedLinear(nn.Module):
                             f"SwiGLU output for its next GEMM (ops.fused.silu_and_mul(..., quantize=...))")
         if not runs_kernels(x):
             return ref.silu_and_mul(self._reference_forward(x))[0]
+        if self._fp8_rows(x):
+            from ..ops.fused import silu_and_mul
+            return silu_and_mul(_w4a8()(x, self.packed_weight(), self.bias))
         from ..ops.weight_only import _weight_only
         return _weight_only(x, self.packed_weight(), self.bias, self.bits, f"{self.scheme.name} QuantizedLinear",
                             swiglu=True)
@@ -224,7 +232,13 @@ class QuantizedLinear(nn.Module):
                 self._buffers[k] = kept[k].to(t.device)
         return self
 
+    def _fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether this call quantizes its activations to FP8 (w4a8-fp8 with W4A8_MIN_M rows or more)."""
+        return self.scheme.fp8_act and x.numel() >= W4A8_MIN_M * x.shape[-1]
+
     def _reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fp8_rows(x):
+            return ref.w4a8_linear(x, self.qweight, self.scales, self.zeros, self.group_size, self.perm, self.bias)
         if self.scheme.weight_only:
             return ref.weight_only_linear(x, self.qweight, self.scales, self.zeros, self.bits, self.group_size,
                                           self.perm, self.bias)
@@ -236,6 +250,17 @@ class QuantizedLinear(nn.Module):
         if self.scheme.weight_only:
             s += f", group_size={self.group_size}, symmetric={self.symmetric}, act_order={self.perm is not None}"
         return s
+
+
+def _w4a8():
+    """ops.w4a8.w4a8_linear, imported on the first w4a8-fp8 forward."""
+    if not _W4A8:
+        from ..ops.w4a8 import w4a8_linear
+        _W4A8.append(w4a8_linear)
+    return _W4A8[0]
+
+
+_W4A8: list = []
 
 
 def _ops():
