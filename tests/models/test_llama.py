@@ -1,6 +1,7 @@
 """The decoder runtime against Hugging Face transformers' own models on the same (tiny, random) weights."""
 import importlib
 import json
+import warnings
 
 import pytest
 import torch
@@ -236,6 +237,33 @@ def test_from_directory_and_save_quantized_checkpoint(tmp_path):
     qk.save_quantized(hq, tmp_path / "q")
     loaded = from_pretrained(tmp_path / "q", device=DEVICE, dtype=dt)
     assert torch.equal(direct(ids), loaded(ids))
+
+
+def test_w4a8_fp8_at_load_and_on_a_w4a16_checkpoint(tmp_path):
+    """from_pretrained(..., "w4a8-fp8"): every projection W4A16's codes with FP8 activations, quantized at load or
+    taken from a W4A16 checkpoint as stored (the same codes, so the same logits); its logits' error against the
+    float model within the sum of W4A16's and W8A8-FP8's."""
+    dt = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
+    hq = hf_model("qwen3", dtype=dt, tie_word_embeddings=True)
+    ids = torch.randint(0, 96, (2, 9), device=DEVICE)
+    ref_logits = from_pretrained(hq, device=DEVICE, dtype=dt)(ids).float()
+    err = {}
+    for scheme in ("w4a8-fp8", "w4a16", "w8a8-fp8"):
+        m = from_pretrained(hq, scheme, device=DEVICE, dtype=dt, **({} if scheme == "w8a8-fp8" else {"group_size": 64}))
+        got = m(ids).float()
+        err[scheme] = ((got - ref_logits).norm() / ref_logits.norm()).item()
+        if scheme == "w4a8-fp8":
+            direct = got
+            qs = [mod for mod in m.modules() if isinstance(mod, qk.QuantizedLinear)]
+            assert qs and all(q.scheme.name == "w4a8-fp8" for q in qs)
+    assert err["w4a8-fp8"] <= err["w4a16"] + err["w8a8-fp8"], err
+    qk.quantize_(hq, "w4a16", group_size=64, progress=False)
+    qk.save_quantized(hq, tmp_path / "q")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # every layer takes the scheme
+        loaded = from_pretrained(tmp_path / "q", "w4a8-fp8", device=DEVICE, dtype=dt)
+    assert all(q.scheme.name == "w4a8-fp8" for q in loaded.modules() if isinstance(q, qk.QuantizedLinear))
+    assert torch.equal(loaded(ids).float(), direct)
 
 
 def test_bad_inputs(tmp_path):

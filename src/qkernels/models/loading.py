@@ -175,6 +175,10 @@ class Concat(nn.Module):
 
 
 def _quantize(lin: nn.Module, name: str, scheme: Scheme | None, skipped: list) -> nn.Module:
+    """lin quantized to `scheme` (None: as it is). A checkpoint's own 4-bit weight-only layer under "w4a8-fp8"
+    keeps its codes and scales and takes FP8 activations; one that cannot stays as loaded (listed in `skipped`)."""
+    if isinstance(lin, QuantizedLinear | Concat):
+        return _fp8_act(lin, name, scheme, skipped)
     if scheme is None or not isinstance(lin, nn.Linear) or isinstance(lin, QuantizedLinear):
         return lin
     from ..nn.convert import _layer_problem
@@ -183,6 +187,20 @@ def _quantize(lin: nn.Module, name: str, scheme: Scheme | None, skipped: list) -
         skipped.append(f"{name} ({why})")
         return lin
     return QuantizedLinear.from_linear(lin, scheme)
+
+
+def _fp8_act(mod: nn.Module, name: str, scheme: Scheme | None, skipped: list) -> nn.Module:
+    """Under "w4a8-fp8", a checkpoint's own 4-bit weight-only layer (or each of a Concat's) takes FP8 activations,
+    codes and scales as loaded; one that cannot stays as it is, listed in `skipped`. Other schemes: mod as it is."""
+    if scheme is None or not scheme.weight_only or not scheme.fp8_act:
+        return mod
+    for lin in mod.linears if isinstance(mod, Concat) else [mod]:
+        why = None if lin.scheme.fp8_act else lin.to_fp8_act()
+        if why:
+            skipped.append(f"{name} ({why}: kept as {lin.scheme.name})")
+    if isinstance(mod, Concat):
+        mod.scheme = mod.linears[0].scheme
+    return mod
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,8 +362,8 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
             if tp:
                 gate_up = shard_linear(gate_up, tp.gate_up_part(args), p + "mlp.gate_up_proj")
                 down = shard_linear(down, down_part, p + "mlp.down_proj")
-            blk.feed_forward.w_gate_up = gate_up.to(device)
-            blk.feed_forward.w_down = down.to(device)
+            blk.feed_forward.w_gate_up = _fp8_act(gate_up.to(device), p + "mlp.gate_up_proj", scheme, skipped)
+            blk.feed_forward.w_down = _fp8_act(down.to(device), p + "mlp.down_proj", scheme, skipped)
             blk.ffn_norm = param(fused.norm.weight.detach().to(device, dtype))
         else:
             order = src.act_order(p + "mlp.down_proj") if tp else None
@@ -370,8 +388,8 @@ def from_pretrained(path_or_hf_model, scheme: str | Scheme | None = None, *, dev
         model.visual = load_vision(src, device, dtype, scheme, skipped,      # tensor parallel: whole on every rank
                                    quantize_vision)
     if skipped:
-        warnings.warn(f"from_pretrained({scheme.name!r}): {len(skipped)} linear layer(s) left in high precision: "
-                      + "; ".join(skipped), stacklevel=2)
+        warnings.warn(f"from_pretrained({scheme.name!r}): {len(skipped)} linear layer(s) not taking the scheme (left "
+                      f"in high precision, or as the checkpoint stores them): " + "; ".join(skipped), stacklevel=2)
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if leftover:
         raise RuntimeError(f"internal error: tensors not loaded: {leftover[:8]}")

@@ -32,12 +32,13 @@ METHODS = ("rtn", "gptq", "awq", "awq+gptq")
 
 def _scheme_error(scheme: Scheme, device: torch.device) -> str | None:
     """Why `scheme` cannot run on `device` (None when it can)."""
-    if not scheme.weight_only and scheme.fp8 and device.type == "cuda":
+    fp8 = scheme.fp8_act if scheme.weight_only else scheme.fp8
+    if fp8 and device.type == "cuda":
         from .._runtime import capability, device_name
         cap = capability(device)
         if cap < (8, 9):
-            return (f"scheme 'w8a8-fp8' needs FP8 tensor cores (compute capability >= 8.9), got "
-                    f"{cap[0]}.{cap[1]} on {device_name(device)}")
+            return (f"scheme {scheme.name!r} needs FP8 tensor cores (compute capability >= 8.9), got "
+                    f"{cap[0]}.{cap[1]} on {device_name(device)}: w4a16, w8a16 and w8a8 run there")
     return None
 
 
@@ -48,6 +49,8 @@ def _layer_problem(layer: nn.Linear, scheme: Scheme) -> str | None:
         return f"in_features={K} is not divisible by group_size={scheme.group_size}"
     if scheme.weight_only and scheme.bits == 4 and K % 2:
         return f"in_features={K} is odd (4-bit codes are stored two per byte)"
+    if scheme.weight_only and scheme.fp8_act and K % 64:
+        return f"in_features={K} is not a multiple of 64 (w4a8-fp8's kernels take whole 64-k chunks)"
     if scheme == W8A8():
         from ..ops.gemm import MAX_K_INT8
         if K > MAX_K_INT8:
@@ -190,7 +193,7 @@ def quantize_(model: nn.Module, scheme: str | Scheme, *, group_size: int | None 
         if lin.bias is not None:
             src.bias = nn.Parameter(lin.bias.detach().to(dev, dt), requires_grad=False)
         if name in packed:
-            q = QuantizedLinear.from_packed(packed.pop(name).to(dev), src.bias)
+            q = QuantizedLinear.from_packed(packed.pop(name).to(dev), src.bias, scheme.fp8_act)
         else:
             q = QuantizedLinear.from_linear(src, scheme)
         _set_module(model, name, q)

@@ -7,7 +7,7 @@ from torch import nn
 
 from .. import reference as ref
 from .._runtime import runs_kernels
-from ..schemes import W4A8_MIN_M, Scheme, WeightOnly, parse_scheme
+from ..schemes import PER_CHANNEL, W4A8_MIN_M, Scheme, WeightOnly, parse_scheme
 
 
 class QuantizedLinear(nn.Module):
@@ -100,6 +100,19 @@ class QuantizedLinear(nn.Module):
         if bias is not None:
             mod.bias.copy_(bias)
         return mod
+
+    def to_fp8_act(self) -> str | None:
+        """Make this 4-bit weight-only layer a w4a8-fp8 one in place (codes and scales as they are: a GPTQ / AWQ /
+        compressed-tensors W4A16 layer run with FP8 activations). Returns why it cannot (the layer then stays as
+        it is), or None."""
+        s = self.scheme
+        if not s.weight_only or s.bits != 4:
+            return f"scheme {s.name!r} is not 4-bit weight-only"
+        if s.group_size != PER_CHANNEL and s.group_size % 64 or self.in_features % 64:
+            return (f"group_size={s.group_size}, in_features={self.in_features}: w4a8-fp8 needs multiples of 64 "
+                    f"(or per channel)")
+        self.scheme = WeightOnly(4, s.group_size, s.symmetric, fp8_act=True)
+        return None
 
     @classmethod
     def concat(cls, layers: list["QuantizedLinear"], device=None) -> "QuantizedLinear":
