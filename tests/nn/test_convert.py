@@ -10,11 +10,11 @@ from torch import nn
 import qkernels
 from qkernels.nn import QuantizedLinear
 from qkernels.nn.convert import CONFIG_NAME, _scheme_error, load_quantized, quantize_, save_quantized
-from qkernels.schemes import W8A8
+from qkernels.schemes import W8A8, WeightOnly
 from tests.conftest import DEVICE, ON_GPU
 from tests.helpers import assert_bit_exact, rel_err
 
-SCHEMES = ["w8a8", "w8a8-fp8", "w4a16", "w8a16"]
+SCHEMES = ["w8a8", "w8a8-fp8", "w4a16", "w8a16", "w4a8-fp8"]
 
 
 class Block(nn.Module):
@@ -53,7 +53,7 @@ def test_quantize_model_close_to_float(scheme):
     kinds = {n: type(mod).__name__ for n, mod in m.named_modules() if isinstance(mod, (nn.Linear, QuantizedLinear))}
     assert kinds["lm_head"] == "Linear"                  # skipped by default
     assert kinds["up"] == kinds["down"] == kinds["odd"] == "QuantizedLinear"
-    if scheme == "w4a16":                                # K = 72 cannot take group 128: left in fp16, warned once
+    if scheme in ("w4a16", "w4a8-fp8"):                  # K = 72 cannot take group 128: left in fp16, warned once
         assert kinds["tail"] == "Linear"
         msgs = [str(x.message) for x in w if "high precision" in str(x.message)]
         assert len(msgs) == 1 and "tail" in msgs[0] and "group_size=128" in msgs[0]
@@ -62,7 +62,7 @@ def test_quantize_model_close_to_float(scheme):
     assert m.up.weight.dtype != torch.float16 if scheme.startswith("w8a8") else m.up.qweight.dtype == torch.uint8
     got = m(ids)
     assert got.dtype == torch.float16 and torch.isfinite(got).all()
-    tol = {"w8a8": 0.03, "w8a8-fp8": 0.08, "w4a16": 0.15, "w8a16": 0.03}[scheme]
+    tol = {"w8a8": 0.03, "w8a8-fp8": 0.08, "w4a16": 0.15, "w8a16": 0.03, "w4a8-fp8": 0.2}[scheme]
     assert rel_err(got, want) < tol
 
 
@@ -70,7 +70,7 @@ def test_quantize_model_close_to_float(scheme):
 def test_kernels_match_reference_forward(scheme):
     """Every converted layer: the kernel forward equals the reference forward (what CPU eval uses)."""
     m = _model(torch.bfloat16)
-    quantize_(m, scheme, group_size=64 if scheme == "w4a16" else None, progress=False)
+    quantize_(m, scheme, group_size=64 if scheme in ("w4a16", "w4a8-fp8") else None, progress=False)
     x = torch.randn(7, 128, device=DEVICE, dtype=torch.bfloat16)
     for mod in (m.up, m.odd):
         got, want = mod(x), mod._reference_forward(x)
@@ -120,6 +120,9 @@ def test_fp8_scheme_needs_fp8_gpu(monkeypatch):
     msg = _scheme_error(W8A8(fp8=True), torch.device("cuda"))
     assert "compute capability >= 8.9" in msg and "8.0" in msg and "A100" in msg
     assert _scheme_error(W8A8(), torch.device("cuda")) is None
+    msg = _scheme_error(WeightOnly(4, fp8_act=True), torch.device("cuda"))
+    assert "'w4a8-fp8' needs FP8 tensor cores" in msg and "w4a16, w8a16 and w8a8 run there" in msg
+    assert _scheme_error(WeightOnly(4), torch.device("cuda")) is None
 
 
 def _act_order_layer():
