@@ -63,6 +63,10 @@ def candidates(M, hopper: bool):
                 [(64, 4), (128, 8)], [4, 6] if bm <= 32 else [4], [(4, 528), (1, 0), (8, 1056), (2, 264)]):
             out.append(dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=stages, num_warps=warps,
                             SPLIT_K=split, MIN_PROGRAMS=mp))
+        # warp-specialized (the producer warp's copies out of the consumers' loop), registers capped
+        out[1:1] = [dict(path="wg", BLOCK_M=bm, BLOCK_N=64, GROUP_M=8, STAGES=st, num_warps=4, SPLIT_K=sp,
+                         MIN_PROGRAMS=mp, WS=True, maxnreg=96 if bm <= 32 else 168)
+                    for st, (sp, mp) in [(4, (4, 528)), (6, (1, 0)), (4, (8, 1056))]]
     bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[bucket]
     if M <= 64:      # the weight tile as the MMA's M side first
         for bn, split, stages in itertools.product([64, 128], [4, 1], [4, 3]):

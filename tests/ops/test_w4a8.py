@@ -147,11 +147,14 @@ def test_wg_matches_twin(M, N, K, group, symmetric, dtype, bias):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
-@pytest.mark.parametrize("bm, bn, warps", [(8, 64, 4), (16, 128, 8), (64, 128, 8), (128, 64, 4)])
-def test_wg_tiles(bm, bn, warps):
+@pytest.mark.parametrize("bm, bn, warps, ws", [(8, 64, 4, False), (16, 128, 8, False), (64, 128, 8, False),
+                                               (128, 64, 4, False), (16, 64, 4, True), (64, 64, 4, True)])
+def test_wg_tiles(bm, bn, warps, ws):
     x, pw, b = _case(520, 1536, 128, False, 37, torch.float16, True, seed=bm + bn)
-    _check(x, pw, b, dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=4, STAGES=3, num_warps=warps, SPLIT_K=3,
-                          MIN_PROGRAMS=10 ** 9))
+    extra = dict(WS=True, maxnreg=96 if bm <= 32 else 168) if ws else {}
+    for split in (3, 1):
+        _check(x, pw, b, dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=4, STAGES=3, num_warps=warps, SPLIT_K=split,
+                              MIN_PROGRAMS=10 ** 9, **extra))
 
 
 @pytest.mark.gpu

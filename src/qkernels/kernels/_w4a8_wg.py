@@ -26,7 +26,8 @@ bytes and (scale, zero) words are fetched before the wait for the kernel before,
 import triton  # noqa: F401  (Gluon needs Triton's runtime)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
 
 from .weight_only.gluon_shared import PER_CHANNEL, _pdl_wait, _splitk_fixup
 from .weight_only.wg import _wg_store
@@ -107,11 +108,8 @@ def _issue(chunk, sz, c_ring, x_ring, bars, acc, STAGES: gl.constexpr, st: gl.co
 
 
 @gluon.jit
-def _refill(x_desc, w_desc, x_ring, c_ring, bars, chunk, steps, s0, off_m, off_n, STAGES: gl.constexpr):
-    """Load chunk `chunk` of the slice (if it is in it) into its ring stage, after every warp is done with that
-    stage (the caller waited for the wgmmas that read it)."""
-    gl.thread_barrier()
-    pred = chunk < steps
+def _load(x_desc, w_desc, x_ring, c_ring, bars, chunk, s0, off_m, off_n, pred, STAGES: gl.constexpr):
+    """The TMA copies of slice chunk `chunk` (code bytes and x) into its ring stage, completing on its barrier."""
     stage = chunk % STAGES
     k0 = (s0 + chunk) * BK
     mbarrier.expect(bars.index(stage), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=pred)
@@ -120,16 +118,93 @@ def _refill(x_desc, w_desc, x_ring, c_ring, bars, chunk, steps, s0, off_m, off_n
 
 
 @gluon.jit
+def _release(x_desc, w_desc, x_ring, c_ring, bars, empty, chunk, steps, s0, off_m, off_n, STAGES: gl.constexpr,
+             WS: gl.constexpr):
+    """Slice chunk `chunk`'s wgmmas are done: its stage takes chunk + STAGES. WS: handed back to the producer warp
+    (its `empty` barrier); else refilled here, once every warp is past it."""
+    if WS:
+        fence_async_shared()        # this partition's reads of the stage ordered before the producer's TMA writes
+        mbarrier.arrive(empty.index(chunk % STAGES), count=1)
+    else:
+        gl.thread_barrier()
+        _load(x_desc, w_desc, x_ring, c_ring, bars, chunk + STAGES, s0, off_m, off_n, chunk + STAGES < steps, STAGES)
+
+
+@gluon.jit
+def _produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES: gl.constexpr,
+             PDL: gl.constexpr):
+    """WS's producer warp: the first STAGES chunks' code bytes, the wait for the kernel before (PDL), their x; then
+    each later chunk once the consumers have handed its stage back."""
+    for p in gl.static_range(STAGES):
+        stage_ok = p < steps
+        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=stage_ok)
+        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
+                                        pred=stage_ok)
+    _pdl_wait(PDL)
+    for p in gl.static_range(STAGES):
+        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
+                                        pred=p < steps)
+    for c in range(STAGES, steps):
+        mbarrier.wait(empty.index(c % STAGES), (c // STAGES - 1) & 1)
+        _load(x_desc, w_desc, x_ring, c_ring, bars, c, s0, off_m, off_n, True, STAGES)
+
+
+@gluon.jit
+def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
+              st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, STAGES: gl.constexpr,
+              WS: gl.constexpr):
+    """The fp32 total over the slice's chunks (the ring started by the caller, or by the producer warp with WS).
+    Two chunks per iteration, each with its own accumulator: chunk c's wgmmas run while chunk c - 1 is promoted, its
+    stage released and chunk c + 1's codes read; each chunk's (scale, zero) words are loaded two chunks ahead."""
+    BN: gl.constexpr = c_ring.shape[1]
+    BM: gl.constexpr = x_ring.shape[1]
+    ml: gl.constexpr = gl.SliceLayout(1, mma)
+    tot = gl.zeros([BN, BM], gl.float32, layout=mma)
+    acc_b = tot
+    a_b = gl.zeros([BN], gl.float32, layout=ml)     # no chunk before the first: a zero promotion
+    sz = _sz_words(s_p, s0, GROUP)
+    sz_b = _sz_words(s_p, s0 + gl.minimum(1, steps - 1), GROUP)
+    for j in range(steps // 2):
+        c = 2 * j
+        acc_a = _issue(c, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_a = _promote_scale(sz, st, ml)
+        sz = _sz_words(s_p, s0 + gl.minimum(c + 2, steps - 1), GROUP)
+        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
+        if c >= 1:
+            _release(x_desc, w_desc, x_ring, c_ring, bars, empty, c - 1, steps, s0, off_m, off_n, STAGES, WS)
+        acc_b = _issue(c + 1, sz_b, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_b = _promote_scale(sz_b, st, ml)
+        sz_b = _sz_words(s_p, s0 + gl.minimum(c + 3, steps - 1), GROUP)
+        acc_a, acc_b = warpgroup_mma_wait(4, deps=[acc_a, acc_b])     # chunk c + 1's four still in flight
+        tot += a_a[:, None] * acc_a
+        _release(x_desc, w_desc, x_ring, c_ring, bars, empty, c, steps, s0, off_m, off_n, STAGES, WS)
+    if steps % 2 == 1:
+        acc_a = _issue(steps - 1, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_a = _promote_scale(sz, st, ml)
+        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
+        acc_a = warpgroup_mma_wait(0, deps=[acc_a])
+        tot += a_a[:, None] * acc_a
+    else:
+        acc_b = warpgroup_mma_wait(0, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
+    return (tot,)
+
+
+@gluon.jit
 def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
                     cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
-                    PDL: gl.constexpr = False):
+                    WS: gl.constexpr = False, PDL: gl.constexpr = False):
     """out [M, N] = (x_q @ W.T) * x_scale (+ bias). x_desc: TMA descriptor of the e4m3 x [M, K], blocks
     [BLOCK_M, 64]; w_desc: of the code bytes [N, K / 2], blocks [BLOCK_N, 32] (rows past M / N read as zeros);
     xs_ptr: [M] fp32 per-token scales; sz_ptr: [N, K / GROUP] (scale, zero) words, integer zero points in [0, 16].
     BLOCK_N: 64 x warpgroups; BLOCK_M: 8..256, a multiple of 8 (the wgmma's n). Grouped program order (GROUP_M x
     blocks share each weight block in L2). SPLIT_K > 1: program column z covers slice z of the chunks, partials added
-    up by the tile's last program (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile)."""
+    up by the tile's last program (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile). WS:
+    warp-specialized, one more warp (the producer: every TMA copy, the PDL wait) fills the ring while the
+    warpgroups only read codes and issue wgmmas, handing each stage back through an `empty` mbarrier."""
     W: gl.constexpr = gl.num_warps()
     st: gl.constexpr = sz_ptr.dtype.element_ty
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_M, 32])
@@ -162,47 +237,28 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
-    for p in gl.static_range(STAGES):      # the weights before the wait for the kernel before (PDL), x after
-        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
-        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
-                                        pred=p < steps)
-    sz = _sz_words(s_p, s0, GROUP)
-    _pdl_wait(PDL)
-    for p in gl.static_range(STAGES):
-        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
-                                        pred=p < steps)
-
-    tot = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    acc_b = tot
-    a_b = gl.zeros([BLOCK_N], gl.float32, layout=ml)     # no chunk before the first: a zero promotion
-    sz_b = _sz_words(s_p, s0 + gl.minimum(1, steps - 1), GROUP)
-    # two chunks per iteration, each with its own accumulator: chunk c's wgmmas run while chunk c - 1 is promoted,
-    # its stage refilled and chunk c + 1's codes read; each chunk's (scale, zero) words are loaded two chunks ahead
-    for j in range(steps // 2):
-        c = 2 * j
-        acc_a = _issue(c, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
-        a_a = _promote_scale(sz, st, ml)
-        sz = _sz_words(s_p, s0 + gl.minimum(c + 2, steps - 1), GROUP)
-        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
-        tot += a_b[:, None] * acc_b
-        if c >= 1:
-            _refill(x_desc, w_desc, x_ring, c_ring, bars, c - 1 + STAGES, steps, s0, off_m, off_n, STAGES)
-        acc_b = _issue(c + 1, sz_b, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
-        a_b = _promote_scale(sz_b, st, ml)
-        sz_b = _sz_words(s_p, s0 + gl.minimum(c + 3, steps - 1), GROUP)
-        acc_a, acc_b = warpgroup_mma_wait(4, deps=[acc_a, acc_b])     # chunk c + 1's four still in flight
-        tot += a_a[:, None] * acc_a
-        _refill(x_desc, w_desc, x_ring, c_ring, bars, c + STAGES, steps, s0, off_m, off_n, STAGES)
-    if steps % 2 == 1:
-        acc_a = _issue(steps - 1, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
-        a_a = _promote_scale(sz, st, ml)
-        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
-        tot += a_b[:, None] * acc_b
-        acc_a = warpgroup_mma_wait(0, deps=[acc_a])
-        tot += a_a[:, None] * acc_a
+    if WS:
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for p in gl.static_range(STAGES):
+            mbarrier.init(empty.index(p), count=1)
+        tot, = gl.warp_specialize([
+            (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP, st, mma,
+                         ql, al, STAGES, True)),
+            (_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES, PDL)),
+        ], [1], [24])
+        for p in gl.static_range(STAGES):
+            mbarrier.invalidate(empty.index(p))
     else:
-        acc_b = warpgroup_mma_wait(0, deps=[acc_b])
-        tot += a_b[:, None] * acc_b
+        for p in gl.static_range(STAGES):      # the weights before the wait for the kernel before (PDL), x after
+            mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
+            tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
+                                            pred=p < steps)
+        _pdl_wait(PDL)
+        for p in gl.static_range(STAGES):
+            tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
+                                            pred=p < steps)
+        tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
+                         ql, al, STAGES, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 

@@ -31,7 +31,9 @@ DEFAULT_CONFIGS = {   # SWAP: the weight tile as the MMA's M side (H200 sweep, b
     256: dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=4, MIN_PROGRAMS=528),
 }
 # Hopper: the Gluon FP8 wgmma kernel (kernels/_w4a8_wg.py; "path": "wg"), for integer zero points; the Triton
-# config under "fallback" runs where it does not (other GPUs, float zero points). BLOCK_N: 64 per warpgroup.
+# config under "fallback" runs where it does not (other GPUs, float zero points). BLOCK_N: 64 per warpgroup. WS: a
+# producer warp issues the copies (then "maxnreg" caps the registers, which it otherwise takes all of: one program
+# an SM).
 WG_CONFIGS = {
     16: dict(path="wg", BLOCK_M=16, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
     32: dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
@@ -89,7 +91,8 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     launch(_kernel("wg"), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out, out,
            M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size, HAS_BIAS=bias is not None,
            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
-           SPLIT_K=split, num_warps=cfg["num_warps"], **pdl)
+           SPLIT_K=split, WS=cfg.get("WS", False), num_warps=cfg["num_warps"],
+           **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}), **pdl)
     return out
 
 
