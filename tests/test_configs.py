@@ -44,6 +44,8 @@ def test_shipped_tables_are_well_formed(slug):
                 if cfg["path"] == "quantize":
                     continue
                 assert key.split(":")[0] == "1", key      # decode sizes only
+            elif kind == "w4a8-fp8":       # the W4A8 layer's entries (ops/w4a8.py); W4A16: its layers run W4A16's kernels
+                assert cfg["path"] == "wg", cfg
             elif kind.startswith("w"):
                 assert cfg["path"] in ("gemv", "gv", "gvt", "tc", "mm", "wg", "dequant"), cfg
             if cfg.get("path") == "tc":      # the Gluon kernel: BLOCK_N = 16 x warps x a power of two
@@ -53,6 +55,14 @@ def test_shipped_tables_are_well_formed(slug):
                 assert cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2 and cfg["BLOCK_K"] % 32 == 0, cfg
                 assert cfg["BLOCK_M"] % (16 * cfg["num_warps"]) == 0 and cfg["BLOCK_N"] in (16, 32, 64, 128), cfg
                 assert "path" not in cfg["fallback"], cfg
+            elif cfg.get("path") == "wg" and kind == "w4a8-fp8":     # the Gluon FP8 wgmma kernel (_w4a8_wg.py)
+                assert cfg["BLOCK_N"] == 64 * (cfg["num_warps"] // 4) and cfg["num_warps"] in (4, 8), cfg
+                assert cfg["BLOCK_M"] in (8, 16, 32, 64, 128, 256) and cfg["STAGES"] >= 2, cfg
+                assert cfg.get("SPLIT_K", 1) == 1 or "MIN_PROGRAMS" in cfg, cfg
+                assert not cfg.get("WS") or "maxnreg" in cfg, cfg      # uncapped WS takes every register
+                assert set(cfg) <= {"path", "BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "num_warps", "SPLIT_K",
+                                    "MIN_PROGRAMS", "WS", "maxnreg", "PDL", "W4A16"}, cfg
+                continue                     # its Triton fallback is the op's DEFAULT_CONFIGS, added at lookup
             elif cfg.get("path") == "wg":    # the Gluon wgmma kernel: warpgroups split BLOCK_N, BLOCK_M its n
                 assert kind in ("w4a16", "w8a16") and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2, cfg
                 assert cfg["BLOCK_N"] % (16 * cfg["num_warps"]) == 0, cfg

@@ -39,11 +39,12 @@ ROWS = Part(0, ((16, 48), (64, 80)))                          # two spans of out
 COLS = [Part(1, ((0, 64),), keep_bias=True), Part(1, ((64, 128),), keep_bias=False)]
 
 
-@pytest.mark.parametrize("scheme", [None, "w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8"])
+@pytest.mark.parametrize("scheme", [None, "w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8", "w4a8-fp8-g64"])
 def test_row_parts_hold_exactly_the_rows(scheme):
     lin = _linear()
     full = qk.QuantizedLinear.from_linear(lin, scheme) if scheme else lin
     part = shard_linear(full, ROWS)
+    assert scheme is None or part.scheme == full.scheme
     rows = torch.cat([torch.arange(16, 48), torch.arange(64, 80)]).to(DEVICE)
     if scheme is None:
         assert torch.equal(part.weight, lin.weight[rows]) and torch.equal(part.bias, lin.bias[rows])
@@ -54,13 +55,14 @@ def test_row_parts_hold_exactly_the_rows(scheme):
         assert torch.equal(part.weight, full.weight[rows]) and torch.equal(part.weight_scale, full.weight_scale[rows])
 
 
-@pytest.mark.parametrize("scheme", [None, "w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8"])
+@pytest.mark.parametrize("scheme", [None, "w4a16-g32", "w4a16-g-1", "w8a16", "w8a8", "w8a8-fp8", "w4a8-fp8-g64"])
 def test_column_parts_sum_to_the_whole(scheme):
-    if scheme == "w8a8-fp8" and DEVICE.type == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+    if scheme and "fp8" in scheme and DEVICE.type == "cuda" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs sm_89+")
     lin = _linear()
     full = qk.QuantizedLinear.from_linear(lin, scheme) if scheme else lin
     parts = [shard_linear(full, p) for p in COLS]
+    assert scheme is None or all(p.scheme == full.scheme for p in parts)
     assert parts[0].bias is not None and parts[1].bias is None          # the bias is added once
     if scheme is not None and full.scheme.weight_only:
         w = full.packed_weight().dequantize()
@@ -73,7 +75,7 @@ def test_column_parts_sum_to_the_whole(scheme):
     got = parts[0](x[:, :64]).float() + parts[1](x[:, 64:]).float()
     # w8a8: each part quantizes its own slice of x per token, so the sum differs by activation rounding (e4m3:
     # 3 mantissa bits)
-    tol = {"w8a8": 2e-2, "w8a8-fp8": 6e-2}.get(scheme, 4e-3)
+    tol = {"w8a8": 2e-2, "w8a8-fp8": 6e-2, "w4a8-fp8-g64": 6e-2}.get(scheme, 4e-3)
     assert ((got - want).norm() / want.norm()).item() < tol
 
 

@@ -53,7 +53,7 @@ from .harness import (Row, copy_bandwidth_gbps, merge_results, method_text, on_g
 from .model import _median_ms, decode_step, decode_step_ms, hf_model, model_configs, vl_configs
 
 # "+head": lm_head quantized with the same scheme (off by default in from_pretrained)
-SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8")
+SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8", "w4a8-fp8")
 # the HF model's own decode step through its documented fast path (static cache, forward compiled with
 # mode="reduce-overhead"): fp16, our schemes through quantize_, and PyTorch's int4 weight-only kernel (tinygemm,
 # what torchao's int4 weight-only runs; bf16 model) swapped in for every linear but lm_head, as a torchao user's
@@ -311,7 +311,7 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
         if gpu:
             torch._dynamo.reset()        # the last compiled model's CUDA-graph pool
         for scheme in schemes:
-            if scheme.startswith("w8a8-fp8") and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
+            if "fp8" in scheme and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
                 continue
             gc.collect()
             if gpu:

@@ -404,7 +404,7 @@ def shard_linear(lin: nn.Module, part: Part, name: str = "linear") -> nn.Module:
     n = qweight.shape[0]
     packed = PackedWeight(qweight.contiguous(), sz.contiguous(), pw.bits, pw.group_size, (n, k), perm,
                           pw.symmetric, pw.int_zeros)
-    return QuantizedLinear.from_packed(packed, bias.contiguous() if bias is not None else None)
+    return QuantizedLinear.from_packed(packed, bias.contiguous() if bias is not None else None, lin.scheme.fp8_act)
 
 
 def _rank_offsets(channels: torch.Tensor, part: Part) -> torch.Tensor:

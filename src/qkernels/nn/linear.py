@@ -246,8 +246,14 @@ class QuantizedLinear(nn.Module):
         return self
 
     def _fp8_rows(self, x: torch.Tensor) -> bool:
-        """Whether this call quantizes its activations to FP8 (w4a8-fp8 with W4A8_MIN_M rows or more)."""
-        return self.scheme.fp8_act and x.numel() >= W4A8_MIN_M * x.shape[-1]
+        """Whether this call quantizes its activations to FP8: w4a8-fp8 with W4A8_MIN_M rows or more, unless this
+        GPU's table measured W4A16's kernels faster on this shape and M (ops.w4a8.prefers_w4a16)."""
+        if not self.scheme.fp8_act or x.numel() < W4A8_MIN_M * x.shape[-1]:
+            return False
+        if x.device.type != "cuda":
+            return True
+        from ..ops.w4a8 import prefers_w4a16
+        return not prefers_w4a16(x.numel() // x.shape[-1], self.out_features, self.in_features, x.device)
 
     def _reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._fp8_rows(x):

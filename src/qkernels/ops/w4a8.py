@@ -13,9 +13,10 @@ import math
 
 import torch
 
+from .. import configs
 from .. import reference as ref
-from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, ensure_context,
-                        is_interpreter, k_splits, launch, next_pow2, pdl_options, register_twin, splitk_scratch)
+from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
+                        ensure_context, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, register_twin, splitk_scratch)
 from ..packed_weight import PackedWeight
 from ..schemes import PER_CHANNEL
 from .quant import quantize
@@ -54,12 +55,36 @@ def _kernel(path: str):
     return _KERNEL[path]
 
 
-def config_for(M: int, device: torch.device | None = None) -> dict:
-    """The tile config of an M bucket: on Hopper the wgmma kernel's (its Triton fallback under "fallback")."""
-    bucket = min(max(next_pow2(M), 16), 256)
+def _bucket(M: int) -> int:
+    return min(max(next_pow2(M), 16), 256)
+
+
+def config_for(M: int, device: torch.device | None = None, N: int | None = None, K: int | None = None) -> dict:
+    """The tile config of a call: on a GPU with a "w4a8-fp8" table (configs/<gpu>.json) its entry for the M bucket
+    and shape (N, K); else on Hopper the wgmma kernel's bucket config (with its Triton fallback), elsewhere the
+    Triton kernel's."""
+    bucket = _bucket(M)
+    entry = _table_entry(bucket, N, K, device)
+    if entry is not None:
+        return dict(entry, fallback=DEFAULT_CONFIGS[bucket])
     if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
         return dict(WG_CONFIGS[bucket], fallback=DEFAULT_CONFIGS[bucket])
     return DEFAULT_CONFIGS[bucket]
+
+
+@functools.cache
+def _table_entry(bucket: int, N: int | None, K: int | None, device: torch.device | None) -> dict | None:
+    if device is None or device.type != "cuda" or is_interpreter() or N is None:
+        return None
+    table = configs.load(gpu_slug(device_name(device))).get("w4a8-fp8")
+    return configs.lookup(table, bucket, N, K) if table else None
+
+
+def prefers_w4a16(M: int, N: int, K: int, device: torch.device) -> bool:
+    """Whether this GPU's table says W4A16's kernels (fp16 activations, the same stored weight) ran this shape and
+    M faster than any W4A8 config measured: a w4a8-fp8 layer then runs them (QuantizedLinear)."""
+    entry = _table_entry(_bucket(M), N, K, device)
+    return bool(entry and entry.get("W4A16"))
 
 
 def wg_runs(device: torch.device, int_zeros: bool) -> bool:
@@ -129,7 +154,7 @@ def _w4a8_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
         return out
     q = quantize(x, "fp8_e4m3", "row")
     return _run(q.data, q.scale.reshape(M), qweight, scale_zero, bias, group_size, out,
-                _forced[0] or config_for(M, x.device), int_zeros)
+                _forced[0] or config_for(M, x.device, N, K), int_zeros)
 
 
 _w4a8_op = torch.library.custom_op("qkernels::w4a8_linear", mutates_args=())(_w4a8_impl)
@@ -208,4 +233,5 @@ def w4a8_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | No
     return out.reshape(*x.shape[:-1], N)
 
 
-__all__ = ["w4a8_linear", "use_config", "config_for", "DEFAULT_CONFIGS", "WG_CONFIGS", "fp8_capable", "wg_runs"]
+__all__ = ["w4a8_linear", "use_config", "config_for", "DEFAULT_CONFIGS", "WG_CONFIGS", "fp8_capable", "wg_runs",
+           "prefers_w4a16"]
