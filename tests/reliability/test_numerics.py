@@ -57,10 +57,12 @@ def test_static_saturation_at_format_limits():
 
 
 @pytest.mark.parametrize("scheme", ["w8a8", pytest.param("w8a8-fp8", marks=pytest.mark.skipif(not FP8_OK,
-                                                                                             reason="fp8"))])
+                                                                                             reason="fp8")),
+                                    pytest.param("w4a8-fp8-g64", marks=pytest.mark.skipif(not FP8_OK, reason="fp8"))])
 def test_w8a8_linear_quantizes_non_finite_activations(scheme):
     """Activation quantization maps NaN to 0 and +-inf to the format's limits, so the output row is
-    finite for int8 (NaN stays NaN in fp8 and makes its row NaN)."""
+    finite for int8 (NaN stays NaN in fp8 and makes its row NaN). W4A8-FP8 quantizes its activations the same
+    way."""
     x = _x()
     lin = torch.nn.Linear(K, N, device=DEVICE, dtype=torch.float16)
     ql = qk.QuantizedLinear.from_linear(lin, scheme)
