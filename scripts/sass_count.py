@@ -176,17 +176,16 @@ def w4a16_wg_tail():
     return k, types, cx, 8, GluonASTSource, 2 * bn * 32 // 256, "HGMMA", "smallest"
 
 
-def w4a8_wg(bm: int = 16, bn: int = 64, warps: int = 4, ws: bool = False, xsum: bool = False):
+def w4a8_wg(bm: int = 16, bn: int = 64, warps: int = 4, ws: bool = False):
     """The Gluon FP8 wgmma kernel of W4A8 (kernels/_w4a8_wg.py) at batched decode: g128, bm x rows, bn weight rows,
     4 stages of one 64-k chunk, split 2; two chunks per iteration."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qkernels.kernels._w4a8_wg import _w4a8_wg_kernel as k
-    cx = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4, SPLIT_K=2, WS=ws, XSUM=xsum, PDL=True)
+    cx = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4, SPLIT_K=2, WS=ws, PDL=True)
     xl = "NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)"
     wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
     types = dict(x_desc=f"tensordesc<fp8e4nv[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", xs_ptr="*fp32",
-                 xsum_ptr="*fp32",
                  sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32",
                  stride_om="i32", ws_ptr="*fp32", cnt_ptr="*i32")
     return k, types, cx, warps, GluonASTSource, 2 * bn * 32 // (32 * warps), "QGMMA", "smallest"
@@ -197,8 +196,7 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
          "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
          "w4a16-wg-tail": w4a16_wg_tail, "w4a8-wg": w4a8_wg, "w4a8-wg-m64": lambda: w4a8_wg(64), "w4a8-wg-m128": lambda: w4a8_wg(128),
-         "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a8-wg-xsum": lambda: w4a8_wg(xsum=True),
-         "w4a8-wg-m64-xsum": lambda: w4a8_wg(64, xsum=True), "w4a16-wg-ws": w4a16_wg_ws,
+         "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128),
          "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}

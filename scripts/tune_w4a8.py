@@ -63,8 +63,6 @@ def candidates(M, hopper: bool):
                 [(64, 4), (128, 8)], [4, 6] if bm <= 32 else [4], [(4, 528), (1, 0), (8, 1056), (2, 264)]):
             out.append(dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=stages, num_warps=warps,
                             SPLIT_K=split, MIN_PROGRAMS=mp))
-        # the zero points through the x sums (two wgmmas a chunk instead of four), where the tensor cores bind
-        out[1:1] = [dict(c, XSUM=True) for c in out[:4]]
         # warp-specialized (the producer warp's copies out of the consumers' loop), registers capped
         out[1:1] = [dict(path="wg", BLOCK_M=bm, BLOCK_N=64, GROUP_M=8, STAGES=st, num_warps=4, SPLIT_K=sp,
                          MIN_PROGRAMS=mp, WS=True, maxnreg=96 if bm <= 32 else 168)

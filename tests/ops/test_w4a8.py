@@ -143,18 +143,15 @@ def test_wg_matches_twin(M, N, K, group, symmetric, dtype, bias):
     _check(x, pw, b, _wg(M))
     _check(x, pw, b, _wg(M, MIN_PROGRAMS=10 ** 9))          # K split 4 (2 at M > 128) ways
     _check(x, pw, b, _wg(M, SPLIT_K=1, STAGES=2))
-    _check(x, pw, b, _wg(M, XSUM=True, MIN_PROGRAMS=10 ** 9))      # zero points through the x sums
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
-@pytest.mark.parametrize("bm, bn, warps, ws, xsum", [(8, 64, 4, False, False), (16, 128, 8, False, True),
-                                                     (64, 128, 8, False, False), (128, 64, 4, False, False),
-                                                     (16, 64, 4, True, False), (64, 64, 4, True, True)])
-def test_wg_tiles(bm, bn, warps, ws, xsum):
+@pytest.mark.parametrize("bm, bn, warps, ws", [(8, 64, 4, False), (16, 128, 8, False), (64, 128, 8, False),
+                                               (128, 64, 4, False), (16, 64, 4, True), (64, 64, 4, True)])
+def test_wg_tiles(bm, bn, warps, ws):
     x, pw, b = _case(520, 1536, 128, False, 37, torch.float16, True, seed=bm + bn)
     extra = dict(WS=True, maxnreg=96 if bm <= 32 else 168) if ws else {}
-    extra.update(XSUM=True) if xsum else None
     for split in (3, 1):
         _check(x, pw, b, dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=4, STAGES=3, num_warps=warps, SPLIT_K=split,
                               MIN_PROGRAMS=10 ** 9, **extra))
@@ -163,8 +160,7 @@ def test_wg_tiles(bm, bn, warps, ws, xsum):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
 def test_wg_zero_points_at_the_ends():
-    """Zero points 0 and 16 (GPTQ's stored-minus-one zeros reach 2**bits): -z is an exact e4m3 tile for both, and the
-    x sums take them out as well."""
+    """Zero points 0 and 16 (GPTQ's stored-minus-one zeros reach 2**bits): -z is an exact e4m3 tile for both."""
     g = torch.Generator().manual_seed(4)
     N, K, G = 192, 512, 128
     codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
@@ -175,7 +171,6 @@ def test_wg_zero_points_at_the_ends():
     assert pw.int_zeros
     x = torch.randn(24, K, generator=g).to(DEVICE, torch.float16)
     _check(x, pw, None, _wg(24))
-    _check(x, pw, None, _wg(24, XSUM=True))
 
 
 @pytest.mark.gpu
@@ -202,17 +197,3 @@ def test_wg_cuda_graph_and_compile():
         assert torch.equal(y, eager)
         f = torch.compile(lambda t: w4a8.w4a8_linear(t, pw, b), fullgraph=True)
         assert torch.equal(f(x), eager)
-
-
-def test_activation_quantizer_matches_quantize_and_sums_its_chunks():
-    """W4A8's activation kernel: codes and scales bit for bit those of quantize(x, "fp8_e4m3", "row"), and each
-    64-k chunk's sum of the e4m3 values."""
-    g = torch.Generator().manual_seed(7)
-    x = (torch.randn(5, 320, generator=g) * 3).to(DEVICE, torch.float16)
-    x[1, 7] = float("inf")
-    x[3] = 0
-    q, s, sums = w4a8._quantize_x(x)
-    want, sw, _ = ref.quantize(x, "fp8_e4m3", "row")
-    assert torch.equal(q.view(torch.uint8), want.view(torch.uint8)) and torch.equal(s, sw.reshape(-1))
-    chunks = want.float().view(5, 5, 64).sum(-1).t()
-    assert sums.shape == (5, 5) and torch.allclose(sums, chunks, rtol=1e-6, atol=0)

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRET, _fp8_bits_to_f32, _grouped_pid, _k_slice, _pdl_wait, _splitk_fixup
-from ._quant import _quantize_values, _row_stats, _scale_and_zero_point
 
 
 @triton.jit
@@ -114,36 +113,3 @@ def _w4a8_kernel(x_ptr, xs_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, ws_ptr, cnt_pt
             out += tl.load(bias_ptr + cols % N).to(tl.float32)[None, :]
         tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _w4a8_quant_x_kernel(x_ptr, q_ptr, s_ptr, sum_ptr, M, K, stride_xm,
-                         QSYM: tl.constexpr, FP_MAX: tl.constexpr, FP8_EMULATE: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    """W4A8's activations, one row (token) per program: the per-token e4m3 codes and fp32 scale exactly as
-    quantize(x, "fp8_e4m3", "row") makes them (the same helpers), and beside them the sum of each 64-k chunk's
-    e4m3 values (the codes read back as numbers, before the scale), stored transposed: sum_ptr [K / 64, M]. The
-    Hopper GEMM takes the zero points out through these sums. K a multiple of 64 (BLOCK_K too)."""
-    _pdl_wait(PDL)
-    m = tl.program_id(0)
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
-    q_row = q_ptr + m.to(tl.int64) * K
-    cols = tl.arange(0, BLOCK_K)
-    amax = tl.zeros([1], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_row + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-        a, _, _ = _row_stats(x[None, :], True)
-        amax = tl.maximum(amax, a)
-    scale, zp = _scale_and_zero_point(amax, amax, amax, QSYM, 0, 0, True)
-    tl.store(s_ptr + m + tl.arange(0, 1), scale)
-    inv = tl.math.div_rn(tl.full([1], 1.0, tl.float32), scale)
-    for k0 in range(0, K, BLOCK_K):
-        ok = k0 + cols < K
-        x = tl.load(x_row + k0 + cols, mask=ok, other=0.0).to(tl.float32)
-        q = _quantize_values(x[None, :], inv[:, None], zp[:, None], 0, 0, True, FP_MAX, 3, 7, FP8_EMULATE)
-        q = tl.reshape(q, [BLOCK_K])
-        tl.store(q_row + k0 + cols, q.to(tl.uint8), mask=ok)
-        v = _fp8_bits_to_f32(q.to(tl.uint8), 3, 7, True)
-        sums = tl.sum(tl.reshape(v, [BLOCK_K // 64, 64]), axis=1)
-        chunk = k0 // 64 + tl.arange(0, BLOCK_K // 64)
-        tl.store(sum_ptr + chunk.to(tl.int64) * M + m, sums, mask=chunk < K // 64)

@@ -10,14 +10,13 @@ in one byte, so one 32-bit word of a row's codes is, after one AND, the A operan
 chunk's first half (k .. k + 3), and after a shift and an AND, the same four k of its second half. A thread reads
 four such words per 64-k chunk (two rows, two k quads): about 0.5 instructions a weight.
 
-The zero point, two ways. On the tensor cores: -z for an integer z in [0, 16] is also an exact e4m3 pattern, so a
-tile whose row r holds -z_r everywhere, multiplied by the same x slice into the same accumulator, makes it
-sum_k (u_k - z) x_k (four wgmmas a 64-k chunk). XSUM: off them, sum_k (u_k - z) x_k = sum_k u_k x_k - z sum_k x_k
-with the sums of x's e4m3 values over each 64-k chunk from the kernel that quantized x (kernels/_w4a8.py): two
-wgmmas a chunk, one more FFMA per accumulator element at its promotion. Each 64-k chunk has its own accumulator
-(fresh), added to the fp32 total once it is done with the chunk's group scale times 2**9 (the codes are u * 2**-9):
-FP8 products are summed in fp32 over 128 products at most before that promotion. Two chunk accumulators alternate,
-so one chunk's wgmmas run while the previous one is promoted and the next one's codes are read.
+The zero point rides on the tensor cores too: -z for an integer z in [0, 16] is also an exact e4m3 pattern (the
+sign bit over the byte z), so a tile whose row r holds -z_r everywhere, multiplied by the same x slice into the
+same accumulator, makes it sum_k (u_k - z) x_k. Each 64-k chunk has its own accumulator (fresh, four wgmmas: codes
+and -z against x[k .. k + 31], then against x[k + 32 .. k + 63]), which is added to the fp32 total with the
+chunk's group scale (times 2**9) once it is done: FP8 products are summed in fp32 over 128 products at most before
+that promotion. Two chunk accumulators alternate, so one chunk's wgmmas run while the previous one is promoted and
+the next one's codes are read.
 
 Schedule (per program: a [BLOCK_N, BLOCK_M] tile of out.T, all or a slice of K): x (already e4m3, per-token
 scales) and the code bytes come through a STAGES-deep shared-memory ring by TMA, one mbarrier per stage; a stage
@@ -70,30 +69,11 @@ def _sz_words(s_p, chunk, GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_terms(sz, st: gl.constexpr, ml: gl.constexpr):
-    """A chunk's promotion factors per row, in acc's row layout ml: the group scale times 2**9 (the codes are
-    u * 2**-9) for the product, -scale * zero point for the chunk's x sums."""
-    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-    return gl.convert_layout(s * 512.0, ml), gl.convert_layout(-(s * z), ml)
-
-
-@gluon.jit
-def _promote(tot, acc, a, b, xs, XSUM: gl.constexpr):
-    """tot + a P (+ b S with XSUM), row factors a, b [BN], token sums xs [BM]: one or two FFMAs an element."""
-    tot = tot + a[:, None] * acc
-    if XSUM:
-        tot = tot + b[:, None] * xs[None, :]
-    return tot
-
-
-@gluon.jit
-def _x_sums(sum_p, chunk, M, ok, XSUM: gl.constexpr):
-    """The chunk's per-token sums of x's e4m3 values (sum_p: the tile's tokens of row 0 of [K / 64, M]); without
-    XSUM zeros, not loaded."""
-    if XSUM:
-        return gl.load(sum_p + chunk.to(gl.int64) * M, mask=ok, other=0.0)
-    return ok.to(gl.float32) * 0.0
+def _promote_scale(sz, st: gl.constexpr, ml: gl.constexpr):
+    """A chunk's promotion factor per row: the group scale times 2**9 (the codes are u * 2**-9), in acc's row
+    layout ml."""
+    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32) * 512.0
+    return gl.convert_layout(s, ml)
 
 
 @gluon.jit
@@ -108,28 +88,23 @@ def _neg_zero(sz, st: gl.constexpr, ql: gl.constexpr, al: gl.constexpr):
 
 @gluon.jit
 def _issue(chunk, sz, c_ring, x_ring, bars, acc, STAGES: gl.constexpr, st: gl.constexpr, ql: gl.constexpr,
-           al: gl.constexpr, XSUM: gl.constexpr):
+           al: gl.constexpr):
     """Wait for chunk `chunk`'s ring stage (chunk of the slice, from 0), read its codes into the two A tiles and issue
-    the chunk's wgmmas into acc (fresh: its old value is not read): the codes against x's two 32-k halves, and
-    without XSUM the -z tile against each too (_neg_zero: the zero point on the tensor cores)."""
+    the chunk's four wgmmas into acc (fresh: its old value is not read)."""
     stage = chunk % STAGES
     mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
     BN: gl.constexpr = c_ring.shape[1]
     w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
     lo = _fp8_of(w & 0x0F0F0F0F, al)
     hi = _fp8_of((w >> 4) & 0x0F0F0F0F, al)
+    nz = _neg_zero(sz, st, ql, al)
     xs = x_ring.index(stage)
     xl = xs.slice(0, BK // 2, dim=1).permute((1, 0))
     xh = xs.slice(BK // 2, BK // 2, dim=1).permute((1, 0))
     acc = warpgroup_mma(lo, xl, acc, use_acc=False, is_async=True)
-    if not XSUM:
-        nz = _neg_zero(sz, st, ql, al)
-        acc = warpgroup_mma(nz, xl, acc, is_async=True)
-        acc = warpgroup_mma(hi, xh, acc, is_async=True)
-        acc = warpgroup_mma(nz, xh, acc, is_async=True)
-    else:
-        acc = warpgroup_mma(hi, xh, acc, is_async=True)
-    return acc
+    acc = warpgroup_mma(nz, xl, acc, is_async=True)
+    acc = warpgroup_mma(hi, xh, acc, is_async=True)
+    return warpgroup_mma(nz, xh, acc, is_async=True)
 
 
 @gluon.jit
@@ -175,72 +150,61 @@ def _produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_
 
 
 @gluon.jit
-def _mainloop(s_p, sum_p, M, ok_m, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n,
-              GROUP: gl.constexpr, st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr,
-              STAGES: gl.constexpr, WS: gl.constexpr, XSUM: gl.constexpr):
+def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
+              st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, STAGES: gl.constexpr,
+              WS: gl.constexpr):
     """The fp32 total over the slice's chunks (the ring started by the caller, or by the producer warp with WS).
     Two chunks per iteration, each with its own accumulator: chunk c's wgmmas run while chunk c - 1 is promoted, its
-    stage released and chunk c + 1's codes read; each chunk's (scale, zero) words are loaded two chunks ahead, its x
-    sums as its wgmmas are issued. Promotion: tot += 2**9 s P - s z S (P the chunk's product with the codes, S its x
-    sums)."""
+    stage released and chunk c + 1's codes read; each chunk's (scale, zero) words are loaded two chunks ahead."""
     BN: gl.constexpr = c_ring.shape[1]
     BM: gl.constexpr = x_ring.shape[1]
-    NW: gl.constexpr = 2 if XSUM else 4            # wgmmas a chunk
     ml: gl.constexpr = gl.SliceLayout(1, mma)
     tot = gl.zeros([BN, BM], gl.float32, layout=mma)
     acc_b = tot
     a_b = gl.zeros([BN], gl.float32, layout=ml)     # no chunk before the first: a zero promotion
-    b_b = a_b
-    xs_b = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(0, mma))
-    last = steps - 1
     sz = _sz_words(s_p, s0, GROUP)
-    sz_b = _sz_words(s_p, s0 + gl.minimum(1, last), GROUP)
+    sz_b = _sz_words(s_p, s0 + gl.minimum(1, steps - 1), GROUP)
     for j in range(steps // 2):
         c = 2 * j
-        acc_a = _issue(c, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al, XSUM)
-        xs_a = _x_sums(sum_p, s0 + c, M, ok_m, XSUM)          # used at this chunk's promotion, half an iteration on
-        a_a, b_a = _chunk_terms(sz, st, ml)
-        sz = _sz_words(s_p, s0 + gl.minimum(c + 2, last), GROUP)
-        acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
-        tot = _promote(tot, acc_b, a_b, b_b, xs_b, XSUM)
+        acc_a = _issue(c, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_a = _promote_scale(sz, st, ml)
+        sz = _sz_words(s_p, s0 + gl.minimum(c + 2, steps - 1), GROUP)
+        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
         if c >= 1:
             _release(x_desc, w_desc, x_ring, c_ring, bars, empty, c - 1, steps, s0, off_m, off_n, STAGES, WS)
-        acc_b = _issue(c + 1, sz_b, c_ring, x_ring, bars, tot, STAGES, st, ql, al, XSUM)
-        xs_b = _x_sums(sum_p, s0 + c + 1, M, ok_m, XSUM)
-        a_b, b_b = _chunk_terms(sz_b, st, ml)
-        sz_b = _sz_words(s_p, s0 + gl.minimum(c + 3, last), GROUP)
-        acc_a, acc_b = warpgroup_mma_wait(NW, deps=[acc_a, acc_b])     # chunk c + 1's still in flight
-        tot = _promote(tot, acc_a, a_a, b_a, xs_a, XSUM)
+        acc_b = _issue(c + 1, sz_b, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_b = _promote_scale(sz_b, st, ml)
+        sz_b = _sz_words(s_p, s0 + gl.minimum(c + 3, steps - 1), GROUP)
+        acc_a, acc_b = warpgroup_mma_wait(4, deps=[acc_a, acc_b])     # chunk c + 1's four still in flight
+        tot += a_a[:, None] * acc_a
         _release(x_desc, w_desc, x_ring, c_ring, bars, empty, c, steps, s0, off_m, off_n, STAGES, WS)
     if steps % 2 == 1:
-        acc_a = _issue(last, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al, XSUM)
-        xs_a = _x_sums(sum_p, s0 + last, M, ok_m, XSUM)
-        a_a, b_a = _chunk_terms(sz, st, ml)
-        acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
-        tot = _promote(tot, acc_b, a_b, b_b, xs_b, XSUM)
+        acc_a = _issue(steps - 1, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        a_a = _promote_scale(sz, st, ml)
+        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        tot += a_b[:, None] * acc_b
         acc_a = warpgroup_mma_wait(0, deps=[acc_a])
-        tot = _promote(tot, acc_a, a_a, b_a, xs_a, XSUM)
+        tot += a_a[:, None] * acc_a
     else:
         acc_b = warpgroup_mma_wait(0, deps=[acc_b])
-        tot = _promote(tot, acc_b, a_b, b_b, xs_b, XSUM)
+        tot += a_b[:, None] * acc_b
     return (tot,)
 
 
 @gluon.jit
-def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, xsum_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
+def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
                     cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
-                    WS: gl.constexpr = False, XSUM: gl.constexpr = False, PDL: gl.constexpr = False):
+                    WS: gl.constexpr = False, PDL: gl.constexpr = False):
     """out [M, N] = (x_q @ W.T) * x_scale (+ bias). x_desc: TMA descriptor of the e4m3 x [M, K], blocks
     [BLOCK_M, 64]; w_desc: of the code bytes [N, K / 2], blocks [BLOCK_N, 32] (rows past M / N read as zeros);
-    xs_ptr: [M] fp32 per-token scales; xsum_ptr: [K / 64, M] fp32, each 64-k chunk's sum of x's e4m3 values per
-    token; sz_ptr: [N, K / GROUP] (scale, zero) words.
+    xs_ptr: [M] fp32 per-token scales; sz_ptr: [N, K / GROUP] (scale, zero) words, integer zero points in [0, 16].
     BLOCK_N: 64 x warpgroups; BLOCK_M: 8..256, a multiple of 8 (the wgmma's n). Grouped program order (GROUP_M x
     blocks share each weight block in L2). SPLIT_K > 1: program column z covers slice z of the chunks, partials added
     up by the tile's last program (_splitk_fixup: ws_ptr [SPLIT_K, M, N] fp32, cnt_ptr one counter per tile). WS:
     warp-specialized, one more warp (the producer: every TMA copy, the PDL wait) fills the ring while the
-    warpgroups only read codes and issue wgmmas, handing each stage back through an `empty` mbarrier. XSUM: the zero
-    points through xsum_ptr's x sums at each promotion instead of -z tiles on the tensor cores."""
+    warpgroups only read codes and issue wgmmas, handing each stage back through an `empty` mbarrier."""
     W: gl.constexpr = gl.num_warps()
     st: gl.constexpr = sz_ptr.dtype.element_ty
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_M, 32])
@@ -260,9 +224,6 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, xsum_ptr, sz_ptr, bias_ptr, out_ptr,
 
     rows = (off_n + gl.arange(0, BLOCK_N, layout=rl)) % N         # wrapped: no masks on the scale loads
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
-    om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-    ok_m = om < M
-    sum_p = xsum_ptr + om
     if SPLIT_K == 1:
         s0 = 0
         steps = K // BK
@@ -281,8 +242,8 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, xsum_ptr, sz_ptr, bias_ptr, out_ptr,
         for p in gl.static_range(STAGES):
             mbarrier.init(empty.index(p), count=1)
         tot, = gl.warp_specialize([
-            (_mainloop, (s_p, sum_p, M, ok_m, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n,
-                         GROUP, st, mma, ql, al, STAGES, True, XSUM)),
+            (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP, st, mma,
+                         ql, al, STAGES, True)),
             (_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES, PDL)),
         ], [1], [24])
         for p in gl.static_range(STAGES):
@@ -296,12 +257,13 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, xsum_ptr, sz_ptr, bias_ptr, out_ptr,
         for p in gl.static_range(STAGES):
             tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
                                             pred=p < steps)
-        tot, = _mainloop(s_p, sum_p, M, ok_m, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n,
-                         GROUP, st, mma, ql, al, STAGES, False, XSUM)
+        tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
+                         ql, al, STAGES, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
     on = off_n + gl.arange(0, BLOCK_N, layout=ml)
+    om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
     last = True
     if SPLIT_K > 1:
         tot, last = _splitk_fixup(tot, ws_ptr, cnt_ptr, pid, on, om, (on < N)[:, None] & (om < M)[None, :], M, N,

@@ -2,8 +2,7 @@
 float8_e4m3fn, the product on FP8 tensor cores (kernels/_w4a8.py; numerics there). Reference:
 reference.w4a8_linear.
 
-One op (qkernels::w4a8_linear): the per-token quantization of x (the codes and scales of quantize(x, "fp8_e4m3",
-"row"), with each 64-k chunk's sum beside them: kernels/_w4a8.py's _w4a8_quant_x_kernel), then the
+One op (qkernels::w4a8_linear): the per-token quantization of x (ops.quant.quantize, "fp8_e4m3", "row"), then the
 GEMM with the group scales and zero points applied per group in fp32. Tile configs: `config=` (tests, tuners), else
 DEFAULT_CONFIGS by M. GPUs without FP8 tensor cores (compute capability < 8.9) refuse it, naming the GPU.
 """
@@ -20,7 +19,7 @@ from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_de
                         ensure_context, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, register_twin, splitk_scratch)
 from ..packed_weight import PackedWeight
 from ..schemes import PER_CHANNEL
-from .quant import _format_constexprs, _fp8_emulate
+from .quant import quantize
 
 X_DTYPES = (torch.float16, torch.bfloat16)
 # M bucket (next power of two, at most 256) -> tile config. SPLIT_K with MIN_PROGRAMS: K split (in whole groups)
@@ -35,7 +34,7 @@ DEFAULT_CONFIGS = {   # SWAP: the weight tile as the MMA's M side (H200 sweep, b
 # Hopper: the Gluon FP8 wgmma kernel (kernels/_w4a8_wg.py; "path": "wg"), for integer zero points; the Triton
 # config under "fallback" runs where it does not (other GPUs, float zero points). BLOCK_N: 64 per warpgroup. WS: a
 # producer warp issues the copies (then "maxnreg" caps the registers, which it otherwise takes all of: one program
-# an SM). XSUM: the zero points through the x sums, not on the tensor cores (kernels/_w4a8_wg.py).
+# an SM).
 WG_CONFIGS = {
     16: dict(path="wg", BLOCK_M=16, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
     32: dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
@@ -50,8 +49,6 @@ def _kernel(path: str):
     if path not in _KERNEL:      # imported on first use: `import qkernels` compiles and touches nothing
         if path == "wg":
             from ..kernels._w4a8_wg import _w4a8_wg_kernel as k
-        elif path == "quant_x":
-            from ..kernels._w4a8 import _w4a8_quant_x_kernel as k
         else:
             from ..kernels._w4a8 import _w4a8_kernel as k
         _KERNEL[path] = k
@@ -105,7 +102,7 @@ def _wg_layouts():
     return TensorDescriptor, gl.NVMMASharedLayout(64, 8, rank=2), gl.NVMMASharedLayout(0, 8, rank=2)
 
 
-def _run_wg(xq, xs, sums, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Tensor:
+def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Tensor:
     M, K = xq.shape
     N = qweight.shape[0]
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
@@ -116,19 +113,19 @@ def _run_wg(xq, xs, sums, qweight, scale_zero, bias, group_size, out, cfg) -> to
     ensure_context(out.device)
     x_desc = desc.from_tensor(xq, [cfg["BLOCK_M"], 64], xl)
     w_desc = desc.from_tensor(qweight, [cfg["BLOCK_N"], 32], wl)
-    launch(_kernel("wg"), (tiles, split), x_desc, w_desc, xs, sums, scale_zero, bias if bias is not None else out, out,
+    launch(_kernel("wg"), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out, out,
            M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size, HAS_BIAS=bias is not None,
            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
-           SPLIT_K=split, WS=cfg.get("WS", False), XSUM=cfg.get("XSUM", False), num_warps=cfg["num_warps"],
+           SPLIT_K=split, WS=cfg.get("WS", False), num_warps=cfg["num_warps"],
            **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}), **pdl)
     return out
 
 
-def _run(xq: torch.Tensor, xs: torch.Tensor, sums: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
+def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
          bias: torch.Tensor | None, group_size: int, out: torch.Tensor, cfg: dict, int_zeros: bool) -> torch.Tensor:
     if cfg.get("path") == "wg":
         if wg_runs(out.device, int_zeros) and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0:
-            return _run_wg(xq, xs, sums, qweight, scale_zero, bias, group_size, out, cfg)
+            return _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg)
         cfg = cfg.get("fallback") or DEFAULT_CONFIGS[min(max(next_pow2(xq.shape[0]), 16), 256)]
     M, K = xq.shape
     N = qweight.shape[0]
@@ -145,21 +142,6 @@ def _run(xq: torch.Tensor, xs: torch.Tensor, sums: torch.Tensor, qweight: torch.
     return out
 
 
-def _quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] (rows contiguous, K % 64 == 0) -> (e4m3 codes [M, K], fp32 scales [M], the sums of each 64-k chunk's
-    e4m3 values [K / 64, M]): codes and scales bit for bit those of quantize(x, "fp8_e4m3", "row")."""
-    M, K = x.shape
-    q = alloc((M, K), torch.float8_e4m3fn, x.device)
-    s = alloc((M,), torch.float32, x.device)
-    sums = alloc((K // 64, M), torch.float32, x.device)
-    f = _format_constexprs("fp8_e4m3", True, _fp8_emulate(x.device))
-    block = min(next_pow2(K), 256 if is_interpreter() else 2048)
-    launch(_kernel("quant_x"), (M,), x, q.view(torch.uint8), s, sums, M, K, x.stride(0), QSYM=f["QSYM"],
-           FP_MAX=f["FP_MAX"], FP8_EMULATE=f["FP8_EMULATE"], BLOCK_K=block, num_warps=4 if block >= 1024 else 2,
-           **pdl_options(x.device))
-    return q, s, sums
-
-
 def _w4a8_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bias: torch.Tensor | None,
                group_size: int, int_zeros: bool = False) -> torch.Tensor:
     """x [M, K] (fp16 / bf16), qweight / scale_zero contiguous in the 4-bit PackedWeight layout."""
@@ -170,9 +152,9 @@ def _w4a8_impl(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
     out = alloc((M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return out
-    q, s, sums = _quantize_x(x)
-    return _run(q, s, sums, qweight, scale_zero, bias, group_size, out, _forced[0] or config_for(M, x.device, N, K),
-                int_zeros)
+    q = quantize(x, "fp8_e4m3", "row")
+    return _run(q.data, q.scale.reshape(M), qweight, scale_zero, bias, group_size, out,
+                _forced[0] or config_for(M, x.device, N, K), int_zeros)
 
 
 _w4a8_op = torch.library.custom_op("qkernels::w4a8_linear", mutates_args=())(_w4a8_impl)
