@@ -545,7 +545,9 @@ def _ppl_targets(rows, TARGETS: dict) -> list[str]:
     for scheme, lim in TARGETS.items():
         # calibrated weight-only rows ("w4a16-g64-awq+gptq-act"): one target per scheme and group size, met by the
         # best of its methods
-        key = "-".join(scheme.split("-")[:2]) if any(m in scheme for m in ("gptq", "awq")) else scheme
+        parts = scheme.split("-")
+        n = 3 if scheme.startswith("w4a8-fp8") else 2          # the scheme and its group: "w4a8-fp8-g64"
+        key = "-".join(parts[:n]) if any(m in scheme for m in ("gptq", "awq")) else scheme
         groups.setdefault((key, lim), []).append(scheme)
     for (key, lim), schemes in groups.items():
         got = [by[s] for s in schemes if s in by]
@@ -556,6 +558,14 @@ def _ppl_targets(rows, TARGETS: dict) -> list[str]:
         ok = best["delta_pct"] <= lim
         lines.append(f"- {label} ≤ +{lim:g}%: {best['delta_pct']:+.2f}% ({best['scheme']}) — "
                      f"{'met' if ok else 'not met'}")
+    # W4A8-FP8: within the sum of W4A16's increase (same groups and method) and W8A8-FP8's, measured
+    for r in rows:
+        w4, w8 = by.get(r["scheme"].replace("w4a8-fp8", "w4a16")), by.get("w8a8-fp8")
+        if r["scheme"].startswith("w4a8-fp8") and w4 and w8:
+            lim = w4["delta_pct"] + w8["delta_pct"]
+            lines.append(f"- {r['scheme']} within {w4['scheme']} + w8a8-fp8 ({w4['delta_pct']:+.2f}% "
+                         f"{w8['delta_pct']:+.2f}%): {r['delta_pct']:+.2f}% — "
+                         f"{'met' if r['delta_pct'] <= lim else 'not met'}")
     return lines + [""]
 
 
@@ -594,6 +604,7 @@ def build(results: Path) -> str:
         elif name == "w4a8":
             out += _w4a8(d["rows"])
         elif name.startswith("ppl"):
+            out += _runs_note(d, "scheme")
             rt = any(r.get("ppl_runtime") is not None for r in d["rows"])
             out += _table(["scheme", "perplexity", "Δ %", "quantized layers"]
                           + (["runtime perplexity", "runtime vs HF path %"] if rt else []),
