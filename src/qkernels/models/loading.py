@@ -195,7 +195,7 @@ def _fp8_act(mod: nn.Module, name: str, scheme: Scheme | None, skipped: list) ->
     if scheme is None or not scheme.weight_only or not scheme.fp8_act:
         return mod
     for lin in mod.linears if isinstance(mod, Concat) else [mod]:
-        why = None if lin.scheme.fp8_act else lin.to_fp8_act()
+        why = None if lin.scheme.weight_only and lin.scheme.fp8_act else lin.to_fp8_act()
         if why:
             skipped.append(f"{name} ({why}: kept as {lin.scheme.name})")
     if isinstance(mod, Concat):

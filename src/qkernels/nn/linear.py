@@ -248,7 +248,7 @@ class QuantizedLinear(nn.Module):
     def _fp8_rows(self, x: torch.Tensor) -> bool:
         """Whether this call quantizes its activations to FP8: w4a8-fp8 with W4A8_MIN_M rows or more, unless this
         GPU's table measured W4A16's kernels faster on this shape and M (ops.w4a8.prefers_w4a16)."""
-        if not self.scheme.fp8_act or x.numel() < W4A8_MIN_M * x.shape[-1]:
+        if not self.scheme.weight_only or not self.scheme.fp8_act or x.numel() < W4A8_MIN_M * x.shape[-1]:
             return False
         if x.device.type != "cuda":
             return True
