@@ -7,6 +7,7 @@ lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
        w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-128 | w4a16-wg-swiglu |
+       w4a8-wg | w4a8-wg-m64 | w4a8-wg-m128 | w4a8-wg-ws |
        w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
@@ -195,7 +196,8 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gv-intz": w4a16_gv_intz,
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
          "w8a8-gvt": w8a8_gvt, "w8a8-gvt-fp8": lambda: w8a8_gvt(fp8=True), "w4a16-wg": w4a16_wg,
-         "w4a16-wg-tail": w4a16_wg_tail, "w4a8-wg": w4a8_wg, "w4a8-wg-m64": lambda: w4a8_wg(64), "w4a8-wg-m128": lambda: w4a8_wg(128),
+         "w4a16-wg-tail": w4a16_wg_tail, "w4a8-wg": w4a8_wg, "w4a8-wg-m64": lambda: w4a8_wg(64),
+         "w4a8-wg-m128": lambda: w4a8_wg(128),
          "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128),
          "w4a16-gvt-ring": w4a16_gvt_ring,

@@ -138,8 +138,9 @@ MATRIX = [
                                                             "w8a8-fp8", progress=False), RuntimeError,
         r"scheme 'w8a8-fp8' needs FP8 tensor cores \(compute capability >= 8.9\), got 8.0", old_gpu=True,
         gpu_only=True),
-    Bad("quantize_", "GPU capability", lambda: qk.quantize_(torch.nn.Sequential(torch.nn.Linear(64, 64, device=D).half()),
-                                                            "w4a8-fp8", progress=False), RuntimeError,
+    Bad("quantize_", "GPU capability",
+        lambda: qk.quantize_(torch.nn.Sequential(torch.nn.Linear(64, 64, device=D).half()), "w4a8-fp8", progress=False),
+        RuntimeError,
         r"scheme 'w4a8-fp8' needs FP8 tensor cores \(compute capability >= 8.9\), got 8.0: w4a16, w8a16 and w8a8 run",
         old_gpu=True, gpu_only=True),
     # a CPU tensor given to an op on a GPU machine (under the interpreter CPU tensors are accepted)

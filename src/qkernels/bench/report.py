@@ -64,8 +64,8 @@ DESCRIPTIONS = {
                   "a random-weight fp16 model of the named shapes: wall time and peak GPU memory, beside one fp16 "
                   "decoder layer's bytes and the calibration activations (a layer's inputs and outputs, fp16).",
 }
-ORDER = ["runtime", "tp", "allreduce", "decode_gemv", "w4a8", "weight_only", "gemm", "host", "quantize", "fused", "model",
-         "model_fusion", "ppl_smollm2", "quantizers"]
+ORDER = ["runtime", "tp", "allreduce", "decode_gemv", "w4a8", "weight_only", "gemm", "host", "quantize", "fused",
+         "model", "model_fusion", "ppl_smollm2", "quantizers"]
 SIZE_KEYS = ("model", "scheme", "shape", "N", "K", "M", "numel", "bytes", "world", "batch", "prompt", "ctx", "rows",
              "cols", "hidden")
 

@@ -16,7 +16,8 @@ import torch
 from .. import configs
 from .. import reference as ref
 from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
-                        ensure_context, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options, register_twin, splitk_scratch)
+                        ensure_context, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options,
+                        register_twin, splitk_scratch)
 from ..packed_weight import PackedWeight
 from ..schemes import PER_CHANNEL
 from .quant import quantize
@@ -126,7 +127,7 @@ def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: 
     if cfg.get("path") == "wg":
         if wg_runs(out.device, int_zeros) and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0:
             return _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg)
-        cfg = cfg.get("fallback") or DEFAULT_CONFIGS[min(max(next_pow2(xq.shape[0]), 16), 256)]
+        cfg = cfg.get("fallback") or DEFAULT_CONFIGS[_bucket(xq.shape[0])]
     M, K = xq.shape
     N = qweight.shape[0]
     group = 64 if group_size == PER_CHANNEL else group_size     # per channel: one scale word, promoted every 64 k
