@@ -252,8 +252,7 @@ class QuantizedLinear(nn.Module):
             return False
         if x.device.type != "cuda":
             return True
-        from ..ops.w4a8 import prefers_w4a16
-        return not prefers_w4a16(x.numel() // x.shape[-1], self.out_features, self.in_features, x.device)
+        return not _w4a8(prefers=True)(x.numel() // x.shape[-1], self.out_features, self.in_features, x.device)
 
     def _reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._fp8_rows(x):
@@ -271,12 +270,12 @@ class QuantizedLinear(nn.Module):
         return s
 
 
-def _w4a8():
-    """ops.w4a8.w4a8_linear, imported on the first w4a8-fp8 forward."""
+def _w4a8(prefers: bool = False):
+    """ops.w4a8.w4a8_linear (prefers: its prefers_w4a16), imported on the first w4a8-fp8 forward."""
     if not _W4A8:
-        from ..ops.w4a8 import w4a8_linear
-        _W4A8.append(w4a8_linear)
-    return _W4A8[0]
+        from ..ops.w4a8 import prefers_w4a16, w4a8_linear
+        _W4A8.extend((w4a8_linear, prefers_w4a16))
+    return _W4A8[prefers]
 
 
 _W4A8: list = []
