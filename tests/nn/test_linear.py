@@ -1,4 +1,5 @@
 """QuantizedLinear (nn/linear.py) with the w4a8-fp8 scheme: W4A16's storage, FP8 activations from W4A8_MIN_M rows."""
+import pytest
 import torch
 
 from qkernels import reference as ref
@@ -6,7 +7,7 @@ from qkernels.nn.linear import QuantizedLinear
 from qkernels.ops import w4a8
 from qkernels.schemes import W4A8_MIN_M, WeightOnly
 
-from ..conftest import DEVICE
+from ..conftest import DEVICE, ON_GPU
 
 
 def _layer(N=96, K=256, bias=True, seed=0):
@@ -40,3 +41,17 @@ def test_w4a8_swiglu_and_state_dict():
     fresh = QuantizedLinear(256, 128, bias=False, scheme="w4a8-fp8", device=DEVICE)
     fresh.load_state_dict(q.state_dict())
     assert fresh.scheme.name == "w4a8-fp8" and torch.equal(fresh(x), q(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="the GPU's table decides W4A8 or W4A16 per shape")
+@pytest.mark.parametrize("N, K, M", [(4096, 4096, 16), (12288, 2048, 32), (1000, 512, 7)])
+def test_w4a8_layer_compiles_in_one_graph(N, K, M):
+    """torch.compile(fullgraph=True) over the layer: one graph, running W4A8 (the per-shape table, which may send an
+    eager call to W4A16's kernels, is not read in a trace)."""
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(K, N, bias=True).to(DEVICE, torch.float16)
+    q = QuantizedLinear.from_linear(lin, "w4a8-fp8")
+    x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+    want = w4a8.w4a8_linear(x, q.packed_weight(), q.bias)
+    assert torch.equal(torch.compile(q, fullgraph=True)(x), want)

@@ -247,10 +247,12 @@ class QuantizedLinear(nn.Module):
 
     def _fp8_rows(self, x: torch.Tensor) -> bool:
         """Whether this call quantizes its activations to FP8: w4a8-fp8 with W4A8_MIN_M rows or more, unless this
-        GPU's table measured W4A16's kernels faster on this shape and M (ops.w4a8.prefers_w4a16)."""
+        GPU's table measured W4A16's kernels faster on this shape and M (ops.w4a8.prefers_w4a16; eager calls and
+        CUDA graphs: under torch.compile every such call runs W4A8, the table being a file read the trace cannot
+        hold)."""
         if not self.scheme.weight_only or not self.scheme.fp8_act or x.numel() < W4A8_MIN_M * x.shape[-1]:
             return False
-        if x.device.type != "cuda":
+        if x.device.type != "cuda" or torch.compiler.is_compiling():     # the table is read by eager calls only
             return True
         return not _w4a8(prefers=True)(x.numel() // x.shape[-1], self.out_features, self.in_features, x.device)
 
@@ -275,7 +277,7 @@ def _w4a8(prefers: bool = False):
     if not _W4A8:
         from ..ops.w4a8 import prefers_w4a16, w4a8_linear
         _W4A8.extend((w4a8_linear, prefers_w4a16))
-    return _W4A8[prefers]
+    return _W4A8[1 if prefers else 0]
 
 
 _W4A8: list = []
