@@ -107,6 +107,11 @@ def test_real_sizes_every_bucket(M, N, K):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability() < (8, 9), reason="FP8 tensor cores")
 def test_cuda_graph_and_compile():
+    _graph_and_compile_match_eager()
+
+
+def _graph_and_compile_match_eager():
+    """The op replayed in a CUDA graph and compiled with fullgraph=True gives the eager call's bits."""
     x, pw, b = _case(1024, 2048, 128, False, 16, torch.float16, True, seed=9)
     eager = w4a8.w4a8_linear(x, pw, b)
     g = torch.cuda.CUDAGraph()
@@ -186,14 +191,5 @@ def test_wg_float_zero_points_fall_back():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
 def test_wg_cuda_graph_and_compile():
-    x, pw, b = _case(1024, 2048, 128, False, 16, torch.float16, True, seed=9)
     with w4a8.use_config(_wg(16, MIN_PROGRAMS=10 ** 9)):
-        eager = w4a8.w4a8_linear(x, pw, b)
-        g = torch.cuda.CUDAGraph()
-        w4a8.w4a8_linear(x, pw, b)
-        with torch.cuda.graph(g):
-            y = w4a8.w4a8_linear(x, pw, b)
-        g.replay()
-        assert torch.equal(y, eager)
-        f = torch.compile(lambda t: w4a8.w4a8_linear(t, pw, b), fullgraph=True)
-        assert torch.equal(f(x), eager)
+        _graph_and_compile_match_eager()

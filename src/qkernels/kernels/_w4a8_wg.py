@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .weight_only.gluon_shared import PER_CHANNEL, _pdl_wait, _splitk_fixup
+from .weight_only.gluon_shared import PER_CHANNEL, _bytes_of, _pdl_wait, _splitk_fixup
 from .weight_only.wg import _wg_store
 
 BK: gl.constexpr = gl.constexpr(64)     # k per chunk: 32 code bytes a row
@@ -45,19 +45,6 @@ def _quads_layout(ll):
         return [[r, k // 4] for r, k in bases]
     return gl.DistributedLinearLayout(quad(ll.reg_bases[2:]), quad(ll.lane_bases), quad(ll.warp_bases),
                                       quad(ll.block_bases), [ll.shape[0], ll.shape[1] // 4])
-
-
-@gluon.jit
-def _fp8_of(w, layout: gl.constexpr):
-    """int32 words [R, C] -> the e4m3 values of their bytes [R, 4 C] (little endian) in `layout`: each word joined
-    with itself twice (the new axes become register bits 0, 1), then an identity asm whose packed output is the
-    word itself: no instructions."""
-    R: gl.constexpr = w.shape[0]
-    C: gl.constexpr = w.shape[1]
-    w4 = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [R, 4 * C])
-    f = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4], dtype=gl.float8e4nv,
-                                  is_pure=True, pack=4)
-    return gl.convert_layout(f, layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -83,7 +70,7 @@ def _neg_zero(sz, st: gl.constexpr, ql: gl.constexpr, al: gl.constexpr):
     w = (z | 0x80) * 0x01010101
     w = gl.convert_layout(w, gl.SliceLayout(1, ql))
     R: gl.constexpr = w.shape[0]
-    return _fp8_of(w[:, None] + gl.zeros([R, BK // 8], gl.int32, layout=ql), al)
+    return _bytes_of(w[:, None] + gl.zeros([R, BK // 8], gl.int32, layout=ql), al, gl.float8e4nv)
 
 
 @gluon.jit
@@ -95,8 +82,8 @@ def _issue(chunk, sz, c_ring, x_ring, bars, acc, STAGES: gl.constexpr, st: gl.co
     mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
     BN: gl.constexpr = c_ring.shape[1]
     w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
-    lo = _fp8_of(w & 0x0F0F0F0F, al)
-    hi = _fp8_of((w >> 4) & 0x0F0F0F0F, al)
+    lo = _bytes_of(w & 0x0F0F0F0F, al, gl.float8e4nv)
+    hi = _bytes_of((w >> 4) & 0x0F0F0F0F, al, gl.float8e4nv)
     nz = _neg_zero(sz, st, ql, al)
     xs = x_ring.index(stage)
     xl = xs.slice(0, BK // 2, dim=1).permute((1, 0))

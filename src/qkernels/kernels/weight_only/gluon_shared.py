@@ -11,15 +11,19 @@ PER_CHANNEL: gl.constexpr = gl.constexpr(schemes.PER_CHANNEL)   # GROUP of one g
 
 
 @gluon.jit
-def _bytes_of(w, layout: gl.constexpr):
-    """int32 words [R, C] -> their bytes [R, 4 C] (little endian) in `layout`: each word joined with itself
-    twice (the new axes become register bits 0, 1), then an identity asm whose 4 inputs are those 4 copies and
-    whose packed uint8 output is the word itself: no instructions."""
+def _bytes_of(w, layout: gl.constexpr, dt: gl.constexpr = None):
+    """int32 words [R, C] -> their bytes [R, 4 C] (little endian) as uint8, or with dt float8e4nv as e4m3 values,
+    in `layout`: each word joined with itself twice (the new axes become register bits 0, 1), then an identity asm
+    whose 4 inputs are those 4 copies and whose packed output is the word itself: no instructions."""
     R: gl.constexpr = w.shape[0]
     C: gl.constexpr = w.shape[1]
     w4 = gl.reshape(gl.join(gl.join(w, w), gl.join(w, w)), [R, 4 * C])
-    b = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4], dtype=gl.uint8,
-                                  is_pure=True, pack=4)
+    if dt == gl.float8e4nv:
+        b = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4],
+                                      dtype=gl.float8e4nv, is_pure=True, pack=4)
+    else:
+        b = gl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r,r,r,r", args=[w4], dtype=gl.uint8,
+                                      is_pure=True, pack=4)
     return gl.convert_layout(b, layout, assert_trivial=True)
 
 
