@@ -5,12 +5,16 @@ per channel, bias, odd M and N).
 
 Usage: python scripts/tune_w4a8.py [--out DIR] [--models llama3-8b qwen3-1.7b] [--ms 16 32 64 128 256]
 Writes DIR/w4a8_sweep.json: per (shape, M) each provider's µs and the best W4A8 config.
+       python scripts/tune_w4a8.py --apply DIR/w4a8_sweep.json [GPU]   (no GPU needed)
+writes each swept (shape, M)'s best config into configs/<gpu>.json (kind "w4a8-fp8", "<bucket>:N<N>:K<K>"),
+marked "W4A16": true where our W4A16 linear was faster in the same sweep (the layer then runs it).
 """
 import argparse
 import copy
 import itertools
 import json
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -53,20 +57,23 @@ def check(dev):
 
 def candidates(M, hopper: bool):
     """Tile configs for an M bucket. Hopper: the wgmma kernel's first (BLOCK_M the bucket, at most 128; 64 weight rows
-    a warpgroup, one or two warpgroups; 4 or 6 stages; K split while the grid is small). Then the Triton kernel's:
-    BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
+    a warpgroup, one or two warpgroups; promotion per chunk or per 128-k group (CPG); the copies in the loop or in
+    a producer warp (WS, registers capped); 4 or 6 stages; K split while the grid is small). Then the Triton kernel's: BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
     bucket = min(max(16, 1 << (M - 1).bit_length()), 256)
     out = []
     if hopper:
         bm = min(bucket, 128)
-        for (bn, warps), stages, (split, mp) in itertools.product(
-                [(64, 4), (128, 8)], [4, 6] if bm <= 32 else [4], [(4, 528), (1, 0), (8, 1056), (2, 264)]):
-            out.append(dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=stages, num_warps=warps,
-                            SPLIT_K=split, MIN_PROGRAMS=mp))
+        splits = [(4, 528), (2, 264), (1, 0)] if bm <= 64 else [(4, 264), (1, 0)]
+        # CPG 2 holds two units of two chunks in the ring (6 stages: one unit's loads ahead) and, at 128 tokens a
+        # tile, more registers than a thread has (offline sm_90: 255 and spills): 64 tokens a tile there
+        for cpg, (bn, warps), (split, mp) in itertools.product([2, 1], [(64, 4), (128, 8)], splits):
+            out.append(dict(path="wg", BLOCK_M=min(bm, 64) if cpg == 2 else bm, BLOCK_N=bn, GROUP_M=8,
+                            STAGES=6 if cpg == 2 else 4, num_warps=warps, SPLIT_K=split, MIN_PROGRAMS=mp, CPG=cpg))
         # warp-specialized (the producer warp's copies out of the consumers' loop), registers capped
-        out[1:1] = [dict(path="wg", BLOCK_M=bm, BLOCK_N=64, GROUP_M=8, STAGES=st, num_warps=4, SPLIT_K=sp,
-                         MIN_PROGRAMS=mp, WS=True, maxnreg=96 if bm <= 32 else 168)
-                    for st, (sp, mp) in [(4, (4, 528)), (6, (1, 0)), (4, (8, 1056))]]
+        for (bn, warps), (split, mp) in itertools.product([(64, 4), (128, 8)], splits):
+            cap = 96 if bm <= 32 else 168
+            out.append(dict(path="wg", BLOCK_M=min(bm, 64), BLOCK_N=bn, GROUP_M=8, STAGES=6, num_warps=warps,
+                            SPLIT_K=split, MIN_PROGRAMS=mp, WS=True, maxnreg=cap, CPG=2))
     bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[bucket]
     if M <= 64:      # the weight tile as the MMA's M side first
         for bn, split, stages in itertools.product([64, 128], [4, 1], [4, 3]):
@@ -79,13 +86,37 @@ def candidates(M, hopper: bool):
     return out
 
 
+def apply(sweep_path: str, slug: str | None) -> None:
+    """The sweep's winners into the shipped table of its GPU (or `slug`'s)."""
+    from pathlib import Path
+
+    from qkernels import configs
+    from qkernels._runtime import gpu_slug
+    doc = json.load(open(sweep_path))
+    path = Path(configs.__file__).with_name(f"{slug or gpu_slug(doc['gpu'])}.json")
+    table = json.loads(path.read_text())
+    kind = table.setdefault("w4a8-fp8", {})
+    for r in doc["rows"]:
+        N, K = map(int, r["shape"].split("x"))
+        bucket = min(max(16, 1 << (r["M"] - 1).bit_length()), 256)
+        cfg = {k: v for k, v in r["w4a8 config"].items() if k not in ("fallback", "W4A16")}
+        if r["w4a16"] < r["w4a8 best"]:
+            cfg["W4A16"] = True
+        kind[f"{bucket}:N{N}:K{K}"] = cfg
+        print(f"{bucket}:N{N}:K{K} {r['w4a8 best']:.2f} us (w4a16 {r['w4a16']:.2f}): {cfg}")
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--apply":
+        return apply(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
     ap.add_argument("--models", nargs="+", default=["llama3-8b", "qwen3-1.7b"])
     ap.add_argument("--layers", nargs="+", default=["gate|up", "down", "q|k|v", "q, o"])
     ap.add_argument("--ms", nargs="+", type=int, default=[16, 32, 64, 128, 256])
-    ap.add_argument("--max-candidates", type=int, default=14)
+    ap.add_argument("--max-candidates", type=int, default=18)
     a = ap.parse_args()
     dev = torch.device("cuda")
     os.makedirs(a.out, exist_ok=True)
@@ -118,7 +149,7 @@ def main():
                     pws = copies.setdefault("w4a8", [copy.deepcopy(pw) for _ in range(chain_copies(w4_bytes))])
                     best = None
                     hopper = torch.cuda.get_device_capability(dev) == (9, 0)
-                    for cfg in [w4a8.config_for(M, dev)] + candidates(M, hopper)[:a.max_candidates]:
+                    for cfg in [w4a8.config_for(M, dev, N, K)] + candidates(M, hopper)[:a.max_candidates]:
                         try:
                             with w4a8.use_config(cfg):
                                 us = chain_us([lambda w=w: w4a8.w4a8_linear(x, w) for w in pws], True)

@@ -60,8 +60,9 @@ def test_shipped_tables_are_well_formed(slug):
                 assert cfg["BLOCK_M"] in (8, 16, 32, 64, 128, 256) and cfg["STAGES"] >= 2, cfg
                 assert cfg.get("SPLIT_K", 1) == 1 or "MIN_PROGRAMS" in cfg, cfg
                 assert not cfg.get("WS") or "maxnreg" in cfg, cfg      # uncapped WS takes every register
+                assert cfg.get("CPG", 1) in (1, 2) and cfg["STAGES"] >= 2 * cfg.get("CPG", 1), cfg   # ring: 2 units
                 assert set(cfg) <= {"path", "BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "num_warps", "SPLIT_K",
-                                    "MIN_PROGRAMS", "WS", "maxnreg", "PDL", "W4A16"}, cfg
+                                    "MIN_PROGRAMS", "WS", "maxnreg", "PDL", "W4A16", "CPG"}, cfg
                 continue                     # its Triton fallback is the op's DEFAULT_CONFIGS, added at lookup
             elif cfg.get("path") == "wg":    # the Gluon wgmma kernel: warpgroups split BLOCK_N, BLOCK_M its n
                 assert kind in ("w4a16", "w8a16") and cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2, cfg

@@ -148,18 +148,22 @@ def test_wg_matches_twin(M, N, K, group, symmetric, dtype, bias):
     _check(x, pw, b, _wg(M))
     _check(x, pw, b, _wg(M, MIN_PROGRAMS=10 ** 9))          # K split 4 (2 at M > 128) ways
     _check(x, pw, b, _wg(M, SPLIT_K=1, STAGES=2))
+    _check(x, pw, b, _wg(M, CPG=2, MIN_PROGRAMS=10 ** 9))   # one promotion per 128 k (per 64 where the group is 64)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
-@pytest.mark.parametrize("bm, bn, warps, ws", [(8, 64, 4, False), (16, 128, 8, False), (64, 128, 8, False),
-                                               (128, 64, 4, False), (16, 64, 4, True), (64, 64, 4, True)])
-def test_wg_tiles(bm, bn, warps, ws):
+@pytest.mark.parametrize("bm, bn, warps, ws, cpg", [(8, 64, 4, False, 1), (16, 128, 8, False, 1),
+                                                    (64, 128, 8, False, 1), (128, 64, 4, False, 1),
+                                                    (16, 64, 4, True, 1), (64, 64, 4, True, 1), (16, 64, 4, False, 2),
+                                                    (64, 128, 8, False, 2), (16, 64, 4, True, 2),
+                                                    (64, 128, 8, True, 2)])
+def test_wg_tiles(bm, bn, warps, ws, cpg):
     x, pw, b = _case(520, 1536, 128, False, 37, torch.float16, True, seed=bm + bn)
     extra = dict(WS=True, maxnreg=96 if bm <= 32 else 168) if ws else {}
-    for split in (3, 1):
-        _check(x, pw, b, dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=4, STAGES=3, num_warps=warps, SPLIT_K=split,
-                              MIN_PROGRAMS=10 ** 9, **extra))
+    for split in (3, 1):      # 1536 = 12 chunks, 6 units of two: split 3 takes 2 units a slice
+        _check(x, pw, b, dict(path="wg", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=4, STAGES=4 if cpg == 2 else 3,
+                              num_warps=warps, SPLIT_K=split, MIN_PROGRAMS=10 ** 9, CPG=cpg, **extra))
 
 
 @pytest.mark.gpu

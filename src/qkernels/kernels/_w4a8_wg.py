@@ -74,24 +74,28 @@ def _neg_zero(sz, st: gl.constexpr, ql: gl.constexpr, al: gl.constexpr):
 
 
 @gluon.jit
-def _issue(chunk, sz, c_ring, x_ring, bars, acc, STAGES: gl.constexpr, st: gl.constexpr, ql: gl.constexpr,
-           al: gl.constexpr):
-    """Wait for chunk `chunk`'s ring stage (chunk of the slice, from 0), read its codes into the two A tiles and issue
-    the chunk's four wgmmas into acc (fresh: its old value is not read)."""
-    stage = chunk % STAGES
-    mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
-    BN: gl.constexpr = c_ring.shape[1]
-    w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
-    lo = _bytes_of(w & 0x0F0F0F0F, al, gl.float8e4nv)
-    hi = _bytes_of((w >> 4) & 0x0F0F0F0F, al, gl.float8e4nv)
+def _issue(unit, sz, c_ring, x_ring, bars, acc, CPG: gl.constexpr, STAGES: gl.constexpr, st: gl.constexpr,
+           ql: gl.constexpr, al: gl.constexpr):
+    """Issue the wgmmas of promotion unit `unit` (CPG chunks of one group, the slice's chunks CPG * unit onward) into
+    acc (fresh: its old value is not read): per chunk, wait for its ring stage, read its codes into the two A tiles,
+    four wgmmas (codes and -z against x[k .. k + 31], then against x[k + 32 .. k + 63])."""
     nz = _neg_zero(sz, st, ql, al)
-    xs = x_ring.index(stage)
-    xl = xs.slice(0, BK // 2, dim=1).permute((1, 0))
-    xh = xs.slice(BK // 2, BK // 2, dim=1).permute((1, 0))
-    acc = warpgroup_mma(lo, xl, acc, use_acc=False, is_async=True)
-    acc = warpgroup_mma(nz, xl, acc, is_async=True)
-    acc = warpgroup_mma(hi, xh, acc, is_async=True)
-    return warpgroup_mma(nz, xh, acc, is_async=True)
+    BN: gl.constexpr = c_ring.shape[1]
+    for i in gl.static_range(CPG):
+        chunk = unit * CPG + i
+        stage = chunk % STAGES
+        mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
+        w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
+        lo = _bytes_of(w & 0x0F0F0F0F, al, gl.float8e4nv)
+        hi = _bytes_of((w >> 4) & 0x0F0F0F0F, al, gl.float8e4nv)
+        xs = x_ring.index(stage)
+        xl = xs.slice(0, BK // 2, dim=1).permute((1, 0))
+        xh = xs.slice(BK // 2, BK // 2, dim=1).permute((1, 0))
+        acc = warpgroup_mma(lo, xl, acc, use_acc=i > 0, is_async=True)
+        acc = warpgroup_mma(nz, xl, acc, is_async=True)
+        acc = warpgroup_mma(hi, xh, acc, is_async=True)
+        acc = warpgroup_mma(nz, xh, acc, is_async=True)
+    return acc
 
 
 @gluon.jit
@@ -105,16 +109,20 @@ def _load(x_desc, w_desc, x_ring, c_ring, bars, chunk, s0, off_m, off_n, pred, S
 
 
 @gluon.jit
-def _release(x_desc, w_desc, x_ring, c_ring, bars, empty, chunk, steps, s0, off_m, off_n, STAGES: gl.constexpr,
-             WS: gl.constexpr):
-    """Slice chunk `chunk`'s wgmmas are done: its stage takes chunk + STAGES. WS: handed back to the producer warp
-    (its `empty` barrier); else refilled here, once every warp is past it."""
+def _release(x_desc, w_desc, x_ring, c_ring, bars, empty, unit, steps, s0, off_m, off_n, CPG: gl.constexpr,
+             STAGES: gl.constexpr, WS: gl.constexpr):
+    """Promotion unit `unit`'s wgmmas are done: the stages of its CPG chunks take the chunks STAGES later. WS: handed
+    back to the producer warp (their `empty` barriers); else refilled here, once every warp is past them."""
     if WS:
-        fence_async_shared()        # this partition's reads of the stage ordered before the producer's TMA writes
-        mbarrier.arrive(empty.index(chunk % STAGES), count=1)
+        fence_async_shared()        # this partition's reads of the stages ordered before the producer's TMA writes
+        for i in gl.static_range(CPG):
+            mbarrier.arrive(empty.index((unit * CPG + i) % STAGES), count=1)
     else:
         gl.thread_barrier()
-        _load(x_desc, w_desc, x_ring, c_ring, bars, chunk + STAGES, s0, off_m, off_n, chunk + STAGES < steps, STAGES)
+        for i in gl.static_range(CPG):
+            chunk = unit * CPG + i
+            _load(x_desc, w_desc, x_ring, c_ring, bars, chunk + STAGES, s0, off_m, off_n, chunk + STAGES < steps,
+                  STAGES)
 
 
 @gluon.jit
@@ -138,38 +146,41 @@ def _produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_
 
 @gluon.jit
 def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
-              st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, STAGES: gl.constexpr,
-              WS: gl.constexpr):
-    """The fp32 total over the slice's chunks (the ring started by the caller, or by the producer warp with WS).
-    Two chunks per iteration, each with its own accumulator: chunk c's wgmmas run while chunk c - 1 is promoted, its
-    stage released and chunk c + 1's codes read; each chunk's (scale, zero) words are loaded two chunks ahead."""
+              st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, CPG: gl.constexpr,
+              STAGES: gl.constexpr, WS: gl.constexpr):
+    """The fp32 total over the slice's chunks (the ring started by the caller, or by the producer warp with WS), in
+    promotion units of CPG chunks (steps: a multiple of CPG). Two units per iteration, each with its own
+    accumulator: unit u's wgmmas run while unit u - 1 is promoted, its stages released and unit u + 1's codes read;
+    each unit's (scale, zero) words are loaded two units ahead."""
+    ml: gl.constexpr = gl.SliceLayout(1, mma)
     BN: gl.constexpr = c_ring.shape[1]
     BM: gl.constexpr = x_ring.shape[1]
-    ml: gl.constexpr = gl.SliceLayout(1, mma)
+    NW: gl.constexpr = 4 * CPG          # wgmmas a unit
+    units = steps // CPG
     tot = gl.zeros([BN, BM], gl.float32, layout=mma)
     acc_b = tot
-    a_b = gl.zeros([BN], gl.float32, layout=ml)     # no chunk before the first: a zero promotion
+    a_b = gl.zeros([BN], gl.float32, layout=ml)     # no unit before the first: a zero promotion
     sz = _sz_words(s_p, s0, GROUP)
-    sz_b = _sz_words(s_p, s0 + gl.minimum(1, steps - 1), GROUP)
-    for j in range(steps // 2):
-        c = 2 * j
-        acc_a = _issue(c, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+    sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(1, units - 1), GROUP)
+    for j in range(units // 2):
+        u = 2 * j
+        acc_a = _issue(u, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
         a_a = _promote_scale(sz, st, ml)
-        sz = _sz_words(s_p, s0 + gl.minimum(c + 2, steps - 1), GROUP)
-        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        sz = _sz_words(s_p, s0 + CPG * gl.minimum(u + 2, units - 1), GROUP)
+        acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
         tot += a_b[:, None] * acc_b
-        if c >= 1:
-            _release(x_desc, w_desc, x_ring, c_ring, bars, empty, c - 1, steps, s0, off_m, off_n, STAGES, WS)
-        acc_b = _issue(c + 1, sz_b, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        if u >= 1:
+            _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u - 1, steps, s0, off_m, off_n, CPG, STAGES, WS)
+        acc_b = _issue(u + 1, sz_b, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
         a_b = _promote_scale(sz_b, st, ml)
-        sz_b = _sz_words(s_p, s0 + gl.minimum(c + 3, steps - 1), GROUP)
-        acc_a, acc_b = warpgroup_mma_wait(4, deps=[acc_a, acc_b])     # chunk c + 1's four still in flight
+        sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(u + 3, units - 1), GROUP)
+        acc_a, acc_b = warpgroup_mma_wait(NW, deps=[acc_a, acc_b])     # unit u + 1's still in flight
         tot += a_a[:, None] * acc_a
-        _release(x_desc, w_desc, x_ring, c_ring, bars, empty, c, steps, s0, off_m, off_n, STAGES, WS)
-    if steps % 2 == 1:
-        acc_a = _issue(steps - 1, sz, c_ring, x_ring, bars, tot, STAGES, st, ql, al)
+        _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u, steps, s0, off_m, off_n, CPG, STAGES, WS)
+    if units % 2 == 1:
+        acc_a = _issue(units - 1, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
         a_a = _promote_scale(sz, st, ml)
-        acc_b = warpgroup_mma_wait(4, deps=[acc_b])
+        acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
         tot += a_b[:, None] * acc_b
         acc_a = warpgroup_mma_wait(0, deps=[acc_a])
         tot += a_a[:, None] * acc_a
@@ -183,7 +194,7 @@ def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m
 def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
                     cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
-                    WS: gl.constexpr = False, PDL: gl.constexpr = False):
+                    CPG: gl.constexpr = 1, WS: gl.constexpr = False, PDL: gl.constexpr = False):
     """out [M, N] = (x_q @ W.T) * x_scale (+ bias). x_desc: TMA descriptor of the e4m3 x [M, K], blocks
     [BLOCK_M, 64]; w_desc: of the code bytes [N, K / 2], blocks [BLOCK_N, 32] (rows past M / N read as zeros);
     xs_ptr: [M] fp32 per-token scales; sz_ptr: [N, K / GROUP] (scale, zero) words, integer zero points in [0, 16].
@@ -214,10 +225,10 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     if SPLIT_K == 1:
         s0 = 0
         steps = K // BK
-    else:
-        per = gl.cdiv(K // BK, SPLIT_K)
-        s0 = gl.program_id(1) * per
-        steps = gl.minimum(K // BK - s0, per)
+    else:               # in whole promotion units
+        per = gl.cdiv(K // (BK * CPG), SPLIT_K)
+        s0 = gl.program_id(1) * per * CPG
+        steps = gl.minimum(K // (BK * CPG) - gl.program_id(1) * per, per) * CPG
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
     c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
@@ -230,7 +241,7 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
             mbarrier.init(empty.index(p), count=1)
         tot, = gl.warp_specialize([
             (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP, st, mma,
-                         ql, al, STAGES, True)),
+                         ql, al, CPG, STAGES, True)),
             (_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES, PDL)),
         ], [1], [24])
         for p in gl.static_range(STAGES):
@@ -245,7 +256,7 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
             tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
                                             pred=p < steps)
         tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
-                         ql, al, STAGES, False)
+                         ql, al, CPG, STAGES, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 

@@ -35,11 +35,13 @@ DEFAULT_CONFIGS = {   # SWAP: the weight tile as the MMA's M side (H200 sweep, b
 # Hopper: the Gluon FP8 wgmma kernel (kernels/_w4a8_wg.py; "path": "wg"), for integer zero points; the Triton
 # config under "fallback" runs where it does not (other GPUs, float zero points). BLOCK_N: 64 per warpgroup. WS: a
 # producer warp issues the copies (then "maxnreg" caps the registers, which it otherwise takes all of: one program
-# an SM).
+# an SM). CPG: 64-k chunks per accumulator promotion (2: once per 128-k group; needs STAGES >= 4, and runs as 1
+# where the group is 64).
 WG_CONFIGS = {
     16: dict(path="wg", BLOCK_M=16, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
     32: dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
-    64: dict(path="wg", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
+    64: dict(path="wg", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=6, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528,
+             CPG=2),
     128: dict(path="wg", BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=264),
     256: dict(path="wg", BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8, SPLIT_K=2, MIN_PROGRAMS=264),
 }
@@ -107,7 +109,10 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     M, K = xq.shape
     N = qweight.shape[0]
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
-    split = k_splits(cfg.get("SPLIT_K", 1), K // 64, tiles, cfg.get("MIN_PROGRAMS"))
+    cpg = cfg.get("CPG", 1)
+    if K % (64 * cpg) or (group_size != PER_CHANNEL and group_size % (64 * cpg)) or cfg["STAGES"] < 2 * cpg:
+        cpg = 1         # a promotion unit spans whole groups, the ring two units
+    split = k_splits(cfg.get("SPLIT_K", 1), K // (64 * cpg), tiles, cfg.get("MIN_PROGRAMS"))
     ws, cnt = (out, out) if split == 1 else splitk_scratch(out.device, split * M * N, tiles)
     pdl = pdl_options(out.device) if cfg.get("PDL", True) else {}
     desc, xl, wl = _wg_layouts()
@@ -117,7 +122,7 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     launch(_kernel("wg"), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out, out,
            M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size, HAS_BIAS=bias is not None,
            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
-           SPLIT_K=split, WS=cfg.get("WS", False), num_warps=cfg["num_warps"],
+           SPLIT_K=split, CPG=cpg, WS=cfg.get("WS", False), num_warps=cfg["num_warps"],
            **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}), **pdl)
     return out
 
