@@ -114,6 +114,8 @@ def cmd_bench(args) -> int:
             kw = {k: v for k, v in kw.items() if v and (k == "models" or (k == "shapes") == (name == "decode-gemv"))}
             if name == "decode-gemv" and args.ms:
                 kw["ms"] = args.ms.split(",")
+            if name == "decode-gemv" and args.providers:
+                kw["providers"] = args.providers.split(",")
         importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out, **kw)
     return 0
 
@@ -319,6 +321,8 @@ def main(argv=None) -> int:
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.add_argument("--shapes", default="", help="decode-gemv: only these layer shapes (comma-separated NxK); with "
                                                 "--models or --shapes its rows merge into the GPU's decode_gemv.json")
+    b.add_argument("--providers", default="", help="decode-gemv: only the providers whose names hold one of these "
+                                                   "(comma-separated, e.g. 'w4a8,w8a8-fp8'; fp16 always); rows merge")
     b.add_argument("--ms", default="", help="weight-only / decode-gemv: only these M (comma-separated); their rows "
                                             "merge into the GPU's weight_only.json / decode_gemv.json")
     b.add_argument("--tp", type=int, default=1, help="bench runtime (or model): tensor parallel over N GPUs, beside "

@@ -68,6 +68,24 @@ def test_bench_decode_gemv_ms_merge_by_layer_and_m(tmp_path):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
+def test_bench_decode_gemv_providers_merge_beside_the_others(tmp_path):
+    """--providers: only the named providers (and fp16, which every ratio is to) run; their rows replace theirs, the
+    other providers' rows stay with their date."""
+    bd.run(str(tmp_path))
+    path = next(tmp_path.rglob("decode_gemv.json"))
+    doc = json.loads(path.read_text())
+    doc["date"] = "2026-01-01T00:00:00+00:00"
+    doc["rows"] = [dict(r, date=doc["date"]) for r in doc["rows"]]
+    path.write_text(json.dumps(doc))
+    rows = bd.run(str(tmp_path), providers=["w4a8"])
+    assert {r.provider for r in rows} == {"fp16 F.linear", "qkernels w4a8-fp8"}
+    new = json.loads(path.read_text())
+    assert len(new["rows"]) == len(doc["rows"])
+    for r in new["rows"]:
+        assert (r["date"] == new["date"]) == (r["provider"] in ("fp16 F.linear", "qkernels w4a8-fp8")), r
+
+
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
 def test_bench_decode_gemv_keeps_a_peer_this_run_did_not_time(tmp_path):
     """A part of the grid run again (--shapes): a peer not installed for this run (its row at a layer and M measured
     again) keeps its row and date; the providers this run timed replace theirs."""

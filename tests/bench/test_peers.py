@@ -21,7 +21,7 @@ class _Fake:
 
 def test_peers_named_filtered_and_missing(monkeypatch):
     helper = types.ModuleType("gemlite.helper")
-    for name in ("A16W4_HQQ_INT", "A16W8_INT8", "A8W8_int8_dynamic", "A8W8_fp8_dynamic"):
+    for name in ("A16W4_HQQ_INT", "A16W8_INT8", "A8W8_int8_dynamic", "A8W8_fp8_dynamic", "A8W4_HQQ_INT_dynamic"):
         setattr(helper, name, type(name, (_Fake,), {}))
     monkeypatch.setitem(sys.modules, "gemlite", types.ModuleType("gemlite"))
     monkeypatch.setitem(sys.modules, "gemlite.helper", helper)
@@ -30,18 +30,26 @@ def test_peers_named_filtered_and_missing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
     lin = torch.nn.Linear(256, 64, bias=False, dtype=torch.float16)
     found, missing = P.peers(lin, torch.device("cpu"))
-    assert list(found) == ["gemlite w4a16 g128", "gemlite w8a16", "gemlite w8a8 int8", "gemlite w8a8 fp8"]
+    assert list(found) == ["gemlite w4a16 g128", "gemlite w8a16", "gemlite w8a8 int8", "gemlite w8a8 fp8",
+                           "gemlite w4a8 fp8 g128"]
     assert missing == ["bitsandbytes: not installed", "marlin: not built (scripts/build_marlin.sh)"]
     make, nbytes = found["gemlite w4a16 g128"]
     assert nbytes == 64 * 256 // 2 + 4 * 64 * 2                    # codes + fp16 scale and zero per group of 128
     assert make() == ("layer", "A16W4_HQQ_INT", (64, 256), (64, 2), (64, 2))
     assert found["gemlite w8a8 fp8"][0]() == ("layer", "A8W8_fp8_dynamic", (64, 256))
+    assert found["gemlite w4a8 fp8 g128"][0]() == ("layer", "A8W4_HQQ_INT_dynamic", (64, 256), (64, 2), (64, 2))
+    assert found["gemlite w4a8 fp8 g128"][1] == nbytes
     weight_only, _ = P.peers(lin, torch.device("cpu"), kinds=("w4a16", "w8a16", "nf4"))
     assert list(weight_only) == ["gemlite w4a16 g128", "gemlite w8a16"]
     w8a8, _ = P.peers(lin, torch.device("cpu"), kinds=("w8a8",))
     assert list(w8a8) == ["gemlite w8a8 int8", "gemlite w8a8 fp8"]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))      # no FP8 tensor cores
-    assert "gemlite w8a8 fp8" not in P.peers(lin, torch.device("cpu"))[0]
+    assert not {"gemlite w8a8 fp8", "gemlite w4a8 fp8 g128"} & set(P.peers(lin, torch.device("cpu"))[0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    monkeypatch.delattr(helper, "A8W4_HQQ_INT_dynamic")                 # an older gemlite: the rest still runs
+    found, missing = P.peers(lin, torch.device("cpu"))
+    assert "gemlite w8a8 fp8" in found and "gemlite w4a8 fp8 g128" not in found
+    assert missing[0] == "gemlite w4a8 fp8: this gemlite has no A8W4_HQQ_INT_dynamic"
 
 
 def test_marlin_peer_packs_a_symmetric_fake_quantized_weight_once(monkeypatch):

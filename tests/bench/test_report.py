@@ -108,6 +108,29 @@ def test_batched_decode_targets_per_m_range_and_best_peer(tmp_path):
     assert "no build of it ran" not in text
 
 
+def test_w4a8_target_against_the_fastest_rival_on_every_shape(tmp_path):
+    """W4A8-FP8 against the fastest of our W4A16, our W8A8-FP8 and gemlite's A8W4 FP8 at each (model, shape, M) with
+    M = 16..256, on every shape of both models (M = 1 and other peers ignored)."""
+    root = tmp_path / "results"
+    row = lambda p, model, shape, M, us: dict(  # noqa: E731
+        op="decode_linear", provider=p, mode="graph-chain", model=model, layer="x", shape=shape, M=M,
+        N=int(shape.split("x")[0]), K=int(shape.split("x")[1]), median_us=us, weight_gbps=1.0, speedup_vs_fp16=1.0,
+        share_of_fp16_bw=1.0, kernels_per_call=1.0)
+    rows = [row("qkernels w4a8-fp8", "llama3-8b", "1024x4096", 16, 10.0), row("qkernels w4a16", "llama3-8b",
+                                                                               "1024x4096", 16, 11.0),
+            row("qkernels w4a8-fp8", "qwen3-1.7b", "2048x2048", 64, 10.0),
+            row("qkernels w8a8-fp8", "qwen3-1.7b", "2048x2048", 64, 12.0),
+            row("gemlite w4a8 fp8 g128", "qwen3-1.7b", "2048x2048", 64, 9.5),
+            row("gemlite w4a16 g128", "qwen3-1.7b", "2048x2048", 64, 1.0),              # another format: ignored
+            row("qkernels w4a8-fp8", "llama3-8b", "1024x4096", 1, 10.0),
+            row("qkernels w4a16", "llama3-8b", "1024x4096", 1, 1.0)]                    # M = 1: not judged
+    _write(root, "h200", "decode_gemv", rows)
+    text = report.build(root)
+    assert ("- qkernels w4a8-fp8 vs the fastest of gemlite w4a8 fp8 g128, qkernels w4a16, qkernels w8a8-fp8, "
+            "M = 16..256, every shape of llama3-8b, qwen3-1.7b: ≥ 1.0x: 0.95x at worst (M = 64, qwen3-1.7b "
+            "2048x2048) — **not met**") in text
+
+
 def test_decode_gemv_fixed_cost_and_streaming_rate(tmp_path):
     """Each provider's µs per call over a model's shapes, fitted as fixed µs + bytes / rate: the fit recovers a
     line's intercept and rate, and the rate as a share of fp16's; a model with fewer than three sizes has no line;

@@ -11,15 +11,16 @@ the replay's median (triton.testing.do_bench) / calls. Weight bytes/s = the prov
 ceiling a weight-only kernel can hope for). `kernels_per_call`: GPU kernels one call launches (torch.profiler over
 one replay), counted after every timing of the run (a profiler session may leave the profiling library attached,
 slowing what follows). Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them
-(w4a16: group 128, asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights, per-token activations
-quantized inside the call). Peers (gemlite, bitsandbytes) as bench/peers.py builds them, with their nominal weight
-bytes; peers not installed on the machine are listed in the JSON as missing. The torch.compile peers
+(w4a16 and w4a8-fp8: group 128, asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights; the A8
+schemes quantize activations per token inside the call). Peers (gemlite, bitsandbytes) as bench/peers.py builds
+them, with their nominal weight bytes; peers not installed on the machine are listed in the JSON as missing. The torch.compile peers
 (bench.gemm's `_torch_w8a8` / `_torch_fp8_rowwise`, compiled once with dynamic shapes) run where `torch._int_mm`
 does, M > 16.
 
-`--models` / `--shapes` (N x K) / `--ms` naming a part of the grid (a time-limited job may not hold it all) merge its
-rows into this GPU's decode_gemv.json: the rows of the (layer, M, provider) measured again are replaced, the others
-kept with their dates (a peer not installed for this run keeps its earlier rows).
+`--models` / `--shapes` (N x K) / `--ms` / `--providers` naming a part of the grid (a time-limited job may not hold it
+all) merge its rows into this GPU's decode_gemv.json: the rows of the (layer, M, provider) measured again are
+replaced, the others kept with their dates (a peer not installed for this run keeps its earlier rows). fp16 runs in
+every run: each row's ratio is to the fp16 time of its own run.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ COMPILED_MIN_M = 17      # torch._int_mm takes M > 16
 # peers built for one sequence, timed up to this M: above it they ran at 0.05-0.15x fp16 (tinygemm at M = 64-256,
 # H200), minutes of a time-limited job for no comparison a user would make
 SMALL_M_PEERS = {"tinygemm": 16, "bitsandbytes": 16}
-SCHEMES = ("w4a16", "w8a16", "w8a8", "w8a8-fp8")
+SCHEMES = ("w4a16", "w8a16", "w8a8", "w8a8-fp8", "w4a8-fp8")
 SPAN = 256 << 20
 TINY = {"llama3-8b": [(64, 128, "tiny")]}
 
@@ -165,9 +166,10 @@ def _compiled_peers(lin, dev) -> dict:
     return out
 
 
-def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None) -> list[Row]:
+def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None, providers=None) -> list[Row]:
     """models: names of SHAPES (default all); shapes: "NxK" strings (default all of theirs); ms: M values (default
-    MS)."""
+    MS); providers: only the providers whose names hold one of these strings (fp16 F.linear always: the others are
+    compared with it)."""
     from ..nn.linear import QuantizedLinear
     gpu = on_gpu()
     default = MS if gpu else MS_CPU
@@ -175,6 +177,7 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None)
     if any(m < 1 for m in ms):
         raise ValueError(f"ms must be positive batch sizes, got {list(ms)}")
     dev = torch.device("cuda" if gpu else "cpu")
+    wanted = tuple(providers or ())
     grid = SHAPES if gpu else TINY
     if models:
         unknown = sorted(set(models) - set(grid))
@@ -185,7 +188,7 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None)
         grid = {k: [s for s in v if f"{s[0]}x{s[1]}" in shapes] for k, v in grid.items()}
         if not any(grid.values()):
             raise ValueError(f"shapes must name NxK layer shapes of {sorted(grid)}, got {list(shapes)}")
-    prev = read_results("decode_gemv", out_root) if models or shapes or ms != default else None
+    prev = read_results("decode_gemv", out_root) if models or shapes or providers or ms != default else None
     missing: list = []
     rows: list[Row] = []
     to_count: list = []         # (row, make a layer, provider, x, bf16 x): kernels per call, counted at the end
@@ -199,7 +202,7 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None)
             # name -> (make one copy of the layer, weight bytes); fp16 first: the others are compared with it
             providers = {"fp16 F.linear": (lambda lin=lin: lin.weight.detach().clone(), N * K * 2)}
             for scheme in SCHEMES:
-                if scheme == "w8a8-fp8" and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
+                if "fp8" in scheme and gpu and torch.cuda.get_device_capability(dev) < (8, 9):
                     continue
                 q = QuantizedLinear.from_linear(lin, scheme)
                 providers[f"qkernels {scheme}"] = (lambda q=q: copy.deepcopy(q), _nbytes(q))
@@ -213,6 +216,8 @@ def run(out_root: str = "benchmarks/results", models=None, shapes=None, ms=None)
                                   if not any(k.startswith(p) and min(ms) > m for p, m in SMALL_M_PEERS.items())})
                 if max(ms) >= COMPILED_MIN_M:
                     providers.update(_compiled_peers(lin, dev))
+            if wanted:
+                providers = {k: v for k, v in providers.items() if k.startswith("fp16") or any(p in k for p in wanted)}
             xs = {M: torch.randn(M, K, device=dev, dtype=torch.float16) for M in ms}
             fp16 = {}         # M -> fp16's (µs, GB/s): fp16 runs first, the others are compared with it
             for prov, (make, nbytes) in providers.items():

@@ -1,7 +1,7 @@
 """The peers the benchmarks time our kernels against, built as their users build them: PyTorch's int4 kernel
 (tinygemm: `aten._weight_int4pack_mm`, what torchao's int4 weight-only runs), gemlite (`A16W4_HQQ_INT().from_weights`
-on our w4a16 codes, scales and zero points; `A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`,
-gemlite's own autotune on first call), bitsandbytes (`Linear4bit` nf4, fp16 compute) and Marlin (IST-DASLab/marlin's
+on our w4a16 codes, scales and zero points, and `A8W4_HQQ_INT_dynamic` (FP8 activations) on the same;
+`A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`, gemlite's own autotune on first call), bitsandbytes (`Linear4bit` nf4, fp16 compute) and Marlin (IST-DASLab/marlin's
 `marlin.Layer`, groups of 128, symmetric: its only 4-bit format; built from its public source on the GPU machine by
 scripts/build_marlin.sh). A peer's weight bytes are its format's nominal size (4-bit g128: codes + fp16 scale and
 zero per group, Marlin's a scale only; nf4: codes + an fp32 absmax per 64). Peers not installed on the machine are
@@ -56,6 +56,17 @@ def peers(lin, dev, kinds=None) -> tuple[dict, list]:
         if torch.cuda.get_device_capability(dev) >= (8, 9):
             out["gemlite w8a8 fp8"] = (lambda: A8W8_fp8_dynamic(device=str(dev)).from_linear(copy.deepcopy(lin)),
                                          N * K + 4 * N)
+            try:        # 4-bit weights (the same codes as its W4A16's), activations to e4m3 per token in the call
+                from gemlite.helper import A8W4_HQQ_INT_dynamic
+
+                def g48(lin=lin):
+                    from ..packed_weight import PackedWeight
+                    pw = PackedWeight.from_float(lin.weight.detach(), 4, 128, symmetric=False)
+                    return A8W4_HQQ_INT_dynamic(device=str(dev)).from_weights(pw.codes(), pw.scales.reshape(N, -1),
+                                                                              pw.zeros.reshape(N, -1))
+                out["gemlite w4a8 fp8 g128"] = (g48, N * K // 2 + 4 * N * (K // 128))
+            except ImportError:
+                missing.append("gemlite w4a8 fp8: this gemlite has no A8W4_HQQ_INT_dynamic")
     except ImportError:
         missing.append("gemlite: not installed")
     try:

@@ -448,6 +448,7 @@ def _batched_decode_targets(rows: list[dict]) -> list[str]:
                 got.append((best / us, M, shape))
         out += _worst_line(f"{ours} vs the best of {', '.join(peers)}, M = 17..256, Llama-3-8B's four decode "
                            f"projections", got, 1.0)
+    out += _w4a8_vs_rivals(rows)
     marlin = sorted({r["provider"] for r in mine if r["provider"].startswith("marlin")})
     if not marlin and mine:
         out.append(f"- Marlin at M = 1, 16, 32, 64 beside qkernels w4a16: no build of it ran in this benchmark; "
@@ -457,6 +458,24 @@ def _batched_decode_targets(rows: list[dict]) -> list[str]:
                if p == "qkernels w4a16" and (shape, M, prov) in cells]
         out += _worst_line(f"qkernels w4a16 vs {prov}, every M, Llama-3-8B's four decode projections", got, 1.0)
     return out
+
+
+def _w4a8_vs_rivals(rows: list[dict]) -> list[str]:
+    """W4A8-FP8's target: at every (shape, M) with M = 16..256, on every shape of the models in the rows, at least
+    as fast as the fastest of our W4A16, our W8A8-FP8 and the peers of its own format (gemlite's A8W4 FP8) timed in
+    the same run."""
+    cells = {(r["model"], r["shape"], r["M"], r["provider"]): r["median_us"] for r in rows}
+    rivals = sorted({r["provider"] for r in rows if r["provider"] in ("qkernels w4a16", "qkernels w8a8-fp8")
+                     or (not r["provider"].startswith(("qkernels", "fp16")) and _same_format("qkernels w4a8-fp8",
+                                                                                             r["provider"]))})
+    got = []
+    for (model, shape, M, p), us in cells.items():
+        best = min((cells[(model, shape, M, q)] for q in rivals if (model, shape, M, q) in cells), default=None)
+        if p == "qkernels w4a8-fp8" and 16 <= M <= 256 and best is not None:
+            got.append((best / us, M, f"{model} {shape}"))
+    models = ", ".join(sorted({r["model"] for r in rows if r["provider"] == "qkernels w4a8-fp8"}))
+    return _worst_line(f"qkernels w4a8-fp8 vs the fastest of {', '.join(rivals)}, M = 16..256, every shape of "
+                       f"{models}", got, 1.0)
 
 
 # Marlin's own figure, cited where no build of it was measured beside ours (its README: github.com/IST-DASLab/marlin)
@@ -533,6 +552,8 @@ def _same_format(ours: str, peer: str) -> bool:
         return "w8a8 int8" in peer or "(_int_mm)" in peer
     if scheme == "w8a8-fp8":
         return "w8a8 fp8" in peer or "(_scaled_mm)" in peer
+    if scheme == "w4a8-fp8":
+        return "w4a8 fp8" in peer
     return scheme in peer
 
 
