@@ -116,6 +116,8 @@ def cmd_bench(args) -> int:
                 kw["ms"] = args.ms.split(",")
             if name == "decode-gemv" and args.providers:
                 kw["providers"] = args.providers.split(",")
+            if name == "runtime" and args.hf:
+                kw["hf_schemes"] = () if args.hf == "none" else tuple(args.hf.split(","))
         importlib.import_module(f"qkernels.bench.{name.replace('-', '_')}").run(args.out, **kw)
     return 0
 
@@ -318,6 +320,8 @@ def main(argv=None) -> int:
                                                  "llama3-8b, llama3-70b, into tp.json)")
     b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,"
                                                   "w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
+    b.add_argument("--hf", default="", help="runtime: the Hugging Face fast path's schemes (comma-separated; 'none': "
+                                             "no Hugging Face rows; default: those of the named schemes it runs)")
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.add_argument("--shapes", default="", help="decode-gemv: only these layer shapes (comma-separated NxK); with "
                                                 "--models or --shapes its rows merge into the GPU's decode_gemv.json")

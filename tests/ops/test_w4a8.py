@@ -5,7 +5,7 @@ import torch
 
 import qkernels as qk
 from qkernels import reference as ref
-from qkernels._runtime import poison_outputs
+from qkernels._runtime import poison_outputs, simulate_capability
 from qkernels.ops import w4a8
 
 from ..conftest import DEVICE, ON_GPU
@@ -91,6 +91,9 @@ def test_bad_inputs_name_the_argument():
         w4a8.w4a8_linear(x, pw8)
     with pytest.raises(ValueError, match=r"bias must have shape \(64,\)"):
         w4a8.w4a8_linear(x, pw, torch.zeros(3, device=DEVICE, dtype=torch.float16))
+    with simulate_capability((8, 0)), pytest.raises(RuntimeError, match=r"needs FP8 tensor cores \(compute "
+                                                                         r"capability >= 8.9\), got .*8\.0.*w4a16"):
+        w4a8.w4a8_linear(x, pw)
 
 
 @pytest.mark.gpu

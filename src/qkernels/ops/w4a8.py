@@ -15,9 +15,9 @@ import torch
 
 from .. import configs
 from .. import reference as ref
-from .._runtime import (alloc, call_op, cdiv, check_kernel_device, check_same_device, check_tensor, device_name,
-                        ensure_context, gpu_slug, is_interpreter, k_splits, launch, next_pow2, pdl_options,
-                        register_twin, splitk_scratch)
+from .._runtime import (alloc, capability, call_op, cdiv, check_kernel_device, check_same_device, check_tensor,
+                        device_name, ensure_context, gpu_slug, is_interpreter, k_splits, lacks_fp8, launch, next_pow2,
+                        pdl_options, register_twin, splitk_scratch)
 from ..packed_weight import PackedWeight
 from ..schemes import PER_CHANNEL
 from .quant import quantize
@@ -70,7 +70,7 @@ def config_for(M: int, device: torch.device | None = None, N: int | None = None,
     entry = _table_entry(bucket, N, K, device)
     if entry is not None:
         return dict(entry, fallback=DEFAULT_CONFIGS[bucket])
-    if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+    if device is not None and device.type == "cuda" and capability(device) == (9, 0):
         return dict(WG_CONFIGS[bucket], fallback=DEFAULT_CONFIGS[bucket])
     return DEFAULT_CONFIGS[bucket]
 
@@ -93,7 +93,7 @@ def prefers_w4a16(M: int, N: int, K: int, device: torch.device) -> bool:
 def wg_runs(device: torch.device, int_zeros: bool) -> bool:
     """Whether the Gluon wgmma kernel runs: sm_90, integer zero points (-z as an exact e4m3 tile), no interpreter."""
     return (device.type == "cuda" and not is_interpreter() and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) == (9, 0) and int_zeros)
+            and capability(device) == (9, 0) and int_zeros)
 
 
 @functools.cache
@@ -195,8 +195,9 @@ class use_config:
 
 
 def fp8_capable(device: torch.device) -> bool:
-    """FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper and later); the interpreter emulates them."""
-    return device.type == "cpu" or torch.cuda.get_device_capability(device) >= (8, 9)
+    """FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper and later); the interpreter emulates them (unless
+    an older capability is simulated)."""
+    return not lacks_fp8(device)
 
 
 def w4a8_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -218,9 +219,9 @@ def w4a8_linear(x: torch.Tensor, w_packed: PackedWeight, bias: torch.Tensor | No
     if w_packed.group_size != PER_CHANNEL and w_packed.group_size % 64:
         raise ValueError(f"w4a8_linear needs group_size a multiple of 64 or -1 (per channel), got "
                          f"{w_packed.group_size}")
-    if x.is_cuda and not fp8_capable(x.device):
-        name = torch.cuda.get_device_name(x.device)
-        cc = ".".join(map(str, torch.cuda.get_device_capability(x.device)))
+    if not fp8_capable(x.device):
+        name = device_name(x.device)
+        cc = ".".join(map(str, capability(x.device)))
         raise RuntimeError(f"w4a8_linear needs FP8 tensor cores (compute capability >= 8.9), got {name} "
                            f"(compute capability {cc}): use w4a16 there")
     if bias is not None:
