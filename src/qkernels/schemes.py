@@ -69,7 +69,7 @@ class WeightOnly:
     unless symmetric; activations stay fp16 / bf16. None takes the default for `bits`. fp8_act (4-bit only,
     "w4a8-fp8"): the same weights, stored and loaded exactly as W4A16's, multiplied by activations quantized per
     token to float8_e4m3fn inside the linear on FP8 tensor cores wherever a call has W4A8_MIN_M rows or more (a
-    single decode token gains nothing from FP8 and runs W4A16's GEMV)."""
+    few decode tokens gain nothing from FP8 and run W4A16's GEMVs)."""
     bits: int = 4
     group_size: int | None = None
     symmetric: bool | None = None
@@ -110,8 +110,10 @@ class WeightOnly:
 
 Scheme = W8A8 | WeightOnly
 SCHEME_NAMES = ("w8a8", "w8a8-fp8", "w4a16", "w8a16", "w4a8-fp8")
-# rows of a call from which a w4a8-fp8 linear quantizes its activations (fewer: W4A16's kernels)
-W4A8_MIN_M = 2
+# rows of a call from which a w4a8-fp8 linear quantizes its activations (fewer: W4A16's kernels, whose GEMVs beat
+# the FP8 wgmma kernel's 16-token tiles there: H200, Llama-3-8B's decode step at batch 8 2519 µs on W4A16's kernels
+# against 2902 on W4A8's, benchmarks/results/h200/runtime.json 2026-12-02)
+W4A8_MIN_M = 9
 _GRAMMAR = re.compile(r"(?P<base>w8a8-fp8|w8a8|w4a16|w8a16|w4a8-fp8)(?:-g(?P<group>-?\d+))?(?:-(?P<sym>sym|asym))?")
 _SYNTAX = ("w8a8, w8a8-fp8, or w4a16 / w8a16 / w4a8-fp8 optionally followed by -g<group_size> (-g-1: per channel) "
            "and -sym or -asym")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import qkernels as qk
+from qkernels.schemes import W4A8_MIN_M
 
 from ..conftest import DEVICE
 from .ops import FP8_OK
@@ -66,8 +67,17 @@ def test_w8a8_linear_quantizes_non_finite_activations(scheme):
     x = _x()
     lin = torch.nn.Linear(K, N, device=DEVICE, dtype=torch.float16)
     ql = qk.QuantizedLinear.from_linear(lin, scheme)
-    y = ql(x)
-    _finite_rows_unaffected(y, ql(x[[0, 5]]))
+    if scheme.startswith("w4a8"):
+        few = ql(x)            # fewer than W4A8_MIN_M rows: W4A16's kernels, which propagate +-inf as w4a16 does
+        assert torch.isnan(few[NAN]).all() and not torch.isfinite(few[[PINF, NINF]]).all(dim=1).any()
+        x = torch.cat([x, (torch.randn(W4A8_MIN_M, K, device=DEVICE) * 2).half()])
+        clean = x.clone()
+        clean[[NAN, PINF, NINF]] = 1.0
+        y = ql(x)
+        _finite_rows_unaffected(y, ql(clean)[[0, 5]])        # the same call size: the same kernel
+    else:
+        y = ql(x)
+        _finite_rows_unaffected(y, ql(x[[0, 5]]))
     assert torch.equal(y[ZERO], ql.bias)                         # all-zero row: exactly the bias
     if scheme == "w8a8":
         assert torch.isfinite(y).all()
