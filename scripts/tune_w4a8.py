@@ -58,7 +58,8 @@ def check(dev):
 def candidates(M, hopper: bool):
     """Tile configs for an M bucket. Hopper: the wgmma kernel's first (BLOCK_M the bucket, at most 128; 64 weight rows
     a warpgroup, one or two warpgroups; promotion per chunk or per 128-k group (CPG); the copies in the loop or in
-    a producer warp (WS, registers capped); 4 or 6 stages; K split while the grid is small). Then the Triton kernel's: BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
+    a producer warp (WS, registers capped); 4 or 6 stages; K split while the grid is small). Then the Triton
+    kernel's: BLOCK_M near M, 64 / 128 output columns, 3-5 stages, K split or not."""
     bucket = min(max(16, 1 << (M - 1).bit_length()), 256)
     out = []
     if hopper:
@@ -74,6 +75,11 @@ def candidates(M, hopper: bool):
             cap = 96 if bm <= 32 else 168
             out.append(dict(path="wg", BLOCK_M=min(bm, 64), BLOCK_N=bn, GROUP_M=8, STAGES=6, num_warps=warps,
                             SPLIT_K=split, MIN_PROGRAMS=mp, WS=True, maxnreg=cap, CPG=2))
+        if bm >= 64:    # both operands in shared memory: x tiles of 64 tokens a warpgroup, the codes as e4m3 B
+            ss = [dict(path="ss", BLOCK_M=tm, BLOCK_N=tn, GROUP_M=8, STAGES=4, num_warps=4 * tm // 64, SPLIT_K=split,
+                       MIN_PROGRAMS=mp, CPG=2) for tm, tn in [(bm, 64), (64, 64), (64, 128)] if tm <= bm
+                  for split, mp in splits[:2]]
+            out[:0] = list({str(c): c for c in ss}.values())
     bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[bucket]
     if M <= 64:      # the weight tile as the MMA's M side first
         for bn, split, stages in itertools.product([64, 128], [4, 1], [4, 3]):

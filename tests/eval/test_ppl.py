@@ -21,7 +21,9 @@ def test_parse_spec():
     assert parse_spec("w4a16-rtn") == (WeightOnly(4), {})
     assert parse_spec("w4a8-fp8-g64-gptq-act") == (WeightOnly(4, 64, fp8_act=True),
                                                    {"method": "gptq", "act_order": True})
-    for bad, why in (("w4a16-sq", "-sq applies to the w8a8"), ("w4a16-g64-awq-act", "-act .* applies to -gptq"),
+    assert parse_spec("w4a8-fp8-g64-sq") == (WeightOnly(4, 64, fp8_act=True), {"smooth": True})
+    for bad, why in (("w4a16-sq", "-sq applies to the schemes that quantize"),
+                     ("w4a16-g64-awq-act", "-act .* applies to -gptq"),
                      ("w8a8-gptq", "a method to the weight-only"), ("w5a16", "scheme must be w8a8")):
         with pytest.raises(ValueError, match=why):
             parse_spec(bad)

@@ -13,9 +13,9 @@ one replay), counted after every timing of the run (a profiler session may leave
 slowing what follows). Our layers are `QuantizedLinear.from_linear(linear, scheme)` as `quantize_` makes them
 (w4a16 and w4a8-fp8: group 128, asymmetric; w8a16: per channel; w8a8 / w8a8-fp8: per-channel weights; the A8
 schemes quantize activations per token inside the call). Peers (gemlite, bitsandbytes) as bench/peers.py builds
-them, with their nominal weight bytes; peers not installed on the machine are listed in the JSON as missing. The torch.compile peers
-(bench.gemm's `_torch_w8a8` / `_torch_fp8_rowwise`, compiled once with dynamic shapes) run where `torch._int_mm`
-does, M > 16.
+them, with their nominal weight bytes; peers not installed on the machine are listed in the JSON as missing. The
+torch.compile peers (bench.gemm's `_torch_w8a8` / `_torch_fp8_rowwise`, compiled once with dynamic shapes) run
+where `torch._int_mm` does, M > 16.
 
 `--models` / `--shapes` (N x K) / `--ms` / `--providers` naming a part of the grid (a time-limited job may not hold it
 all) merge its rows into this GPU's decode_gemv.json: the rows of the (layer, M, provider) measured again are

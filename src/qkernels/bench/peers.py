@@ -1,9 +1,9 @@
 """The peers the benchmarks time our kernels against, built as their users build them: PyTorch's int4 kernel
 (tinygemm: `aten._weight_int4pack_mm`, what torchao's int4 weight-only runs), gemlite (`A16W4_HQQ_INT().from_weights`
 on our w4a16 codes, scales and zero points, and `A8W4_HQQ_INT_dynamic` (FP8 activations) on the same;
-`A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`, gemlite's own autotune on first call), bitsandbytes (`Linear4bit` nf4, fp16 compute) and Marlin (IST-DASLab/marlin's
-`marlin.Layer`, groups of 128, symmetric: its only 4-bit format; built from its public source on the GPU machine by
-scripts/build_marlin.sh). A peer's weight bytes are its format's nominal size (4-bit g128: codes + fp16 scale and
+`A16W8_INT8`, `A8W8_int8_dynamic`, `A8W8_fp8_dynamic` `.from_linear`, gemlite's own autotune on first call),
+bitsandbytes (`Linear4bit` nf4, fp16 compute) and Marlin (IST-DASLab/marlin's `marlin.Layer`, groups of 128,
+symmetric: its only 4-bit format; built from its public source on the GPU machine by scripts/build_marlin.sh). A peer's weight bytes are its format's nominal size (4-bit g128: codes + fp16 scale and
 zero per group, Marlin's a scale only; nf4: codes + an fp32 absmax per 64). Peers not installed on the machine are
 reported as missing. Used by bench decode_gemv, weight_only, gemm, runtime.
 """

@@ -31,7 +31,8 @@ WO_METHODS = ("gptq", "gptq-act", "awq", "awq+gptq-act")
 DEFAULT_SCHEMES = ("w8a8", "w8a8-sq", "w8a8-fp8", "w8a8-fp8-sq", "w4a16-g128", "w4a16-g64", "w4a16-g32",
                    "w4a16-g128-sym", "w8a16",
                    *(f"w4a16-g{g}-{m}" for g in (64, 32, -1) for m in WO_METHODS),
-                   "w4a8-fp8-g128", "w4a8-fp8-g64", "w4a8-fp8-g64-gptq-act")
+                   "w4a8-fp8-g128", "w4a8-fp8-g64", "w4a8-fp8-g64-sq", "w4a8-fp8-g64-gptq-act",
+                   "w4a8-fp8-g64-awq+gptq-act")
 CALIBRATION = (8192, 2048)   # SmoothQuant calibration tokens: [8192, 10240), disjoint from the evaluated ones
 CALIBRATION_WO = (8192, 8192)  # GPTQ / AWQ calibration tokens: [8192, 16384), 16 sequences of 512
 
@@ -66,18 +67,19 @@ def load_smollm2(dtype: torch.dtype, device):
 
 
 def parse_spec(spec: str) -> tuple[Scheme, dict]:
-    """A row of the evaluation: a qkernels.schemes string, then for the w8a8 schemes optionally '-sq'
-    (SmoothQuant calibration), for the weight-only ones optionally a quantize_ method: '-rtn', '-gptq',
+    """A row of the evaluation: a qkernels.schemes string, then for the schemes that quantize activations
+    optionally '-sq' (SmoothQuant calibration), for the weight-only ones optionally a quantize_ method: '-rtn', '-gptq',
     '-gptq-act' (act-order), '-awq', '-awq+gptq', '-awq+gptq-act' (calibrated). 'w4a16-g64-sym' ->
     (WeightOnly(4, 64, True), {}); 'w8a8-sq' -> (W8A8(), {"smooth": True})."""
     m = re.fullmatch(r"(?P<scheme>.+?)(?:-(?P<sq>sq)|-(?P<method>rtn|gptq|awq|awq\+gptq)(?P<act>-act)?)?", spec)
     try:
         scheme = parse_scheme(m["scheme"])
     except ValueError as err:
-        raise ValueError(f"{err}; an evaluation spec may end in -sq (w8a8 schemes) or -rtn / -gptq[-act] / -awq / "
-                         f"-awq+gptq[-act] (weight-only schemes), got {spec!r}") from None
-    if m["sq"] and scheme.weight_only or m["method"] and not scheme.weight_only:
-        raise ValueError(f"-sq applies to the w8a8 schemes and a method to the weight-only ones, got {spec!r}")
+        raise ValueError(f"{err}; an evaluation spec may end in -sq (w8a8 / w4a8 schemes) or -rtn / -gptq[-act] / "
+                         f"-awq / -awq+gptq[-act] (weight-only schemes), got {spec!r}") from None
+    if m["sq"] and scheme.weight_only and not scheme.fp8_act or m["method"] and not scheme.weight_only:
+        raise ValueError(f"-sq applies to the schemes that quantize activations (w8a8, w8a8-fp8, w4a8-fp8) and a "
+                         f"method to the weight-only ones, got {spec!r}")
     if m["act"] and m["method"] not in ("gptq", "awq+gptq"):
         raise ValueError(f"-act (act-order) applies to -gptq and -awq+gptq, got {spec!r}")
     kw = {"smooth": True} if m["sq"] else {}
@@ -115,7 +117,7 @@ def perplexity(model, ids: torch.Tensor, ctx: int = 1024, stride: int = 512) -> 
 TARGETS = {"w8a8": 2.0, "w8a8-sq": 1.0, "w8a8-fp8": 2.0, "w8a8-fp8-sq": 2.0, "w4a16-g128": 8.0, "w8a16": 0.5,
            **{f"w4a16-g64-{m}": 8.0 for m in WO_METHODS}, **{f"w4a16-g32-{m}": 6.0 for m in WO_METHODS},
            # W4A8-FP8: within the sum of W4A16's and W8A8-FP8's targets on the same groups and method
-           "w4a8-fp8-g128": 10.0, "w4a8-fp8-g64-gptq-act": 10.0}
+           "w4a8-fp8-g128": 10.0, **{f"w4a8-fp8-g64-{m}": 10.0 for m in ("gptq-act", "awq+gptq-act")}}
 
 
 def _check_targets(rows) -> None:

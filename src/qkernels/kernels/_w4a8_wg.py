@@ -269,3 +269,176 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     if last:
         tot = tot * gl.load(xs_ptr + om % M)[None, :]
         _wg_store(tot, bias_ptr, out_ptr, off_m, off_n, 0, M, N, stride_om, HAS_BIAS, False, W)
+
+
+# ---------------------------------------------------------------------------------------------
+# SS: both wgmma operands from shared memory, for M >= 64 (configs with "path": "ss"). The register-A kernel above
+# streams each weight tile through one 64-row warpgroup and a -z tile that doubles its tensor work; here the
+# program's warps turn each 64-k chunk of codes into e4m3 (u - z) in shared memory once (exact: integers in
+# [-16, 15]), and x [BLOCK_M tokens, 64] is the wgmma's A operand, that tile its B operand, for BLOCK_M = 64 x
+# warpgroups tokens at once. Promotion units, the ring, the K split and the epilogue are the kernel above's.
+
+
+# one 32-bit word of code bytes ($2: the nibbles of k .. k + 3 and of k + 32 .. k + 35) and (1024 + z) as two
+# fp16 ($3) -> the e4m3 bytes of u - z for k .. k + 3 ($0) and k + 32 .. k + 35 ($1): bytes 0 / 2 and 1 / 3 of a
+# nibble set as fp16 pairs 1024 + u (one LOP3 each), minus 1024 + z (HSUB2, exact), two e4m3 by one cvt, and the
+# two pairs' bytes back in order (PRMT): 2 instructions a weight, against 5 through fp32
+_U_MINUS_Z: gl.constexpr = gl.constexpr("""{
+.reg .b32 t, a, b, c;
+.reg .b16 p, q;
+lop3.b32 a, $2, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $2, 8;
+lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, $3;
+sub.f16x2 b, b, $3;
+cvt.rn.satfinite.e4m3x2.f16x2 p, a;
+cvt.rn.satfinite.e4m3x2.f16x2 q, b;
+mov.b32 c, {p, q};
+prmt.b32 $0, c, 0, 0x3120;
+shr.u32 t, $2, 4;
+lop3.b32 a, t, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $2, 12;
+lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, $3;
+sub.f16x2 b, b, $3;
+cvt.rn.satfinite.e4m3x2.f16x2 p, a;
+cvt.rn.satfinite.e4m3x2.f16x2 q, b;
+mov.b32 c, {p, q};
+prmt.b32 $1, c, 0, 0x3120;
+}""")
+
+
+@gluon.jit
+def _ss_convert(codes, wb, z, cl: gl.constexpr):
+    """Code bytes [BN, 32] (k and k + 32 of the chunk in one byte) -> wb [BN, 64] e4m3 of u - z (z [BN] int32; cl:
+    the bytes' layout, 8 consecutive a thread)."""
+    ql: gl.constexpr = _quads_layout(gl.to_linear_layout(cl, [codes.shape[0], BK // 2]))
+    BN: gl.constexpr = codes.shape[0]
+    w = codes._reinterpret(gl.int32, [BN, BK // 8], codes.layout).load(ql)
+    zz = gl.convert_layout((z + 0x6400) * 0x10001, gl.SliceLayout(1, ql))
+    lo, hi = gl.inline_asm_elementwise(asm=_U_MINUS_Z, constraints="=r,=r,r,r",
+                                       args=[w, zz[:, None] + gl.zeros([BN, BK // 8], gl.int32, layout=ql)],
+                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    wb.slice(0, BK // 2, dim=1).store(_bytes_of(lo, cl, gl.float8e4nv))
+    wb.slice(BK // 2, BK // 2, dim=1).store(_bytes_of(hi, cl, gl.float8e4nv))
+
+
+@gluon.jit
+def _ss_unit(unit, sz, x_ring, c_ring, wbuf, bars, acc, CPG: gl.constexpr, STAGES: gl.constexpr, st: gl.constexpr,
+             cl: gl.constexpr):
+    """Convert and issue promotion unit `unit`'s chunks into acc (fresh): per chunk, wait for its stage, write its
+    e4m3 weight tile into conversion buffer chunk % (2 CPG) (free: the wgmmas that read it two units ago are done
+    and every warp is past their wait), then one wgmma x [BLOCK_M, 64] @ tile.T."""
+    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32).to(gl.int32)
+    for i in gl.static_range(CPG):
+        chunk = unit * CPG + i
+        stage = chunk % STAGES
+        mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
+        wb = wbuf.index(chunk % (2 * CPG))
+        _ss_convert(c_ring.index(stage), wb, z, cl)
+        fence_async_shared()        # the generic-proxy stores before the wgmma's async-proxy reads
+        gl.thread_barrier()         # every warp's part of the tile
+        acc = warpgroup_mma(x_ring.index(stage), wb.permute((1, 0)), acc, use_acc=i > 0, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _ss_scale(sz, st: gl.constexpr, nl: gl.constexpr):
+    """A unit's group scale per weight row, in the accumulator's column layout nl."""
+    return gl.convert_layout((sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32), nl)
+
+
+@gluon.jit
+def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
+                    cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
+                    CPG: gl.constexpr = 1, PDL: gl.constexpr = False):
+    """out [M, N] = (x_q @ W.T) * x_scale (+ bias), as _w4a8_wg_kernel computes it (same arguments), with x tiles
+    [BLOCK_M, 64] as the wgmma's A operand (BLOCK_M = 64 x warpgroups) and the weight's [BLOCK_N, 64] chunk,
+    converted to e4m3 (u - z) in shared memory, as its B operand (BLOCK_N: 32..256, a multiple of 32)."""
+    W: gl.constexpr = gl.num_warps()
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 32])
+    nl: gl.constexpr = gl.SliceLayout(0, mma)                                    # a value per weight row
+    cl: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [W, 1], [1, 0])          # code bytes [BLOCK_N, 32]
+    rl: gl.constexpr = gl.SliceLayout(1, cl)
+
+    pid = gl.program_id(0)
+    num_m = gl.cdiv(M, BLOCK_M)
+    num_n = gl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gm = gl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % width) % gm) * BLOCK_M
+    off_n = ((pid % width) // gm) * BLOCK_N
+
+    rows = (off_n + gl.arange(0, BLOCK_N, layout=rl)) % N
+    s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
+    if SPLIT_K == 1:
+        s0 = 0
+        steps = K // BK
+    else:               # in whole promotion units
+        per = gl.cdiv(K // (BK * CPG), SPLIT_K)
+        s0 = gl.program_id(1) * per * CPG
+        steps = gl.minimum(K // (BK * CPG) - gl.program_id(1) * per, per) * CPG
+    units = steps // CPG
+
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
+    wbuf = gl.allocate_shared_memory(gl.float8e4nv, [2 * CPG, BLOCK_N, BK], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for p in gl.static_range(STAGES):
+        mbarrier.init(bars.index(p), count=1)
+    for p in gl.static_range(STAGES):      # the weights before the wait for the kernel before (PDL), x after
+        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
+        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
+                                        pred=p < steps)
+    _pdl_wait(PDL)
+    for p in gl.static_range(STAGES):
+        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
+                                        pred=p < steps)
+
+    # two units per iteration, each with its own accumulator, as _mainloop
+    tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+    acc_b = tot
+    a_b = gl.zeros([BLOCK_N], gl.float32, layout=nl)
+    sz = _sz_words(s_p, s0, GROUP)
+    sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(1, units - 1), GROUP)
+    for j in range(units // 2):
+        u = 2 * j
+        acc_a = _ss_unit(u, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, cl)
+        a_a = _ss_scale(sz, st, nl)
+        sz = _sz_words(s_p, s0 + CPG * gl.minimum(u + 2, units - 1), GROUP)
+        acc_b = warpgroup_mma_wait(CPG, deps=[acc_b])
+        tot += acc_b * a_b[None, :]
+        if u >= 1:      # (its barrier also frees unit u - 1's conversion buffers for unit u + 1)
+            _release(x_desc, w_desc, x_ring, c_ring, bars, bars, u - 1, steps, s0, off_m, off_n, CPG, STAGES, False)
+        acc_b = _ss_unit(u + 1, sz_b, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, cl)
+        a_b = _ss_scale(sz_b, st, nl)
+        sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(u + 3, units - 1), GROUP)
+        acc_a, acc_b = warpgroup_mma_wait(CPG, deps=[acc_a, acc_b])
+        tot += acc_a * a_a[None, :]
+        _release(x_desc, w_desc, x_ring, c_ring, bars, bars, u, steps, s0, off_m, off_n, CPG, STAGES, False)
+    if units % 2 == 1:
+        acc_a = _ss_unit(units - 1, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, cl)
+        a_a = _ss_scale(sz, st, nl)
+        acc_b = warpgroup_mma_wait(CPG, deps=[acc_b])
+        tot += acc_b * a_b[None, :]
+        acc_a = warpgroup_mma_wait(0, deps=[acc_a])
+        tot += acc_a * a_a[None, :]
+    else:
+        acc_b = warpgroup_mma_wait(0, deps=[acc_b])
+        tot += acc_b * a_b[None, :]
+    for p in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(p))
+
+    t = gl.permute(tot, (1, 0))            # out.T's orientation: the other kernel's epilogue
+    on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, t.type.layout))
+    om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t.type.layout))
+    last = True
+    if SPLIT_K > 1:
+        t, last = _splitk_fixup(t, ws_ptr, cnt_ptr, pid, on, om, (on < N)[:, None] & (om < M)[None, :], M, N,
+                                SPLIT_K)
+    if last:
+        t = t * gl.load(xs_ptr + om % M)[None, :]
+        _wg_store(t, bias_ptr, out_ptr, off_m, off_n, 0, M, N, stride_om, HAS_BIAS, False, W)

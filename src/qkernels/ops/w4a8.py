@@ -52,6 +52,8 @@ def _kernel(path: str):
     if path not in _KERNEL:      # imported on first use: `import qkernels` compiles and touches nothing
         if path == "wg":
             from ..kernels._w4a8_wg import _w4a8_wg_kernel as k
+        elif path == "ss":
+            from ..kernels._w4a8_wg import _w4a8_ss_kernel as k
         else:
             from ..kernels._w4a8 import _w4a8_kernel as k
         _KERNEL[path] = k
@@ -119,17 +121,18 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     ensure_context(out.device)
     x_desc = desc.from_tensor(xq, [cfg["BLOCK_M"], 64], xl)
     w_desc = desc.from_tensor(qweight, [cfg["BLOCK_N"], 32], wl)
-    launch(_kernel("wg"), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out, out,
-           M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size, HAS_BIAS=bias is not None,
-           BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"],
-           SPLIT_K=split, CPG=cpg, WS=cfg.get("WS", False), num_warps=cfg["num_warps"],
+    extra = dict(WS=cfg.get("WS", False)) if cfg["path"] == "wg" else {}
+    launch(_kernel(cfg["path"]), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out,
+           out, M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size,
+           HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"],
+           STAGES=cfg["STAGES"], SPLIT_K=split, CPG=cpg, num_warps=cfg["num_warps"], **extra,
            **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}), **pdl)
     return out
 
 
 def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
          bias: torch.Tensor | None, group_size: int, out: torch.Tensor, cfg: dict, int_zeros: bool) -> torch.Tensor:
-    if cfg.get("path") == "wg":
+    if cfg.get("path") in ("wg", "ss"):
         if wg_runs(out.device, int_zeros) and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0:
             return _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg)
         cfg = cfg.get("fallback") or DEFAULT_CONFIGS[_bucket(xq.shape[0])]
