@@ -7,8 +7,8 @@
 #   the sweep after that many seconds (the rows so far are in OUTDIR/w4a8_sweep.json); APPLY=1 writes its winners
 #   into the table (OUTDIR/<gpu>.json); DECODE_MS (e.g. 16,32,64,128,256) runs `bench decode-gemv` at those M on both
 #   models' shapes for PROVIDERS (default: ours W4A16, W8A8-FP8, W4A8-FP8 and gemlite's A8W4 FP8; fp16 always), its
-#   rows merged into a copy of benchmarks/results under OUTDIR/results, stopped after BENCH_S (default 330) seconds
-#   (the layers done so far are written).
+#   rows merged into a copy of this GPU's decode_gemv.json under OUTDIR/results, stopped after BENCH_S (default
+#   330) seconds (the layers done so far are written).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_w4a8.sh OUTDIR}
 shift
@@ -28,8 +28,9 @@ if [ -z "${SKIP_TUNE:-}" ]; then
     cp "src/qkernels/configs/$SLUG.json" "$OUT/"
   fi
 fi
-if [ -n "${DECODE_MS:-}" ]; then
-  cp -r benchmarks/results "$OUT/results"
+if [ -n "${DECODE_MS:-}" ]; then      # only the file the rows merge into: OUTDIR comes back only if small
+  mkdir -p "$OUT/results/$SLUG"
+  cp "benchmarks/results/$SLUG/decode_gemv.json" "$OUT/results/$SLUG/" 2>/dev/null
   timeout "${BENCH_S:-330}" python3 -m qkernels.cli bench decode-gemv --out "$OUT/results" \
     --models llama3-8b,qwen3-1.7b --ms "$DECODE_MS" \
     --providers "${PROVIDERS:-qkernels w4a16,qkernels w8a8-fp8,w4a8}" 2>&1 | tee "$OUT/decode_gemv.log" | tail -3
