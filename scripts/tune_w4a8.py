@@ -76,7 +76,8 @@ def candidates(M, hopper: bool):
             out.append(dict(path="wg", BLOCK_M=min(bm, 64), BLOCK_N=bn, GROUP_M=8, STAGES=6, num_warps=warps,
                             SPLIT_K=split, MIN_PROGRAMS=mp, WS=True, maxnreg=cap, CPG=2))
         if bm >= 64:    # both operands in shared memory: x tiles of 64 tokens a warpgroup, the codes as e4m3 B
-            ss = [dict(path="ss", BLOCK_M=tm, BLOCK_N=tn, GROUP_M=8, STAGES=4, num_warps=4 * tm // 64, SPLIT_K=split,
+            # (6 stages: the ring holds the unit being converted, the one in the tensor cores and one loading)
+            ss = [dict(path="ss", BLOCK_M=tm, BLOCK_N=tn, GROUP_M=8, STAGES=6, num_warps=4 * tm // 64, SPLIT_K=split,
                        MIN_PROGRAMS=mp, CPG=2) for tm, tn in [(bm, 64), (64, 64), (64, 128)] if tm <= bm
                   for split, mp in splits[:2]]
             out[:0] = list({str(c): c for c in ss}.values())

@@ -177,7 +177,7 @@ def test_wg_tiles(bm, bn, warps, ws, cpg):
     (1000, 4160, 64, True, torch.bfloat16, True),          # N past a tile edge, an odd number of 64-k chunks
     (768, 1024, -1, False, torch.float16, True),           # per channel
 ])
-@pytest.mark.parametrize("bm, bn, cpg, stages", [(128, 64, 2, 4), (64, 64, 1, 3), (64, 128, 2, 4)])
+@pytest.mark.parametrize("bm, bn, cpg, stages", [(128, 64, 2, 6), (64, 64, 1, 3), (64, 128, 2, 4)])
 def test_ss_matches_twin(M, N, K, group, symmetric, dtype, bias, bm, bn, cpg, stages):
     """The kernel with both wgmma operands in shared memory (path "ss": x as A, the codes turned into e4m3 (u - z)
     as B), with and without a K split."""
