@@ -36,7 +36,8 @@ DEFAULT_CONFIGS = {   # SWAP: the weight tile as the MMA's M side (H200 sweep, b
 # config under "fallback" runs where it does not (other GPUs, float zero points). BLOCK_N: 64 per warpgroup. WS: a
 # producer warp issues the copies (then "maxnreg" caps the registers, which it otherwise takes all of: one program
 # an SM). CPG: 64-k chunks per accumulator promotion (2: once per 128-k group; needs STAGES >= 4, and runs as 1
-# where the group is 64).
+# where the group is 64). "path": "ss" (same arguments): both wgmma operands from shared memory, the codes turned
+# into e4m3 there, BLOCK_M = 64 tokens a warpgroup (num_warps = BLOCK_M / 16); for M >= 64, in no table yet.
 WG_CONFIGS = {
     16: dict(path="wg", BLOCK_M=16, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
     32: dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
