@@ -28,7 +28,7 @@ if [ -z "${SKIP_TUNE:-}" ]; then
     cp "src/qkernels/configs/$SLUG.json" "$OUT/"
   fi
 fi
-if [ -n "${DECODE_MS:-}" ]; then      # only the file the rows merge into: OUTDIR comes back only if small
+if [ -n "${DECODE_MS:-}" ]; then      # only the file the rows merge into: OUTDIR stays small
   mkdir -p "$OUT/results/$SLUG"
   cp "benchmarks/results/$SLUG/decode_gemv.json" "$OUT/results/$SLUG/" 2>/dev/null
   timeout "${BENCH_S:-330}" python3 -m qkernels.cli bench decode-gemv --out "$OUT/results" \

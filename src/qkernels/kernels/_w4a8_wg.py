@@ -191,6 +191,58 @@ def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m
 
 
 @gluon.jit
+def _program_tile(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(token offset, weight-row offset) of this program's tile, in grouped order (GROUP_M token blocks share each
+    weight block in L2)."""
+    pid = gl.program_id(0)
+    num_m = gl.cdiv(M, BLOCK_M)
+    width = GROUP_M * gl.cdiv(N, BLOCK_N)
+    first_m = (pid // width) * GROUP_M
+    gm = gl.minimum(num_m - first_m, GROUP_M)
+    return (first_m + (pid % width) % gm) * BLOCK_M, ((pid % width) // gm) * BLOCK_N
+
+
+@gluon.jit
+def _k_slice(K, CPG: gl.constexpr, SPLIT_K: gl.constexpr):
+    """(first chunk, chunks) of this program's slice of K: all of it, or slice program_id(1) of SPLIT_K in whole
+    promotion units."""
+    if SPLIT_K == 1:
+        return 0, K // BK
+    per = gl.cdiv(K // (BK * CPG), SPLIT_K)
+    return gl.program_id(1) * per * CPG, gl.minimum(K // (BK * CPG) - gl.program_id(1) * per, per) * CPG
+
+
+@gluon.jit
+def _ring_start(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES: gl.constexpr,
+                PDL: gl.constexpr):
+    """The first STAGES chunks' copies: the code bytes before the wait for the kernel before (PDL), x after."""
+    for p in gl.static_range(STAGES):
+        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
+        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
+                                        pred=p < steps)
+    _pdl_wait(PDL)
+    for p in gl.static_range(STAGES):
+        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
+                                        pred=p < steps)
+
+
+@gluon.jit
+def _finish(t, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS: gl.constexpr,
+            SPLIT_K: gl.constexpr, W: gl.constexpr):
+    """An out.T tile's fp32 sums t [BLOCK_N, BLOCK_M] (this slice's, with SPLIT_K > 1: added up by the tile's last
+    program) times the tokens' scales (+ bias) into out."""
+    on = off_n + gl.arange(0, t.shape[0], layout=gl.SliceLayout(1, t.type.layout))
+    om = off_m + gl.arange(0, t.shape[1], layout=gl.SliceLayout(0, t.type.layout))
+    last = True
+    if SPLIT_K > 1:
+        t, last = _splitk_fixup(t, ws_ptr, cnt_ptr, gl.program_id(0), on, om, (on < N)[:, None] & (om < M)[None, :],
+                                M, N, SPLIT_K)
+    if last:
+        t = t * gl.load(xs_ptr + om % M)[None, :]
+        _wg_store(t, bias_ptr, out_ptr, off_m, off_n, 0, M, N, stride_om, HAS_BIAS, False, W)
+
+
+@gluon.jit
 def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
                     cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
@@ -209,26 +261,11 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     al: gl.constexpr = gl.DotOperandLayout(0, mma, 4)
     ql: gl.constexpr = _quads_layout(gl.to_linear_layout(al, [BLOCK_N, BK // 2]))
     rl: gl.constexpr = gl.SliceLayout(1, ql)          # a value per weight row, as the A tiles hold the rows
-    ml: gl.constexpr = gl.SliceLayout(1, mma)         # the same, as the accumulator holds them
 
-    pid = gl.program_id(0)
-    num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gm = gl.minimum(num_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % width) % gm) * BLOCK_M
-    off_n = ((pid % width) // gm) * BLOCK_N
-
+    off_m, off_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = (off_n + gl.arange(0, BLOCK_N, layout=rl)) % N         # wrapped: no masks on the scale loads
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
-    if SPLIT_K == 1:
-        s0 = 0
-        steps = K // BK
-    else:               # in whole promotion units
-        per = gl.cdiv(K // (BK * CPG), SPLIT_K)
-        s0 = gl.program_id(1) * per * CPG
-        steps = gl.minimum(K // (BK * CPG) - gl.program_id(1) * per, per) * CPG
+    s0, steps = _k_slice(K, CPG, SPLIT_K)
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
     c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
@@ -247,28 +284,12 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
         for p in gl.static_range(STAGES):
             mbarrier.invalidate(empty.index(p))
     else:
-        for p in gl.static_range(STAGES):      # the weights before the wait for the kernel before (PDL), x after
-            mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
-            tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
-                                            pred=p < steps)
-        _pdl_wait(PDL)
-        for p in gl.static_range(STAGES):
-            tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
-                                            pred=p < steps)
+        _ring_start(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, PDL)
         tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
                          ql, al, CPG, STAGES, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
-
-    on = off_n + gl.arange(0, BLOCK_N, layout=ml)
-    om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-    last = True
-    if SPLIT_K > 1:
-        tot, last = _splitk_fixup(tot, ws_ptr, cnt_ptr, pid, on, om, (on < N)[:, None] & (om < M)[None, :], M, N,
-                                  SPLIT_K)
-    if last:
-        tot = tot * gl.load(xs_ptr + om % M)[None, :]
-        _wg_store(tot, bias_ptr, out_ptr, off_m, off_n, 0, M, N, stride_om, HAS_BIAS, False, W)
+    _finish(tot, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, SPLIT_K, W)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,24 +384,10 @@ def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     cl: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [W, 1], [1, 0])          # code bytes [BLOCK_N, 32]
     rl: gl.constexpr = gl.SliceLayout(1, cl)
 
-    pid = gl.program_id(0)
-    num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gm = gl.minimum(num_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % width) % gm) * BLOCK_M
-    off_n = ((pid % width) // gm) * BLOCK_N
-
+    off_m, off_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = (off_n + gl.arange(0, BLOCK_N, layout=rl)) % N
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
-    if SPLIT_K == 1:
-        s0 = 0
-        steps = K // BK
-    else:               # in whole promotion units
-        per = gl.cdiv(K // (BK * CPG), SPLIT_K)
-        s0 = gl.program_id(1) * per * CPG
-        steps = gl.minimum(K // (BK * CPG) - gl.program_id(1) * per, per) * CPG
+    s0, steps = _k_slice(K, CPG, SPLIT_K)
     units = steps // CPG
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
@@ -389,14 +396,7 @@ def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
-    for p in gl.static_range(STAGES):      # the weights before the wait for the kernel before (PDL), x after
-        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
-        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
-                                        pred=p < steps)
-    _pdl_wait(PDL)
-    for p in gl.static_range(STAGES):
-        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
-                                        pred=p < steps)
+    _ring_start(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, PDL)
 
     # two units per iteration, each with its own accumulator, as _mainloop
     tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
@@ -432,13 +432,6 @@ def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
-    t = gl.permute(tot, (1, 0))            # out.T's orientation: the other kernel's epilogue
-    on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, t.type.layout))
-    om = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t.type.layout))
-    last = True
-    if SPLIT_K > 1:
-        t, last = _splitk_fixup(t, ws_ptr, cnt_ptr, pid, on, om, (on < N)[:, None] & (om < M)[None, :], M, N,
-                                SPLIT_K)
-    if last:
-        t = t * gl.load(xs_ptr + om % M)[None, :]
-        _wg_store(t, bias_ptr, out_ptr, off_m, off_n, 0, M, N, stride_om, HAS_BIAS, False, W)
+    # out.T's orientation: the other kernel's epilogue
+    _finish(gl.permute(tot, (1, 0)), xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om,
+            HAS_BIAS, SPLIT_K, W)
