@@ -130,15 +130,9 @@ def _produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_
              PDL: gl.constexpr):
     """WS's producer warp: the first STAGES chunks' code bytes, the wait for the kernel before (PDL), their x; then
     each later chunk once the consumers have handed its stage back."""
-    for p in gl.static_range(STAGES):
-        stage_ok = p < steps
-        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=stage_ok)
-        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
-                                        pred=stage_ok)
+    _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, True)
     _pdl_wait(PDL)
-    for p in gl.static_range(STAGES):
-        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
-                                        pred=p < steps)
+    _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
     for c in range(STAGES, steps):
         mbarrier.wait(empty.index(c % STAGES), (c // STAGES - 1) & 1)
         _load(x_desc, w_desc, x_ring, c_ring, bars, c, s0, off_m, off_n, True, STAGES)
@@ -213,17 +207,18 @@ def _k_slice(K, CPG: gl.constexpr, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _ring_start(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES: gl.constexpr,
-                PDL: gl.constexpr):
-    """The first STAGES chunks' copies: the code bytes before the wait for the kernel before (PDL), x after."""
+def _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES: gl.constexpr,
+                CODES: gl.constexpr):
+    """The first STAGES chunks' copies: CODES, their code bytes (and each stage's expected bytes), issued before the
+    wait for the kernel before (PDL); else their x, issued after it."""
     for p in gl.static_range(STAGES):
-        mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
-        tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
-                                        pred=p < steps)
-    _pdl_wait(PDL)
-    for p in gl.static_range(STAGES):
-        tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
-                                        pred=p < steps)
+        if CODES:
+            mbarrier.expect(bars.index(p), w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=p < steps)
+            tma.async_copy_global_to_shared(w_desc, [off_n, (s0 + p) * (BK // 2)], bars.index(p), c_ring.index(p),
+                                            pred=p < steps)
+        else:
+            tma.async_copy_global_to_shared(x_desc, [off_m, (s0 + p) * BK], bars.index(p), x_ring.index(p),
+                                            pred=p < steps)
 
 
 @gluon.jit
@@ -284,7 +279,9 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
         for p in gl.static_range(STAGES):
             mbarrier.invalidate(empty.index(p))
     else:
-        _ring_start(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, PDL)
+        _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, True)
+        _pdl_wait(PDL)
+        _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
         tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
                          ql, al, CPG, STAGES, False)
     for p in gl.static_range(STAGES):
@@ -396,7 +393,9 @@ def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
         mbarrier.init(bars.index(p), count=1)
-    _ring_start(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, PDL)
+    _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, True)
+    _pdl_wait(PDL)
+    _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
 
     # two units per iteration, each with its own accumulator, as _mainloop
     tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
