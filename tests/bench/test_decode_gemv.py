@@ -47,16 +47,25 @@ def test_bench_decode_gemv_part_merges_into_earlier_results(tmp_path):
         bd.run(str(tmp_path), models=["nope"])
 
 
-@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
-def test_bench_decode_gemv_ms_merge_by_layer_and_m(tmp_path):
-    """--ms: this run's (layer, M) rows replace theirs; the same layer's rows at other M keep theirs and their date.
-    A batch size below 1 is an error naming the argument."""
+def _earlier_run(tmp_path, peer: str | None = None):
+    """A CPU run's decode_gemv.json, dated as an earlier run (with a row of `peer` beside ours): (its path, the
+    document)."""
     bd.run(str(tmp_path))
     path = next(tmp_path.rglob("decode_gemv.json"))
     doc = json.loads(path.read_text())
     doc["date"] = "2026-01-01T00:00:00+00:00"
     doc["rows"] = [dict(r, date=doc["date"]) for r in doc["rows"]]
+    if peer:
+        doc["rows"].append(dict(doc["rows"][0], provider=peer))
     path.write_text(json.dumps(doc))
+    return path, doc
+
+
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
+def test_bench_decode_gemv_ms_merge_by_layer_and_m(tmp_path):
+    """--ms: this run's (layer, M) rows replace theirs; the same layer's rows at other M keep theirs and their date.
+    A batch size below 1 is an error naming the argument."""
+    path, doc = _earlier_run(tmp_path)
     rows = bd.run(str(tmp_path), ms=["2"])
     assert {r.sizes["M"] for r in rows} == {2}
     new = json.loads(path.read_text())
@@ -71,12 +80,7 @@ def test_bench_decode_gemv_ms_merge_by_layer_and_m(tmp_path):
 def test_bench_decode_gemv_providers_merge_beside_the_others(tmp_path):
     """--providers: only the named providers (and fp16, which every ratio is to) run; their rows replace theirs, the
     other providers' rows stay with their date."""
-    bd.run(str(tmp_path))
-    path = next(tmp_path.rglob("decode_gemv.json"))
-    doc = json.loads(path.read_text())
-    doc["date"] = "2026-01-01T00:00:00+00:00"
-    doc["rows"] = [dict(r, date=doc["date"]) for r in doc["rows"]]
-    path.write_text(json.dumps(doc))
+    path, doc = _earlier_run(tmp_path)
     rows = bd.run(str(tmp_path), providers=["w4a8"])
     assert {r.provider for r in rows} == {"fp16 F.linear", "qkernels w4a8-fp8"}
     new = json.loads(path.read_text())
@@ -89,13 +93,7 @@ def test_bench_decode_gemv_providers_merge_beside_the_others(tmp_path):
 def test_bench_decode_gemv_keeps_a_peer_this_run_did_not_time(tmp_path):
     """A part of the grid run again (--shapes): a peer not installed for this run (its row at a layer and M measured
     again) keeps its row and date; the providers this run timed replace theirs."""
-    bd.run(str(tmp_path))
-    path = next(tmp_path.rglob("decode_gemv.json"))
-    doc = json.loads(path.read_text())
-    doc["date"] = "2026-01-01T00:00:00+00:00"
-    doc["rows"] = [dict(r, date=doc["date"]) for r in doc["rows"]]
-    doc["rows"].append(dict(doc["rows"][0], provider="gemlite w4a16 g128"))
-    path.write_text(json.dumps(doc))
+    path, doc = _earlier_run(tmp_path, peer="gemlite w4a16 g128")
     rows = bd.run(str(tmp_path), shapes=["64x128"])
     new = json.loads(path.read_text())
     peer = [r for r in new["rows"] if r["provider"] == "gemlite w4a16 g128"]

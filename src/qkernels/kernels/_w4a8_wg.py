@@ -56,14 +56,6 @@ def _sz_words(s_p, chunk, GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _promote_scale(sz, st: gl.constexpr, ml: gl.constexpr):
-    """A chunk's promotion factor per row: the group scale times 2**9 (the codes are u * 2**-9), in acc's row
-    layout ml."""
-    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32) * 512.0
-    return gl.convert_layout(s, ml)
-
-
-@gluon.jit
 def _neg_zero(sz, st: gl.constexpr, ql: gl.constexpr, al: gl.constexpr):
     """The A tile [R, 32] whose row r is -z_r (e4m3: the sign bit over the byte z, exact for integers 0..16)."""
     z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32).to(gl.int32)
@@ -139,48 +131,85 @@ def _produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_
 
 
 @gluon.jit
-def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
+def _unit(unit, sz, x_ring, c_ring, wbuf, bars, acc, CPG: gl.constexpr, STAGES: gl.constexpr, st: gl.constexpr,
+          ql: gl.constexpr, al: gl.constexpr, SS: gl.constexpr):
+    """Issue promotion unit `unit`'s wgmmas into acc (fresh): the register-A kernel's (_issue) or, SS, the
+    shared-memory kernel's (_ss_unit: ql is then the code bytes' layout)."""
+    if SS:
+        acc = _ss_unit(unit, sz, x_ring, c_ring, wbuf, bars, acc, CPG, STAGES, st, ql)
+    else:
+        acc = _issue(unit, sz, c_ring, x_ring, bars, acc, CPG, STAGES, st, ql, al)
+    return acc
+
+
+@gluon.jit
+def _scale_of(sz, st: gl.constexpr, layout: gl.constexpr, SS: gl.constexpr):
+    """A unit's promotion factor per weight row, in `layout`: the group scale, times 2**9 for the register-A
+    kernel's codes (u * 2**-9)."""
+    s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
+    return gl.convert_layout(s if SS else s * 512.0, layout)
+
+
+@gluon.jit
+def _promote(tot, acc, a, SS: gl.constexpr):
+    """tot + a unit's sums times their rows' factors a: weight rows are acc's columns with SS, its rows else."""
+    if SS:
+        tot += acc * a[None, :]
+    else:
+        tot += a[:, None] * acc
+    return tot
+
+
+@gluon.jit
+def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, wbuf, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
               st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, CPG: gl.constexpr,
-              STAGES: gl.constexpr, WS: gl.constexpr):
+              STAGES: gl.constexpr, WS: gl.constexpr, SS: gl.constexpr):
     """The fp32 total over the slice's chunks (the ring started by the caller, or by the producer warp with WS), in
-    promotion units of CPG chunks (steps: a multiple of CPG). Two units per iteration, each with its own
-    accumulator: unit u's wgmmas run while unit u - 1 is promoted, its stages released and unit u + 1's codes read;
-    each unit's (scale, zero) words are loaded two units ahead."""
-    ml: gl.constexpr = gl.SliceLayout(1, mma)
+    promotion units of CPG chunks (steps: a multiple of CPG): [weight rows, tokens], or [tokens, weight rows] for
+    the shared-memory kernel (SS, wbuf its conversion buffers). Two units per iteration, each with its own
+    accumulator: unit u's wgmmas run while unit u - 1 is promoted, its stages released (with SS that barrier also
+    frees unit u - 1's conversion buffers for unit u + 1) and unit u + 1's codes read; each unit's (scale, zero)
+    words are loaded two units ahead."""
     BN: gl.constexpr = c_ring.shape[1]
     BM: gl.constexpr = x_ring.shape[1]
-    NW: gl.constexpr = 4 * CPG          # wgmmas a unit
+    if SS:
+        NW: gl.constexpr = CPG          # wgmmas a unit
+        sl: gl.constexpr = gl.SliceLayout(0, mma)
+        tot = gl.zeros([BM, BN], gl.float32, layout=mma)
+    else:
+        NW: gl.constexpr = 4 * CPG
+        sl: gl.constexpr = gl.SliceLayout(1, mma)
+        tot = gl.zeros([BN, BM], gl.float32, layout=mma)
     units = steps // CPG
-    tot = gl.zeros([BN, BM], gl.float32, layout=mma)
     acc_b = tot
-    a_b = gl.zeros([BN], gl.float32, layout=ml)     # no unit before the first: a zero promotion
+    a_b = gl.zeros([BN], gl.float32, layout=sl)     # no unit before the first: a zero promotion
     sz = _sz_words(s_p, s0, GROUP)
     sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(1, units - 1), GROUP)
     for j in range(units // 2):
         u = 2 * j
-        acc_a = _issue(u, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
-        a_a = _promote_scale(sz, st, ml)
+        acc_a = _unit(u, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, ql, al, SS)
+        a_a = _scale_of(sz, st, sl, SS)
         sz = _sz_words(s_p, s0 + CPG * gl.minimum(u + 2, units - 1), GROUP)
         acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
-        tot += a_b[:, None] * acc_b
+        tot = _promote(tot, acc_b, a_b, SS)
         if u >= 1:
             _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u - 1, steps, s0, off_m, off_n, CPG, STAGES, WS)
-        acc_b = _issue(u + 1, sz_b, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
-        a_b = _promote_scale(sz_b, st, ml)
+        acc_b = _unit(u + 1, sz_b, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, ql, al, SS)
+        a_b = _scale_of(sz_b, st, sl, SS)
         sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(u + 3, units - 1), GROUP)
         acc_a, acc_b = warpgroup_mma_wait(NW, deps=[acc_a, acc_b])     # unit u + 1's still in flight
-        tot += a_a[:, None] * acc_a
+        tot = _promote(tot, acc_a, a_a, SS)
         _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u, steps, s0, off_m, off_n, CPG, STAGES, WS)
     if units % 2 == 1:
-        acc_a = _issue(units - 1, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
-        a_a = _promote_scale(sz, st, ml)
+        acc_a = _unit(units - 1, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, ql, al, SS)
+        a_a = _scale_of(sz, st, sl, SS)
         acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
-        tot += a_b[:, None] * acc_b
+        tot = _promote(tot, acc_b, a_b, SS)
         acc_a = warpgroup_mma_wait(0, deps=[acc_a])
-        tot += a_a[:, None] * acc_a
+        tot = _promote(tot, acc_a, a_a, SS)
     else:
         acc_b = warpgroup_mma_wait(0, deps=[acc_b])
-        tot += a_b[:, None] * acc_b
+        tot = _promote(tot, acc_b, a_b, SS)
     return (tot,)
 
 
@@ -272,8 +301,8 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
         for p in gl.static_range(STAGES):
             mbarrier.init(empty.index(p), count=1)
         tot, = gl.warp_specialize([
-            (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP, st, mma,
-                         ql, al, CPG, STAGES, True)),
+            (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP,
+                         st, mma, ql, al, CPG, STAGES, True, False)),
             (_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES, PDL)),
         ], [1], [24])
         for p in gl.static_range(STAGES):
@@ -282,8 +311,8 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
         _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, True)
         _pdl_wait(PDL)
         _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
-        tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
-                         ql, al, CPG, STAGES, False)
+        tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP,
+                         st, mma, ql, al, CPG, STAGES, False, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
     _finish(tot, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, SPLIT_K, W)
@@ -361,12 +390,6 @@ def _ss_unit(unit, sz, x_ring, c_ring, wbuf, bars, acc, CPG: gl.constexpr, STAGE
 
 
 @gluon.jit
-def _ss_scale(sz, st: gl.constexpr, nl: gl.constexpr):
-    """A unit's group scale per weight row, in the accumulator's column layout nl."""
-    return gl.convert_layout((sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32), nl)
-
-
-@gluon.jit
 def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
                     cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
@@ -377,7 +400,6 @@ def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     W: gl.constexpr = gl.num_warps()
     st: gl.constexpr = sz_ptr.dtype.element_ty
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 32])
-    nl: gl.constexpr = gl.SliceLayout(0, mma)                                    # a value per weight row
     cl: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [W, 1], [1, 0])          # code bytes [BLOCK_N, 32]
     rl: gl.constexpr = gl.SliceLayout(1, cl)
 
@@ -385,7 +407,6 @@ def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     rows = (off_n + gl.arange(0, BLOCK_N, layout=rl)) % N
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
     s0, steps = _k_slice(K, CPG, SPLIT_K)
-    units = steps // CPG
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
     c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
@@ -397,37 +418,8 @@ def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     _pdl_wait(PDL)
     _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
 
-    # two units per iteration, each with its own accumulator, as _mainloop
-    tot = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
-    acc_b = tot
-    a_b = gl.zeros([BLOCK_N], gl.float32, layout=nl)
-    sz = _sz_words(s_p, s0, GROUP)
-    sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(1, units - 1), GROUP)
-    for j in range(units // 2):
-        u = 2 * j
-        acc_a = _ss_unit(u, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, cl)
-        a_a = _ss_scale(sz, st, nl)
-        sz = _sz_words(s_p, s0 + CPG * gl.minimum(u + 2, units - 1), GROUP)
-        acc_b = warpgroup_mma_wait(CPG, deps=[acc_b])
-        tot += acc_b * a_b[None, :]
-        if u >= 1:      # (its barrier also frees unit u - 1's conversion buffers for unit u + 1)
-            _release(x_desc, w_desc, x_ring, c_ring, bars, bars, u - 1, steps, s0, off_m, off_n, CPG, STAGES, False)
-        acc_b = _ss_unit(u + 1, sz_b, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, cl)
-        a_b = _ss_scale(sz_b, st, nl)
-        sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(u + 3, units - 1), GROUP)
-        acc_a, acc_b = warpgroup_mma_wait(CPG, deps=[acc_a, acc_b])
-        tot += acc_a * a_a[None, :]
-        _release(x_desc, w_desc, x_ring, c_ring, bars, bars, u, steps, s0, off_m, off_n, CPG, STAGES, False)
-    if units % 2 == 1:
-        acc_a = _ss_unit(units - 1, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, cl)
-        a_a = _ss_scale(sz, st, nl)
-        acc_b = warpgroup_mma_wait(CPG, deps=[acc_b])
-        tot += acc_b * a_b[None, :]
-        acc_a = warpgroup_mma_wait(0, deps=[acc_a])
-        tot += acc_a * a_a[None, :]
-    else:
-        acc_b = warpgroup_mma_wait(0, deps=[acc_b])
-        tot += acc_b * a_b[None, :]
+    tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, wbuf, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
+                     cl, cl, CPG, STAGES, False, True)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
