@@ -7,7 +7,7 @@ lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
        w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-128 | w4a16-wg-swiglu |
-       w4a8-wg | w4a8-wg-m64 | w4a8-wg-m128 | w4a8-wg-ws | w4a8-wg[-m64|-m128|-ws]-cpg2 | w4a8-ss[-n64|-m64] |
+       w4a8-wg | w4a8-wg-m64 | w4a8-wg-m128 | w4a8-wg-ws | w4a8-wg[-m64|-m128|-ws]-cpg2 |
        w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
@@ -193,22 +193,6 @@ def w4a8_wg(bm: int = 16, bn: int = 64, warps: int = 4, ws: bool = False, cpg: i
     return k, types, cx, warps, GluonASTSource, 2 * cpg * bn * 32 // (32 * warps), "QGMMA", "first"
 
 
-def w4a8_ss(bm: int = 128, bn: int = 128, cpg: int = 2):
-    """The W4A8 kernel with both wgmma operands in shared memory (x as A, the chunk's codes converted to e4m3 as
-    B), g128, bm tokens (64 a warpgroup), bn weight rows, 4 stages, split 2: two promotion units per iteration."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from qkernels.kernels._w4a8_wg import _w4a8_ss_kernel as k
-    cx = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=4, SPLIT_K=2, CPG=cpg, PDL=True)
-    xl = "NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)"
-    wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-    types = dict(x_desc=f"tensordesc<fp8e4nv[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", xs_ptr="*fp32",
-                 sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32",
-                 stride_om="i32", ws_ptr="*fp32", cnt_ptr="*i32")
-    warps = 4 * (bm // 64)
-    return k, types, cx, warps, GluonASTSource, 2 * cpg * bn * 32 // (32 * warps), "QGMMA", "first"
-
-
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
          "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gv-intz": w4a16_gv_intz,
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
@@ -216,8 +200,7 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a16-wg-tail": w4a16_wg_tail, "w4a8-wg": w4a8_wg, "w4a8-wg-m64": lambda: w4a8_wg(64),
          "w4a8-wg-m128": lambda: w4a8_wg(128), "w4a8-wg-cpg2": lambda: w4a8_wg(cpg=2),
          "w4a8-wg-m64-cpg2": lambda: w4a8_wg(64, cpg=2), "w4a8-wg-m128-cpg2": lambda: w4a8_wg(128, cpg=2),
-         "w4a8-wg-ws-cpg2": lambda: w4a8_wg(ws=True, cpg=2), "w4a8-ss": w4a8_ss,
-         "w4a8-ss-n64": lambda: w4a8_ss(128, 64), "w4a8-ss-m64": lambda: w4a8_ss(64, 64),
+         "w4a8-wg-ws-cpg2": lambda: w4a8_wg(ws=True, cpg=2),
          "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128),
          "w4a16-gvt-ring": w4a16_gvt_ring,

@@ -75,12 +75,6 @@ def candidates(M, hopper: bool):
             cap = 96 if bm <= 32 else 168
             out.append(dict(path="wg", BLOCK_M=min(bm, 64), BLOCK_N=bn, GROUP_M=8, STAGES=6, num_warps=warps,
                             SPLIT_K=split, MIN_PROGRAMS=mp, WS=True, maxnreg=cap, CPG=2))
-        if bm >= 64:    # both operands in shared memory: x tiles of 64 tokens a warpgroup, the codes as e4m3 B
-            # (6 stages: the ring holds the unit being converted, the one in the tensor cores and one loading)
-            ss = [dict(path="ss", BLOCK_M=tm, BLOCK_N=tn, GROUP_M=8, STAGES=6, num_warps=4 * tm // 64, SPLIT_K=split,
-                       MIN_PROGRAMS=mp, CPG=2) for tm, tn in [(bm, 64), (64, 64), (64, 128)] if tm <= bm
-                  for split, mp in splits[:2]]
-            out[:0] = list({str(c): c for c in ss}.values())
     bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[bucket]
     if M <= 64:      # the weight tile as the MMA's M side first
         for bn, split, stages in itertools.product([64, 128], [4, 1], [4, 3]):
@@ -124,6 +118,7 @@ def main():
     ap.add_argument("--layers", nargs="+", default=["gate|up", "down", "q|k|v", "q, o"])
     ap.add_argument("--ms", nargs="+", type=int, default=[16, 32, 64, 128, 256])
     ap.add_argument("--max-candidates", type=int, default=18)
+    ap.add_argument("--show", action="store_true", help="print every candidate's time")
     a = ap.parse_args()
     dev = torch.device("cuda")
     os.makedirs(a.out, exist_ok=True)
@@ -163,6 +158,8 @@ def main():
                         except Exception as e:
                             print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                             continue
+                        if a.show:
+                            print(f"  {us:8.2f} us {cfg}", flush=True)
                         if best is None or us < best[0]:
                             best = (us, cfg)
                         row.setdefault("w4a8 default", us)

@@ -55,7 +55,7 @@ def test_shipped_tables_are_well_formed(slug):
                 assert cfg["num_warps"] in (4, 8) and cfg["STAGES"] >= 2 and cfg["BLOCK_K"] % 32 == 0, cfg
                 assert cfg["BLOCK_M"] % (16 * cfg["num_warps"]) == 0 and cfg["BLOCK_N"] in (16, 32, 64, 128), cfg
                 assert "path" not in cfg["fallback"], cfg
-            elif cfg.get("path") in ("wg", "ss") and kind == "w4a8-fp8":     # the Gluon FP8 wgmma kernels
+            elif cfg.get("path") == "wg" and kind == "w4a8-fp8":     # the Gluon FP8 wgmma kernel
                 if cfg["path"] == "wg":      # 64 weight rows a warpgroup
                     assert cfg["BLOCK_N"] == 64 * (cfg["num_warps"] // 4) and cfg["num_warps"] in (4, 8), cfg
                 else:                        # 64 tokens a warpgroup

@@ -17,7 +17,7 @@ NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdis
                                   "w4a16-gv-wpt2-intz", "w4a16-gvp", "w4a16-gvt", "w4a16-wg", "w4a16-wg-128",
                                   "w4a16-wg-swiglu", "w4a16-wg-tail",
                                   "w4a16-wg-ws", "w4a16-gvt-ring",
-                                  "w8a8-gvt", "w8a8-gvt-fp8", "w4a8-wg-cpg2", "w4a8-ss-n64"])
+                                  "w8a8-gvt", "w8a8-gvt-fp8", "w4a8-wg-cpg2"])
 def test_sass_count_counts_each_decode_loop(case):
     """Each case compiles, its loop is found and counted, and nothing spills (the wg tail's fix-up once made ptxas
     spill in the main loop)."""

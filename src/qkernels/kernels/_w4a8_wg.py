@@ -131,55 +131,25 @@ def _produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_
 
 
 @gluon.jit
-def _unit(unit, sz, x_ring, c_ring, wbuf, bars, acc, CPG: gl.constexpr, STAGES: gl.constexpr, st: gl.constexpr,
-          ql: gl.constexpr, al: gl.constexpr, SS: gl.constexpr):
-    """Issue promotion unit `unit`'s wgmmas into acc (fresh): the register-A kernel's (_issue) or, SS, the
-    shared-memory kernel's (_ss_unit: ql is then the code bytes' layout)."""
-    if SS:
-        acc = _ss_unit(unit, sz, x_ring, c_ring, wbuf, bars, acc, CPG, STAGES, st, ql)
-    else:
-        acc = _issue(unit, sz, c_ring, x_ring, bars, acc, CPG, STAGES, st, ql, al)
-    return acc
-
-
-@gluon.jit
-def _scale_of(sz, st: gl.constexpr, layout: gl.constexpr, SS: gl.constexpr):
-    """A unit's promotion factor per weight row, in `layout`: the group scale, times 2**9 for the register-A
-    kernel's codes (u * 2**-9)."""
+def _scale_of(sz, st: gl.constexpr, layout: gl.constexpr):
+    """A unit's promotion factor per weight row, in `layout`: the group scale times 2**9 (the codes are u * 2**-9)."""
     s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-    return gl.convert_layout(s if SS else s * 512.0, layout)
+    return gl.convert_layout(s * 512.0, layout)
 
 
 @gluon.jit
-def _promote(tot, acc, a, SS: gl.constexpr):
-    """tot + a unit's sums times their rows' factors a: weight rows are acc's columns with SS, its rows else."""
-    if SS:
-        tot += acc * a[None, :]
-    else:
-        tot += a[:, None] * acc
-    return tot
-
-
-@gluon.jit
-def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, wbuf, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
+def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
               st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, CPG: gl.constexpr,
-              STAGES: gl.constexpr, WS: gl.constexpr, SS: gl.constexpr):
-    """The fp32 total over the slice's chunks (the ring started by the caller, or by the producer warp with WS), in
-    promotion units of CPG chunks (steps: a multiple of CPG): [weight rows, tokens], or [tokens, weight rows] for
-    the shared-memory kernel (SS, wbuf its conversion buffers). Two units per iteration, each with its own
-    accumulator: unit u's wgmmas run while unit u - 1 is promoted, its stages released (with SS that barrier also
-    frees unit u - 1's conversion buffers for unit u + 1) and unit u + 1's codes read; each unit's (scale, zero)
-    words are loaded two units ahead."""
+              STAGES: gl.constexpr, WS: gl.constexpr):
+    """The fp32 total [weight rows, tokens] over the slice's chunks (the ring started by the caller, or by the
+    producer warp with WS), in promotion units of CPG chunks (steps: a multiple of CPG). Two units per iteration,
+    each with its own accumulator: unit u's wgmmas run while unit u - 1 is promoted, its stages released and unit
+    u + 1's codes read; each unit's (scale, zero) words are loaded two units ahead."""
+    NW: gl.constexpr = 4 * CPG          # wgmma groups a unit
+    sl: gl.constexpr = gl.SliceLayout(1, mma)
     BN: gl.constexpr = c_ring.shape[1]
     BM: gl.constexpr = x_ring.shape[1]
-    if SS:
-        NW: gl.constexpr = CPG          # wgmmas a unit
-        sl: gl.constexpr = gl.SliceLayout(0, mma)
-        tot = gl.zeros([BM, BN], gl.float32, layout=mma)
-    else:
-        NW: gl.constexpr = 4 * CPG
-        sl: gl.constexpr = gl.SliceLayout(1, mma)
-        tot = gl.zeros([BN, BM], gl.float32, layout=mma)
+    tot = gl.zeros([BN, BM], gl.float32, layout=mma)
     units = steps // CPG
     acc_b = tot
     a_b = gl.zeros([BN], gl.float32, layout=sl)     # no unit before the first: a zero promotion
@@ -187,29 +157,29 @@ def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, wbuf, bars, empty, steps, s0,
     sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(1, units - 1), GROUP)
     for j in range(units // 2):
         u = 2 * j
-        acc_a = _unit(u, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, ql, al, SS)
-        a_a = _scale_of(sz, st, sl, SS)
+        acc_a = _issue(u, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
+        a_a = _scale_of(sz, st, sl)
         sz = _sz_words(s_p, s0 + CPG * gl.minimum(u + 2, units - 1), GROUP)
         acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
-        tot = _promote(tot, acc_b, a_b, SS)
+        tot += a_b[:, None] * acc_b
         if u >= 1:
             _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u - 1, steps, s0, off_m, off_n, CPG, STAGES, WS)
-        acc_b = _unit(u + 1, sz_b, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, ql, al, SS)
-        a_b = _scale_of(sz_b, st, sl, SS)
+        acc_b = _issue(u + 1, sz_b, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
+        a_b = _scale_of(sz_b, st, sl)
         sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(u + 3, units - 1), GROUP)
         acc_a, acc_b = warpgroup_mma_wait(NW, deps=[acc_a, acc_b])     # unit u + 1's still in flight
-        tot = _promote(tot, acc_a, a_a, SS)
+        tot += a_a[:, None] * acc_a
         _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u, steps, s0, off_m, off_n, CPG, STAGES, WS)
     if units % 2 == 1:
-        acc_a = _unit(units - 1, sz, x_ring, c_ring, wbuf, bars, tot, CPG, STAGES, st, ql, al, SS)
-        a_a = _scale_of(sz, st, sl, SS)
+        acc_a = _issue(units - 1, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
+        a_a = _scale_of(sz, st, sl)
         acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
-        tot = _promote(tot, acc_b, a_b, SS)
+        tot += a_b[:, None] * acc_b
         acc_a = warpgroup_mma_wait(0, deps=[acc_a])
-        tot = _promote(tot, acc_a, a_a, SS)
+        tot += a_a[:, None] * acc_a
     else:
         acc_b = warpgroup_mma_wait(0, deps=[acc_b])
-        tot = _promote(tot, acc_b, a_b, SS)
+        tot += a_b[:, None] * acc_b
     return (tot,)
 
 
@@ -301,8 +271,8 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
         for p in gl.static_range(STAGES):
             mbarrier.init(empty.index(p), count=1)
         tot, = gl.warp_specialize([
-            (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP,
-                         st, mma, ql, al, CPG, STAGES, True, False)),
+            (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP, st, mma,
+                         ql, al, CPG, STAGES, True)),
             (_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES, PDL)),
         ], [1], [24])
         for p in gl.static_range(STAGES):
@@ -311,118 +281,8 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
         _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, True)
         _pdl_wait(PDL)
         _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
-        tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP,
-                         st, mma, ql, al, CPG, STAGES, False, False)
+        tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
+                         ql, al, CPG, STAGES, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
     _finish(tot, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, SPLIT_K, W)
-
-
-# ---------------------------------------------------------------------------------------------
-# SS: both wgmma operands from shared memory, for M >= 64 (configs with "path": "ss"). The register-A kernel above
-# streams each weight tile through one 64-row warpgroup and a -z tile that doubles its tensor work; here the
-# program's warps turn each 64-k chunk of codes into e4m3 (u - z) in shared memory once (exact: integers in
-# [-16, 15]), and x [BLOCK_M tokens, 64] is the wgmma's A operand, that tile its B operand, for BLOCK_M = 64 x
-# warpgroups tokens at once. Promotion units, the ring, the K split and the epilogue are the kernel above's.
-
-
-# one 32-bit word of code bytes ($2: the nibbles of k .. k + 3 and of k + 32 .. k + 35) and (1024 + z) as two
-# fp16 ($3) -> the e4m3 bytes of u - z for k .. k + 3 ($0) and k + 32 .. k + 35 ($1): bytes 0 / 2 and 1 / 3 of a
-# nibble set as fp16 pairs 1024 + u (one LOP3 each), minus 1024 + z (HSUB2, exact), two e4m3 by one cvt, and the
-# two pairs' bytes back in order (PRMT): 2 instructions a weight, against 5 through fp32
-_U_MINUS_Z: gl.constexpr = gl.constexpr("""{
-.reg .b32 t, a, b, c;
-.reg .b16 p, q;
-lop3.b32 a, $2, 0x000F000F, 0x64006400, 0xEA;
-shr.u32 t, $2, 8;
-lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 a, a, $3;
-sub.f16x2 b, b, $3;
-cvt.rn.satfinite.e4m3x2.f16x2 p, a;
-cvt.rn.satfinite.e4m3x2.f16x2 q, b;
-mov.b32 c, {p, q};
-prmt.b32 $0, c, 0, 0x3120;
-shr.u32 t, $2, 4;
-lop3.b32 a, t, 0x000F000F, 0x64006400, 0xEA;
-shr.u32 t, $2, 12;
-lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 a, a, $3;
-sub.f16x2 b, b, $3;
-cvt.rn.satfinite.e4m3x2.f16x2 p, a;
-cvt.rn.satfinite.e4m3x2.f16x2 q, b;
-mov.b32 c, {p, q};
-prmt.b32 $1, c, 0, 0x3120;
-}""")
-
-
-@gluon.jit
-def _ss_convert(codes, wb, z, cl: gl.constexpr):
-    """Code bytes [BN, 32] (k and k + 32 of the chunk in one byte) -> wb [BN, 64] e4m3 of u - z (z [BN] int32; cl:
-    the bytes' layout, 8 consecutive a thread)."""
-    ql: gl.constexpr = _quads_layout(gl.to_linear_layout(cl, [codes.shape[0], BK // 2]))
-    BN: gl.constexpr = codes.shape[0]
-    w = codes._reinterpret(gl.int32, [BN, BK // 8], codes.layout).load(ql)
-    zz = gl.convert_layout((z + 0x6400) * 0x10001, gl.SliceLayout(1, ql))
-    lo, hi = gl.inline_asm_elementwise(asm=_U_MINUS_Z, constraints="=r,=r,r,r",
-                                       args=[w, zz[:, None] + gl.zeros([BN, BK // 8], gl.int32, layout=ql)],
-                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    wb.slice(0, BK // 2, dim=1).store(_bytes_of(lo, cl, gl.float8e4nv))
-    wb.slice(BK // 2, BK // 2, dim=1).store(_bytes_of(hi, cl, gl.float8e4nv))
-
-
-@gluon.jit
-def _ss_unit(unit, sz, x_ring, c_ring, wbuf, bars, acc, CPG: gl.constexpr, STAGES: gl.constexpr, st: gl.constexpr,
-             cl: gl.constexpr):
-    """Convert and issue promotion unit `unit`'s chunks into acc (fresh): per chunk, wait for its stage, write its
-    e4m3 weight tile into conversion buffer chunk % (2 CPG) (free: the wgmmas that read it two units ago are done
-    and every warp is past their wait), then one wgmma x [BLOCK_M, 64] @ tile.T."""
-    z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32).to(gl.int32)
-    for i in gl.static_range(CPG):
-        chunk = unit * CPG + i
-        stage = chunk % STAGES
-        mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
-        wb = wbuf.index(chunk % (2 * CPG))
-        _ss_convert(c_ring.index(stage), wb, z, cl)
-        fence_async_shared()        # the generic-proxy stores before the wgmma's async-proxy reads
-        gl.thread_barrier()         # every warp's part of the tile
-        acc = warpgroup_mma(x_ring.index(stage), wb.permute((1, 0)), acc, use_acc=i > 0, is_async=True)
-    return acc
-
-
-@gluon.jit
-def _w4a8_ss_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
-                    cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
-                    CPG: gl.constexpr = 1, PDL: gl.constexpr = False):
-    """out [M, N] = (x_q @ W.T) * x_scale (+ bias), as _w4a8_wg_kernel computes it (same arguments), with x tiles
-    [BLOCK_M, 64] as the wgmma's A operand (BLOCK_M = 64 x warpgroups) and the weight's [BLOCK_N, 64] chunk,
-    converted to e4m3 (u - z) in shared memory, as its B operand (BLOCK_N: 32..256, a multiple of 32)."""
-    W: gl.constexpr = gl.num_warps()
-    st: gl.constexpr = sz_ptr.dtype.element_ty
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 32])
-    cl: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [W, 1], [1, 0])          # code bytes [BLOCK_N, 32]
-    rl: gl.constexpr = gl.SliceLayout(1, cl)
-
-    off_m, off_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = (off_n + gl.arange(0, BLOCK_N, layout=rl)) % N
-    s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
-    s0, steps = _k_slice(K, CPG, SPLIT_K)
-
-    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
-    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
-    wbuf = gl.allocate_shared_memory(gl.float8e4nv, [2 * CPG, BLOCK_N, BK], x_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for p in gl.static_range(STAGES):
-        mbarrier.init(bars.index(p), count=1)
-    _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, True)
-    _pdl_wait(PDL)
-    _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
-
-    tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, wbuf, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
-                     cl, cl, CPG, STAGES, False, True)
-    for p in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(p))
-
-    # out.T's orientation: the other kernel's epilogue
-    _finish(gl.permute(tot, (1, 0)), xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om,
-            HAS_BIAS, SPLIT_K, W)

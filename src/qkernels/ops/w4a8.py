@@ -36,8 +36,7 @@ DEFAULT_CONFIGS = {   # SWAP: the weight tile as the MMA's M side (H200 sweep, b
 # config under "fallback" runs where it does not (other GPUs, float zero points). BLOCK_N: 64 per warpgroup. WS: a
 # producer warp issues the copies (then "maxnreg" caps the registers, which it otherwise takes all of: one program
 # an SM). CPG: 64-k chunks per accumulator promotion (2: once per 128-k group; needs STAGES >= 4, and runs as 1
-# where the group is 64). "path": "ss" (same arguments): both wgmma operands from shared memory, the codes turned
-# into e4m3 there, BLOCK_M = 64 tokens a warpgroup (num_warps = BLOCK_M / 16); for M >= 64, in no table yet.
+# where the group is 64).
 WG_CONFIGS = {
     16: dict(path="wg", BLOCK_M=16, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
     32: dict(path="wg", BLOCK_M=32, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, SPLIT_K=4, MIN_PROGRAMS=528),
@@ -53,8 +52,6 @@ def _kernel(path: str):
     if path not in _KERNEL:      # imported on first use: `import qkernels` compiles and touches nothing
         if path == "wg":
             from ..kernels._w4a8_wg import _w4a8_wg_kernel as k
-        elif path == "ss":
-            from ..kernels._w4a8_wg import _w4a8_ss_kernel as k
         else:
             from ..kernels._w4a8 import _w4a8_kernel as k
         _KERNEL[path] = k
@@ -122,18 +119,17 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     ensure_context(out.device)
     x_desc = desc.from_tensor(xq, [cfg["BLOCK_M"], 64], xl)
     w_desc = desc.from_tensor(qweight, [cfg["BLOCK_N"], 32], wl)
-    extra = dict(WS=cfg.get("WS", False)) if cfg["path"] == "wg" else {}
     launch(_kernel(cfg["path"]), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out,
            out, M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size,
            HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"],
-           STAGES=cfg["STAGES"], SPLIT_K=split, CPG=cpg, num_warps=cfg["num_warps"], **extra,
+           STAGES=cfg["STAGES"], SPLIT_K=split, CPG=cpg, WS=cfg.get("WS", False), num_warps=cfg["num_warps"],
            **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}), **pdl)
     return out
 
 
 def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
          bias: torch.Tensor | None, group_size: int, out: torch.Tensor, cfg: dict, int_zeros: bool) -> torch.Tensor:
-    if cfg.get("path") in ("wg", "ss"):
+    if cfg.get("path") == "wg":
         if wg_runs(out.device, int_zeros) and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0:
             return _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg)
         cfg = cfg.get("fallback") or DEFAULT_CONFIGS[_bucket(xq.shape[0])]
