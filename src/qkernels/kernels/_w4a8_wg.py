@@ -286,3 +286,198 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
     _finish(tot, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, SPLIT_K, W)
+
+
+# ---------------------------------------------------------------------------------------------
+# WC: the conversion in warps of its own, for M >= 64 (configs with "path": "wc"). The register-A kernel above makes
+# each warpgroup wait for its own conversion before its wgmmas; here three partitions of one program hand buffers
+# over through mbarriers: a producer warp (TMA: code bytes and x into the ring, as WS's), a converter warpgroup that
+# turns each 64-k chunk of codes into e4m3 u - z (exact: integers in [-16, 15]) in a ring of WST conversion buffers,
+# and the consumer warpgroup: x tiles [64 tokens, 64] as the wgmma's A operand, the converted chunk as its B operand,
+# both from shared memory, no -z tile, promotion units as above.
+
+
+# one 32-bit word of code bytes ($2: the nibbles of k .. k + 3 and of k + 32 .. k + 35) and (1024 + z) as two
+# fp16 ($3) -> the e4m3 bytes of u - z for k .. k + 3 ($0) and k + 32 .. k + 35 ($1): bytes 0 / 2 and 1 / 3 of a
+# nibble set as fp16 pairs 1024 + u (one LOP3 each), minus 1024 + z (HSUB2, exact), two e4m3 by one cvt, and the
+# two pairs' bytes back in order (PRMT): 2 instructions a weight, against 5 through fp32
+_U_MINUS_Z: gl.constexpr = gl.constexpr("""{
+.reg .b32 t, a, b, c;
+.reg .b16 p, q;
+lop3.b32 a, $2, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $2, 8;
+lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, $3;
+sub.f16x2 b, b, $3;
+cvt.rn.satfinite.e4m3x2.f16x2 p, a;
+cvt.rn.satfinite.e4m3x2.f16x2 q, b;
+mov.b32 c, {p, q};
+prmt.b32 $0, c, 0, 0x3120;
+shr.u32 t, $2, 4;
+lop3.b32 a, t, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $2, 12;
+lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, $3;
+sub.f16x2 b, b, $3;
+cvt.rn.satfinite.e4m3x2.f16x2 p, a;
+cvt.rn.satfinite.e4m3x2.f16x2 q, b;
+mov.b32 c, {p, q};
+prmt.b32 $1, c, 0, 0x3120;
+}""")
+
+
+@gluon.jit
+def _sz_rows(sz_ptr, off_n, N, stride_sn, layout: gl.constexpr, BN: gl.constexpr):
+    """Pointers to the (scale, zero) words of the tile's BN weight rows (wrapped past N), in `layout`."""
+    rows = (off_n + gl.arange(0, BN, layout=layout)) % N
+    return sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
+
+
+@gluon.jit
+def _wc_convert(sz_ptr, off_n, N, stride_sn, c_ring, wbuf, bars, empty, wfull, wempty, steps, s0,
+                GROUP: gl.constexpr, st: gl.constexpr, CPG: gl.constexpr, STAGES: gl.constexpr, WST: gl.constexpr):
+    """The converter warpgroup: each chunk's code bytes [BN, 32] (k and k + 32 in one byte) -> conversion buffer
+    chunk % WST as e4m3 [BN, 64] of u - z, once the consumer is done with what it held; then the ring stage's code
+    half is handed back to the producer."""
+    BN: gl.constexpr = c_ring.shape[1]
+    cl: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])          # code bytes [BN, 32]
+    ql: gl.constexpr = _quads_layout(gl.to_linear_layout(cl, [BN, BK // 2]))
+    s_p = _sz_rows(sz_ptr, off_n, N, stride_sn, gl.SliceLayout(1, ql), BN)
+    sz = _sz_words(s_p, s0, GROUP)
+    for c in range(steps):
+        z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32).to(gl.int32)
+        zz = (z + 0x6400) * 0x10001                    # 1024 + z as two fp16
+        sz = _sz_words(s_p, s0 + gl.minimum(c + 1, steps - 1), GROUP)
+        stage = c % STAGES
+        slot = c % WST
+        mbarrier.wait(bars.index(stage), (c // STAGES) & 1)
+        mbarrier.wait(wempty.index(slot), ((c // WST) & 1) ^ 1)
+        w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
+        lo, hi = gl.inline_asm_elementwise(asm=_U_MINUS_Z, constraints="=r,=r,r,r",
+                                           args=[w, zz[:, None] + gl.zeros([BN, BK // 8], gl.int32, layout=ql)],
+                                           dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        wb = wbuf.index(slot)
+        wb.slice(0, BK // 2, dim=1).store(_bytes_of(lo, cl, gl.float8e4nv))
+        wb.slice(BK // 2, BK // 2, dim=1).store(_bytes_of(hi, cl, gl.float8e4nv))
+        fence_async_shared()        # the generic-proxy stores before the wgmma's async-proxy reads
+        gl.thread_barrier()         # every warp's rows stored (and the codes read) before the one arrival
+        mbarrier.arrive(wfull.index(slot), count=1)
+        mbarrier.arrive(empty.index(stage), count=1)
+
+
+@gluon.jit
+def _wc_unit(u, x_ring, wbuf, bars, wfull, acc, CPG: gl.constexpr, STAGES: gl.constexpr, WST: gl.constexpr):
+    """Issue promotion unit u's wgmmas (x [BLOCK_M, 64] @ converted chunk.T, CPG chunks) into acc (fresh), each once
+    its x stage and conversion buffer are full."""
+    for i in gl.static_range(CPG):
+        c = u * CPG + i
+        mbarrier.wait(bars.index(c % STAGES), (c // STAGES) & 1)
+        mbarrier.wait(wfull.index(c % WST), (c // WST) & 1)
+        acc = warpgroup_mma(x_ring.index(c % STAGES), wbuf.index(c % WST).permute((1, 0)), acc, use_acc=i > 0,
+                            is_async=True)
+    return acc
+
+
+@gluon.jit
+def _wc_free(u, empty, wempty, CPG: gl.constexpr, STAGES: gl.constexpr, WST: gl.constexpr):
+    """Unit u's wgmmas are done in every consumer warp: its x stages and conversion buffers handed back."""
+    gl.thread_barrier()
+    for i in gl.static_range(CPG):
+        c = u * CPG + i
+        mbarrier.arrive(empty.index(c % STAGES), count=1)
+        mbarrier.arrive(wempty.index(c % WST), count=1)
+
+
+@gluon.jit
+def _wc_scale(s_p, chunk, GROUP: gl.constexpr, st: gl.constexpr, layout: gl.constexpr):
+    """The group scales of K chunk `chunk` for the tile's rows (loaded one row a thread), in `layout`."""
+    sz = _sz_words(s_p, chunk, GROUP)
+    return gl.convert_layout((sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32), layout)
+
+
+@gluon.jit
+def _wc_consume(sz_ptr, off_n, N, stride_sn, x_ring, wbuf, bars, empty, wfull, wempty, steps, s0,
+                GROUP: gl.constexpr, st: gl.constexpr, mma: gl.constexpr, CPG: gl.constexpr, STAGES: gl.constexpr,
+                WST: gl.constexpr):
+    """The consumer warpgroups: per promotion unit, CPG wgmmas into a fresh accumulator [BLOCK_M tokens, BN rows];
+    two units an iteration, each with its own accumulator: unit u's run while unit u - 1's is promoted with its
+    group scales and its buffers handed back (x stages to the producer, conversion buffers to the converter)."""
+    BN: gl.constexpr = wbuf.shape[1]
+    BM: gl.constexpr = x_ring.shape[1]
+    sl: gl.constexpr = gl.SliceLayout(0, mma)
+    s_p = _sz_rows(sz_ptr, off_n, N, stride_sn, gl.BlockedLayout([1], [32], [gl.num_warps()], [0]), BN)
+    tot = gl.zeros([BM, BN], gl.float32, layout=mma)
+    units = steps // CPG
+    acc_b = tot
+    a_b = gl.zeros([BN], gl.float32, layout=sl)     # no unit before the first: a zero promotion
+    for j in range(units // 2):
+        u = 2 * j
+        acc_a = _wc_unit(u, x_ring, wbuf, bars, wfull, tot, CPG, STAGES, WST)
+        a_a = _wc_scale(s_p, s0 + u * CPG, GROUP, st, sl)
+        acc_b, acc_a = warpgroup_mma_wait(CPG, deps=[acc_b, acc_a])
+        tot += acc_b * a_b[None, :]
+        if u >= 1:
+            _wc_free(u - 1, empty, wempty, CPG, STAGES, WST)
+        acc_b = _wc_unit(u + 1, x_ring, wbuf, bars, wfull, tot, CPG, STAGES, WST)
+        a_b = _wc_scale(s_p, s0 + (u + 1) * CPG, GROUP, st, sl)
+        acc_a, acc_b = warpgroup_mma_wait(CPG, deps=[acc_a, acc_b])
+        tot += acc_a * a_a[None, :]
+        _wc_free(u, empty, wempty, CPG, STAGES, WST)
+    if units % 2 == 1:
+        acc_a = _wc_unit(units - 1, x_ring, wbuf, bars, wfull, tot, CPG, STAGES, WST)
+        a_a = _wc_scale(s_p, s0 + (units - 1) * CPG, GROUP, st, sl)
+        acc_b, acc_a = warpgroup_mma_wait(CPG, deps=[acc_b, acc_a])
+        tot += acc_b * a_b[None, :]
+        acc_a = warpgroup_mma_wait(0, deps=[acc_a])
+        tot += acc_a * a_a[None, :]
+    else:
+        acc_b = warpgroup_mma_wait(0, deps=[acc_b])
+        tot += acc_b * a_b[None, :]
+    return (tot,)
+
+
+@gluon.jit
+def _w4a8_wc_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, stride_sn, stride_om, ws_ptr,
+                    cnt_ptr, GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr = 1,
+                    CPG: gl.constexpr = 1, WST: gl.constexpr = 2, PDL: gl.constexpr = False):
+    """out [M, N] = (x_q @ W.T) * x_scale (+ bias), as _w4a8_wg_kernel computes it (same arguments; BLOCK_M = 64 x
+    consumer warpgroups, num_warps = BLOCK_M / 16; BLOCK_N 32..256 weight rows, a multiple of 32), its three
+    partitions as the section's comment says. The ring's `empty` barriers take two arrivals a stage (its codes
+    converted, its x read by the wgmmas); the conversion buffers have their own full / empty pair."""
+    W: gl.constexpr = gl.num_warps()
+    st: gl.constexpr = sz_ptr.dtype.element_ty
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 32])
+
+    off_m, off_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    s0, steps = _k_slice(K, CPG, SPLIT_K)
+
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
+    c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
+    wbuf = gl.allocate_shared_memory(gl.float8e4nv, [WST, BLOCK_N, BK], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    wfull = gl.allocate_shared_memory(gl.int64, [WST, 1], mbarrier.MBarrierLayout())
+    wempty = gl.allocate_shared_memory(gl.int64, [WST, 1], mbarrier.MBarrierLayout())
+    for p in gl.static_range(STAGES):
+        mbarrier.init(bars.index(p), count=1)
+        mbarrier.init(empty.index(p), count=2)
+    for p in gl.static_range(WST):
+        mbarrier.init(wfull.index(p), count=1)
+        mbarrier.init(wempty.index(p), count=1)
+    tot, = gl.warp_specialize([
+        (_wc_consume, (sz_ptr, off_n, N, stride_sn, x_ring, wbuf, bars, empty, wfull, wempty, steps, s0, GROUP, st,
+                       mma, CPG, STAGES, WST)),
+        (_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES, PDL)),
+        (_wc_convert, (sz_ptr, off_n, N, stride_sn, c_ring, wbuf, bars, empty, wfull, wempty, steps, s0, GROUP, st,
+                       CPG, STAGES, WST)),
+    ], [1, 4], [24, 96])
+    for p in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(p))
+        mbarrier.invalidate(empty.index(p))
+    for p in gl.static_range(WST):
+        mbarrier.invalidate(wfull.index(p))
+        mbarrier.invalidate(wempty.index(p))
+    # out.T's orientation: the register-A kernel's epilogue
+    _finish(gl.permute(tot, (1, 0)), xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om,
+            HAS_BIAS, SPLIT_K, W)
