@@ -7,7 +7,7 @@ lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at
 
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
        w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-128 | w4a16-wg-swiglu |
-       w4a8-wg | w4a8-wg-m64 | w4a8-wg-m128 | w4a8-wg-ws | w4a8-wg[-m64|-m128|-ws]-cpg2 | w4a8-wc[-n64|-n256] |
+       w4a8-wg | w4a8-wg-m64 | w4a8-wg-m128 | w4a8-wg-ws | w4a8-wg[-m64|-m128|-ws]-cpg2 |
        w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
@@ -193,18 +193,6 @@ def w4a8_wg(bm: int = 16, bn: int = 64, warps: int = 4, ws: bool = False, cpg: i
     return k, types, cx, warps, GluonASTSource, 2 * cpg * bn * 32 // (32 * warps), "QGMMA", "first"
 
 
-def w4a8_wc(bn: int = 128, cpg: int = 2, wst: int = 4, bm: int = 64):
-    """The W4A8 kernel with the conversion in a warpgroup of its own (path wc): bm tokens (64 a consumer
-    warpgroup) x bn weight rows, g128, 6 stages, split 2; the consumers' loop (one promotion unit an iteration)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from qkernels.kernels._w4a8_wg import _w4a8_wc_kernel as k
-    k_, types, cx, warps, source, _, *loop = w4a8_wg(bm, bn, 4, cpg=cpg)
-    cx = dict(GROUP=128, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=6, SPLIT_K=2, CPG=cpg, WST=wst,
-              PDL=True)
-    return k, types, cx, bm // 16, GluonASTSource, cpg * bn * 32 // (2 * bm), "QGMMA", "first"
-
-
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
          "w4a16-gv-wpt2": w4a16_gv_wpt2, "w4a16-gv-intz": w4a16_gv_intz,
          "w4a16-gv-wpt2-intz": lambda: w4a16_gv_intz(True), "w4a16-gvp": w4a16_gvp, "w4a16-gvt": w4a16_gvt,
@@ -213,9 +201,7 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a8-wg-m128": lambda: w4a8_wg(128), "w4a8-wg-cpg2": lambda: w4a8_wg(cpg=2),
          "w4a8-wg-m64-cpg2": lambda: w4a8_wg(64, cpg=2), "w4a8-wg-m128-cpg2": lambda: w4a8_wg(128, cpg=2),
          "w4a8-wg-ws-cpg2": lambda: w4a8_wg(ws=True, cpg=2),
-         "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a8-wc": w4a8_wc, "w4a8-wc-n64": lambda: w4a8_wc(64),
-         "w4a8-wc-m128-n64": lambda: w4a8_wc(64, bm=128),
-         "w4a8-wc-n256": lambda: w4a8_wc(256), "w4a16-wg-ws": w4a16_wg_ws,
+         "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128),
          "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}

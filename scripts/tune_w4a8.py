@@ -75,10 +75,6 @@ def candidates(M, hopper: bool):
             cap = 96 if bm <= 32 else 168
             out.append(dict(path="wg", BLOCK_M=min(bm, 64), BLOCK_N=bn, GROUP_M=8, STAGES=6, num_warps=warps,
                             SPLIT_K=split, MIN_PROGRAMS=mp, WS=True, maxnreg=cap, CPG=2))
-        if bm >= 64:    # the conversion in a warpgroup of its own (wc), first: 64 tokens a consumer warpgroup
-            out[:0] = [dict(path="wc", BLOCK_M=tm, BLOCK_N=64, GROUP_M=8, STAGES=6, num_warps=tm // 16,
-                            SPLIT_K=split, MIN_PROGRAMS=mp, CPG=2, WST=4)
-                       for tm in ([128, 64] if bm >= 128 else [64]) for split, mp in splits[:2]]
     bms = {16: [16], 32: [32, 16], 64: [64, 32], 128: [64, 128], 256: [128, 64]}[bucket]
     if M <= 64:      # the weight tile as the MMA's M side first
         for bn, split, stages in itertools.product([64, 128], [4, 1], [4, 3]):

@@ -171,25 +171,6 @@ def test_wg_tiles(bm, bn, warps, ws, cpg):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
-@pytest.mark.parametrize("M", [17, 64, 100, 129, 256])
-@pytest.mark.parametrize("N, K, group, symmetric, dtype, bias", [
-    (4096, 2048, 128, False, torch.float16, False),
-    (1000, 4160, 64, True, torch.bfloat16, True),          # N past a tile edge, an odd number of 64-k chunks
-    (768, 1024, -1, False, torch.float16, True),           # per channel
-])
-@pytest.mark.parametrize("bm, bn, cpg, stages, wst", [(64, 64, 2, 6, 4), (128, 64, 1, 3, 2), (64, 32, 2, 4, 2)])
-def test_wc_matches_twin(M, N, K, group, symmetric, dtype, bias, bm, bn, cpg, stages, wst):
-    """The kernel with the conversion in a warpgroup of its own (path "wc": producer warp, converter warpgroup,
-    consumer warpgroups handing buffers over through mbarriers), with and without a K split; (64, 32, 2, 4, 2): too
-    few conversion buffers for two units, so promotion per chunk."""
-    x, pw, b = _case(N, K, group, symmetric, M, dtype, bias, seed=M + N + bm + bn)
-    cfg = dict(path="wc", BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=stages, num_warps=bm // 16, CPG=cpg, WST=wst)
-    _check(x, pw, b, dict(cfg, SPLIT_K=1))
-    _check(x, pw, b, dict(cfg, SPLIT_K=3, MIN_PROGRAMS=10 ** 9))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90's")
 def test_wg_zero_points_at_the_ends():
     """Zero points 0 and 16 (GPTQ's stored-minus-one zeros reach 2**bits): -z is an exact e4m3 tile for both."""
     g = torch.Generator().manual_seed(4)
@@ -202,7 +183,6 @@ def test_wg_zero_points_at_the_ends():
     assert pw.int_zeros
     x = torch.randn(24, K, generator=g).to(DEVICE, torch.float16)
     _check(x, pw, None, _wg(24))
-    _check(x, pw, None, dict(path="wc", BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=4, num_warps=4, CPG=2, WST=4))
 
 
 @pytest.mark.gpu

@@ -52,8 +52,6 @@ def _kernel(path: str):
     if path not in _KERNEL:      # imported on first use: `import qkernels` compiles and touches nothing
         if path == "wg":
             from ..kernels._w4a8_wg import _w4a8_wg_kernel as k
-        elif path == "wc":
-            from ..kernels._w4a8_wg import _w4a8_wc_kernel as k
         else:
             from ..kernels._w4a8 import _w4a8_kernel as k
         _KERNEL[path] = k
@@ -112,10 +110,8 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     N = qweight.shape[0]
     tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     cpg = cfg.get("CPG", 1)
-    wc = cfg["path"] == "wc"
-    if (K % (64 * cpg) or (group_size != PER_CHANNEL and group_size % (64 * cpg)) or cfg["STAGES"] < 2 * cpg
-            or (wc and cfg.get("WST", 2) < 2 * cpg)):
-        cpg = 1         # a promotion unit spans whole groups, the ring (and wc's conversion buffers) two units
+    if K % (64 * cpg) or (group_size != PER_CHANNEL and group_size % (64 * cpg)) or cfg["STAGES"] < 2 * cpg:
+        cpg = 1         # a promotion unit spans whole groups, the ring two units
     split = k_splits(cfg.get("SPLIT_K", 1), K // (64 * cpg), tiles, cfg.get("MIN_PROGRAMS"))
     ws, cnt = (out, out) if split == 1 else splitk_scratch(out.device, split * M * N, tiles)
     pdl = pdl_options(out.device) if cfg.get("PDL", True) else {}
@@ -126,15 +122,14 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     launch(_kernel(cfg["path"]), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out,
            out, M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size,
            HAS_BIAS=bias is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg["GROUP_M"],
-           STAGES=cfg["STAGES"], SPLIT_K=split, CPG=cpg, num_warps=cfg["num_warps"],
-           **(dict(WST=max(2, cfg.get("WST", 2))) if wc else dict(WS=cfg.get("WS", False))),
+           STAGES=cfg["STAGES"], SPLIT_K=split, CPG=cpg, WS=cfg.get("WS", False), num_warps=cfg["num_warps"],
            **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}), **pdl)
     return out
 
 
 def _run(xq: torch.Tensor, xs: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
          bias: torch.Tensor | None, group_size: int, out: torch.Tensor, cfg: dict, int_zeros: bool) -> torch.Tensor:
-    if cfg.get("path") in ("wg", "wc"):
+    if cfg.get("path") == "wg":
         if wg_runs(out.device, int_zeros) and qweight.data_ptr() % 16 == 0 and qweight.stride(0) % 16 == 0:
             return _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg)
         cfg = cfg.get("fallback") or DEFAULT_CONFIGS[_bucket(xq.shape[0])]
