@@ -9,7 +9,8 @@ tc kernel at M=1), gv1 / gv1-ring (the paired-fp16 GEMV at M=1: its default conf
 3-stage async-copy ring), gvt1 / gvt16
 (the tensor-core GEMV at M=1, 16), gvt8 (its 8-bit codes at M=1), wo128, w8 (W8A16 M=1),
 wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 / fp16-32 / fp16-64 (cuBLAS), int8 (core
-GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096). Shape N x K: 14336 x 4096
+GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096), w4a8-16 / w4a8-64 / w4a8-128
+(w4a8_linear at those M). Shape N x K: 14336 x 4096
 unless --nk says otherwise.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import qkernels  # noqa: E402
+from qkernels.ops import w4a8  # noqa: E402
 from qkernels.ops import weight_only as WO  # noqa: E402
 
 
@@ -74,6 +76,10 @@ def cases(n: int, k: int, dev: str = "cuda"):
         "fp16-16": lambda: torch.nn.functional.linear(xs[16], w),
         "int8": lambda: (qkernels.int8_matmul(a8, w8.t()), torch._int_mm(a8, w8.t())),
         "w8a8": lambda: qkernels.w8a8_linear(xs[4096], w8, ws),
+        # W4A8-FP8 (the op: this GPU's table config for the shape, or its M bucket's) at batched decode
+        "w4a8-16": lambda: w4a8.w4a8_linear(xs[16], pw4),
+        "w4a8-64": lambda: w4a8.w4a8_linear(xs[64], pw4),
+        "w4a8-128": lambda: w4a8.w4a8_linear(xs[128], pw4),
     }
 
 
