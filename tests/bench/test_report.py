@@ -48,6 +48,22 @@ def test_batched_runtime_targets_per_model(tmp_path):
     assert "- batch 64: W4A16 ≥ 1.8x the fp16 runtime: 1.50x — **not met**" in text
 
 
+def test_w4a8_runtime_beside_gemlite_in_the_hf_fast_path(tmp_path):
+    """W4A8's runtime rows against gemlite's A8W4 FP8 layers run in the Hugging Face model's fast path, per batch."""
+    root = tmp_path / "results"
+    hf = "HF static cache + torch.compile"
+    dec = lambda p, s, b, tps: dict(op="decode", provider=p, model="llama3-8b", scheme=s, batch=b,  # noqa
+                                    ctx=128, tokens_per_s=tps, bw_share=0.5, capture_s=1.0)
+    rows = [dec("qkernels runtime", "fp16", 1, 100.0), dec("qkernels runtime", "w4a8-fp8", 16, 1200.0),
+            dec(hf, "gemlite-w4a8-fp8", 16, 1000.0), dec("qkernels runtime", "w4a8-fp8", 64, 1800.0),
+            dec(hf, "gemlite-w4a8-fp8", 64, 2000.0), dec(hf, "fp16", 1, 90.0)]
+    _write(root, "h200", "runtime", rows)
+    text = report.build(root)
+    assert "- batch 16: W4A8 runtime ≥ gemlite's A8W4 FP8 in the Hugging Face fast path: 1.20x — met" in text
+    assert "- batch 64: W4A8 runtime ≥ gemlite's A8W4 FP8 in the Hugging Face fast path: 0.90x — **not met**" in text
+    assert "- batch 1: W4A8 runtime ≥ gemlite" not in text        # no rows at batch 1: no line
+
+
 def test_decode_gemv_table_and_targets(tmp_path):
     root = tmp_path / "results"
     row = lambda p, shape, M, us, share, k=1.0: dict(  # noqa: E731

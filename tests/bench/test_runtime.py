@@ -99,3 +99,19 @@ def test_critical_us_counts_what_each_kernel_adds_to_the_end():
     got = critical_us(spans)
     assert got == {"gemv": 15.0, "attn": 4.0, "norm": 0.0}
     assert sum(got.values()) == 10.0 + 4.0 + 5.0
+
+
+def test_a_peer_this_machine_lacks_is_a_clear_error_for_the_hf_path():
+    """The Hugging Face path's gemlite scheme on a machine without gemlite (or without an FP8 GPU): a RuntimeError
+    naming what is missing, which bench runtime reports as a skipped scheme."""
+    import importlib.util
+
+    import torch
+
+    from qkernels.bench.runtime import _hf_converted
+    if importlib.util.find_spec("gemlite") is not None:
+        pytest.skip("gemlite is installed here: the GPU run measures it")
+    hf = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False))
+    hf.get_output_embeddings = lambda: None
+    with pytest.raises(RuntimeError, match="gemlite-w4a8-fp8 needs gemlite's A8W4_HQQ_INT_dynamic"):
+        _hf_converted(hf, "gemlite-w4a8-fp8")

@@ -276,6 +276,11 @@ def _runtime_targets(dec, fp16, rows) -> list[str]:
     if tok("w8a8", 1, hf) and tok("fp16", 1, hf):
         x = tok("w8a8", 1, hf) / tok("fp16", 1, hf)
         line("Hugging Face path: W8A8 ≥ 1.4x its fp16", f"{_num(x, 1.4)}x", x >= 1.4)
+    for b in (1, 16, 64):     # W4A8's peer as its users run it: gemlite's A8W4 FP8 layers in the HF model
+        if tok("w4a8-fp8", b) and tok("gemlite-w4a8-fp8", b, hf):
+            x = tok("w4a8-fp8", b) / tok("gemlite-w4a8-fp8", b, hf)
+            line(f"batch {b}: W4A8 runtime ≥ gemlite's A8W4 FP8 in the Hugging Face fast path", f"{_num(x, 1.0)}x",
+                 x >= 1.0)
     caps = [r.get("capture_s", 0) for r in dec.values() if r.get("capture_s") is not None]
     if caps:
         line("decode-step capture ≤ 60 s", f"{max(caps):.1f} s", max(caps) <= 60)

@@ -57,9 +57,11 @@ SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8", "w4a8-fp8
 # the HF model's own decode step through its documented fast path (static cache, forward compiled with
 # mode="reduce-overhead"): fp16, our schemes through quantize_, and PyTorch's int4 weight-only kernel (tinygemm,
 # what torchao's int4 weight-only runs; bf16 model) swapped in for every linear but lm_head, as a torchao user's
-# model runs it
+# model runs it; gemlite's A8W4 FP8 layer (4-bit g128 codes, activations to e4m3 per token: W4A8's peer) the same
+# way on the fp16 model, on an FP8 GPU, at the batches W4A8 is for as well
 HF_PATH = "HF static cache + torch.compile"
-HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4")
+HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4", "gemlite-w4a8-fp8")
+HF_BATCHES = {"gemlite-w4a8-fp8": (1, 16, 64)}      # the others: batch 1
 PROFILED = ("fp16", "w4a16", "w8a8")          # the schemes whose batch-1 decode step is profiled per kernel
 PROFILED_HF = ("w4a16", "tinygemm-int4")      # and those of the Hugging Face path
 PROMPT, CTX = 2048, 128
@@ -83,21 +85,33 @@ class _TinygemmLinear(torch.nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
+def _gemlite_w4a8(lin: torch.nn.Linear):
+    """gemlite's A8W4 FP8 layer (A8W4_HQQ_INT_dynamic) on `lin`'s weight as 4-bit g128 asymmetric codes."""
+    from .peers import peers
+    found, missing = peers(lin, lin.weight.device, ["w4a8 fp8"])
+    if "gemlite w4a8 fp8 g128" not in found or lin.bias is not None:
+        raise RuntimeError("gemlite-w4a8-fp8 needs gemlite's A8W4_HQQ_INT_dynamic, an FP8 GPU and linears without "
+                           f"bias ({'; '.join(missing) or 'a linear has a bias'})")
+    return found["gemlite w4a8 fp8 g128"][0]()
+
+
 def _hf_converted(hf, scheme: str):
-    """A converted copy of the fp16 HF model: quantize_ for our schemes (lm_head stays fp16), every linear but
-    lm_head on tinygemm for "tinygemm-int4" (bf16 model)."""
+    """A converted copy of the fp16 HF model: quantize_ for our schemes (lm_head stays fp16); every linear but
+    lm_head on tinygemm for "tinygemm-int4" (bf16 model), on gemlite's A8W4 FP8 layer for "gemlite-w4a8-fp8"."""
     import copy
     m = copy.deepcopy(hf)
-    if scheme != "tinygemm-int4":
+    if scheme not in ("tinygemm-int4", "gemlite-w4a8-fp8"):
         from ..nn.convert import quantize_
         quantize_(m, scheme, progress=False)
         return m
-    m = m.to(torch.bfloat16)
+    if scheme == "tinygemm-int4":
+        m = m.to(torch.bfloat16)
+    swap = _TinygemmLinear if scheme == "tinygemm-int4" else _gemlite_w4a8
     head = m.get_output_embeddings()
     for parent in list(m.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear) and child is not head:
-                setattr(parent, name, _TinygemmLinear(child))
+                setattr(parent, name, swap(child))
     return m
 
 
@@ -297,8 +311,12 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
         hf_mb = sum(t.numel() * t.element_size() for t in hf.parameters()) / 2**20
         # HF's graph-captured decode first (its compiled models' state gone before ours run)
         for scheme in hf_schemes if gpu and cfg.model_type != "qwen3_vl" else ():
-            hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
-            for b in (1,):
+            try:
+                hm = hf if scheme == "fp16" else _hf_converted(hf, scheme)
+            except RuntimeError as e:       # a peer this machine lacks
+                print(f"{mname} {scheme} HF: skipped: {e}", flush=True)
+                continue
+            for b in HF_BATCHES.get(scheme, (1,)):
                 t0 = time.perf_counter()
                 ms = decode_step_ms(hm, b, ctx, dev, graph=True, compiled=True)
                 rows.append(Row("decode", HF_PATH, ms * 1e3, "graph",
