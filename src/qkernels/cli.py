@@ -321,7 +321,8 @@ def main(argv=None) -> int:
     b.add_argument("--schemes", default="", help="model bench: comma-separated (default fp32,fp16,bf16,w8a8,"
                                                   "w8a8-unfused,w8a8-fp8,w8a8-fp8-unfused,w4a16,w8a16)")
     b.add_argument("--hf", default="", help="runtime: the Hugging Face fast path's schemes (comma-separated; 'none': "
-                                             "no Hugging Face rows; default: those of the named schemes it runs)")
+                                             "no Hugging Face rows; default: those of the named schemes it runs; "
+                                             "gemlite-w4a8-fp8, gemlite's A8W4 FP8 layers, only when named)")
     b.add_argument("--layers", type=int, default=0, help="model bench: override the number of decoder layers")
     b.add_argument("--shapes", default="", help="decode-gemv: only these layer shapes (comma-separated NxK); with "
                                                 "--models or --shapes its rows merge into the GPU's decode_gemv.json")

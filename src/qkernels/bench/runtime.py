@@ -57,10 +57,11 @@ SCHEMES = ("fp16", "w4a16", "w4a16+head", "w8a16", "w8a8", "w8a8-fp8", "w4a8-fp8
 # the HF model's own decode step through its documented fast path (static cache, forward compiled with
 # mode="reduce-overhead"): fp16, our schemes through quantize_, and PyTorch's int4 weight-only kernel (tinygemm,
 # what torchao's int4 weight-only runs; bf16 model) swapped in for every linear but lm_head, as a torchao user's
-# model runs it; gemlite's A8W4 FP8 layer (4-bit g128 codes, activations to e4m3 per token: W4A8's peer) the same
-# way on the fp16 model, on an FP8 GPU, at the batches W4A8 is for as well
+# model runs it. Named with --hf only (not among the defaults: three compiled batches of its own): gemlite's A8W4
+# FP8 layer (4-bit g128 codes, activations to e4m3 per token: W4A8's peer) the same way on the fp16 model, on an
+# FP8 GPU, at the batches W4A8 is for as well
 HF_PATH = "HF static cache + torch.compile"
-HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4", "gemlite-w4a8-fp8")
+HF_SCHEMES = ("fp16", "w4a16", "w8a8", "tinygemm-int4")
 HF_BATCHES = {"gemlite-w4a8-fp8": (1, 16, 64)}      # the others: batch 1
 PROFILED = ("fp16", "w4a16", "w8a8")          # the schemes whose batch-1 decode step is profiled per kernel
 PROFILED_HF = ("w4a16", "tinygemm-int4")      # and those of the Hugging Face path
