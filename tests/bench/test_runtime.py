@@ -115,3 +115,37 @@ def test_a_peer_this_machine_lacks_is_a_clear_error_for_the_hf_path():
     hf.get_output_embeddings = lambda: None
     with pytest.raises(RuntimeError, match="gemlite-w4a8-fp8 needs gemlite's A8W4_HQQ_INT_dynamic"):
         _hf_converted(hf, "gemlite-w4a8-fp8")
+
+
+def test_the_gemlite_scheme_swaps_every_linear_but_the_head(monkeypatch):
+    """gemlite-w4a8-fp8 on the Hugging Face path: each linear but lm_head becomes the layer gemlite builds from it
+    (peers' builder, here a stand-in), the fp16 model's dtype kept (tinygemm's scheme alone turns it bf16)."""
+    import torch
+
+    from qkernels.bench import peers as bp
+    from qkernels.bench.runtime import _hf_converted
+
+    built = []
+
+    def fake_peers(lin, dev, kinds=None):
+        assert kinds == ["w4a8 fp8"]
+
+        def make(lin=lin):
+            built.append(lin.weight.shape)
+            return torch.nn.Identity()
+        return {"gemlite w4a8 fp8 g128": (make, 0)}, []
+    monkeypatch.setattr(bp, "peers", fake_peers)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(16, 8, bias=False))
+            self.head = torch.nn.Linear(8, 32, bias=False)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    m = _hf_converted(Tiny().half(), "gemlite-w4a8-fp8")
+    assert [type(x) for x in m.body] == [torch.nn.Identity, torch.nn.Identity]
+    assert isinstance(m.head, torch.nn.Linear) and m.head.weight.dtype == torch.float16
+    assert built == [torch.Size([16, 8]), torch.Size([8, 16])]
