@@ -15,7 +15,8 @@
 #   WO_BITS ("4 8"), WO_MODELS ("llama3-8b": whose decode shapes; "llama3-8b qwen3-1.7b" for both): the weight-only
 #   sweep (WO_BUCKETS="16 32" WO_PATHS="gvt mm wg tc" for batched decode, if the call has the time);
 #   DECODE_MODELS ("llama3-8b"; "qwen3-1.7b" too), DECODE_SHAPES (NxK,...: all of the models' by default),
-#   DECODE_MS (M,...: all of the bench's by default): the decode-GEMV rows measured, merged into the committed file;
+#   DECODE_MS (M,...: all of the bench's by default), PROVIDERS (names holding one of these, comma-separated; all by
+#   default): the decode-GEMV rows measured, merged into the committed file;
 #   SKIP_HOST=1 skips `bench host`; MARLIN=1 builds Marlin first (scripts/build_marlin.sh; carry .peers) and times it;
 #   after the sweeps the table before and after them in the runtime's decode step (scripts/table_ab.py; AB_SCHEMES
 #   "w4a16 w8a8", AB_MODELS "llama3-8b", AB_BATCHES "1 8 32", SKIP_AB=1 to skip: about 2 minutes a model): keep only
@@ -64,11 +65,15 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   if [ -n "${MARLIN:-}" ]; then      # Marlin built from .peers/marlin (carried) as a peer of the decode-GEMV bench
     scripts/build_marlin.sh 2>&1 | tee -a "$LOG" | tail -3 && export PYTHONPATH="/tmp/qkernels_peers:$PYTHONPATH"
   fi
-  # into the working tree's results, so the rows of the models named replace theirs and the others stay
-  python3 -m qkernels.cli bench decode-gemv --models "${DECODE_MODELS:-llama3-8b}" --shapes "${DECODE_SHAPES:-}" \
-    --ms "${DECODE_MS:-}" --out benchmarks/results 2>&1 | tee -a "$LOG" | grep -E "qkernels|wrote" | tail -60
+  # into the working tree's results, so the rows of the models named replace theirs and the others stay; one model
+  # at a time, its file copied out after each, so that a call cut short keeps the models it finished
   mkdir -p "$OUT/$SLUG"
-  cp "benchmarks/results/$SLUG/decode_gemv.json" "$OUT/$SLUG/"
+  for model in $(echo "${DECODE_MODELS:-llama3-8b}" | tr ',' ' '); do
+    python3 -m qkernels.cli bench decode-gemv --models "$model" --shapes "${DECODE_SHAPES:-}" \
+      --ms "${DECODE_MS:-}" --providers "${PROVIDERS:-}" --out benchmarks/results 2>&1 | tee -a "$LOG" \
+      | grep -E "qkernels|marlin|wrote" | tail -60
+    cp "benchmarks/results/$SLUG/decode_gemv.json" "$OUT/$SLUG/"
+  done
   if [ -z "${SKIP_HOST:-}" ]; then
     python3 -m qkernels.cli bench host --out benchmarks/results 2>&1 | tee -a "$LOG" | tail -14
     cp "benchmarks/results/$SLUG/host.json" "$OUT/$SLUG/"

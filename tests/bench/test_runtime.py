@@ -149,3 +149,35 @@ def test_the_gemlite_scheme_swaps_every_linear_but_the_head(monkeypatch):
     assert [type(x) for x in m.body] == [torch.nn.Identity, torch.nn.Identity]
     assert isinstance(m.head, torch.nn.Linear) and m.head.weight.dtype == torch.float16
     assert built == [torch.Size([16, 8]), torch.Size([8, 16])]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the full-size GPU run is the GPU script's job, not a test's")
+def test_a_run_cut_short_keeps_the_models_it_finished(tmp_path, monkeypatch):
+    """runtime.json is written as each model ends: a run stopped inside a later model (a time limit, an error)
+    keeps the rows of the models before it, merged into the file as it was."""
+    import json
+
+    from qkernels import models as qm
+    from qkernels.bench import runtime as br
+    from qkernels.bench.harness import results_dir, results_doc
+
+    real = qm.from_pretrained
+
+    def second_fails(hf, *a, **k):
+        if hf.config.model_type != "llama":
+            raise RuntimeError("stopped")
+        return real(hf, *a, **k)
+
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3VLConfig"):
+        pytest.skip("transformers without Qwen3-VL (the second model)")
+    monkeypatch.setattr(qm, "from_pretrained", second_fails)
+    d = results_dir(tmp_path)
+    d.mkdir(parents=True)
+    gpu = results_doc([], {})["gpu"]        # this machine's name: the earlier file is of the same machine
+    (d / "runtime.json").write_text(json.dumps(_doc("2026-01-01T00:00", gpu, [_row("other", "fp16", 5.0)])))
+    with pytest.raises(RuntimeError, match="stopped"):
+        br.run(str(tmp_path), models=["tiny-llama", "tiny-qwen3-vl"], schemes=("fp16",), hf_schemes=())
+    kept = json.loads((d / "runtime.json").read_text())
+    assert {r["model"] for r in kept["rows"]} == {"tiny-llama", "other"}
+    assert {r["op"] for r in kept["rows"] if r["model"] == "tiny-llama"} == {"prefill", "decode", "memory"}

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import time
 
 import torch
@@ -300,7 +301,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
     rows: list[Row] = []
     profiles = {}
     earlier = results_dir(root) / "runtime.json"
-    prev = earlier.read_text() if models and earlier.exists() else None
+    prev = json.loads(earlier.read_text()) if earlier.exists() else None
+    done: list[str] = []
     for mname, cfg in cfgs.items():
         text = cfg.get_text_config()            # a vision-language config: its language model's
         if layers:
@@ -397,12 +399,19 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
             del step, hm
             torch._dynamo.reset()
         del hf
-    meta = {"copy_bw_gbps": bw, "profiles": profiles,
-            "method": method_text(__doc__, gpu, "tiny model")}
-    doc = results_doc(rows, meta)
-    if models:       # the named models' rows replace theirs in the GPU's earlier results; others kept
-        import json
-        doc = merge_by_model(json.loads(prev) if prev else None, doc, list(cfgs))
-    path = write_json("runtime", doc, root)
-    print(f"wrote {path}")
+        done.append(mname)
+        if len(done) < len(cfgs):   # the models done so far written as they end: a run cut short keeps them
+            _save(rows, profiles, bw, gpu, root, prev, done)
+    # the named models' rows replace theirs in the GPU's earlier results, others kept; a run of every model replaces
+    # the file
+    _save(rows, profiles, bw, gpu, root, prev, list(cfgs) if models else None)
     return rows
+
+
+def _save(rows, profiles, bw, gpu: bool, root, prev: dict | None, merged: list[str] | None):
+    """Write the run's rows as runtime.json: merged into `prev` (the file before the run) for the models `merged`
+    (merge_by_model), or as the whole file (merged None)."""
+    doc = results_doc(rows, {"copy_bw_gbps": bw, "profiles": profiles, "method": method_text(__doc__, gpu, "tiny model")})
+    if merged is not None:
+        doc = merge_by_model(prev, doc, merged)
+    print(f"wrote {write_json('runtime', doc, root)}", flush=True)
