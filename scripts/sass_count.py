@@ -177,7 +177,7 @@ def w4a16_wg_tail():
     return k, types, cx, 8, GluonASTSource, 2 * bn * 32 // 256, "HGMMA", "smallest"
 
 
-def w4a8_wg(bm: int = 16, bn: int = 64, warps: int = 4, ws: bool = False, cpg: int = 1, a16: bool = False):
+def w4a8_wg(bm: int = 16, bn: int = 64, warps: int = 4, ws: bool = False, cpg: int = 1):
     """The Gluon FP8 wgmma kernel of W4A8 (kernels/_w4a8_wg.py) at batched decode: g128, bm x rows, bn weight rows,
     4 stages of one 64-k chunk, split 2; two promotion units (of cpg chunks) per iteration."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -187,14 +187,10 @@ def w4a8_wg(bm: int = 16, bn: int = 64, warps: int = 4, ws: bool = False, cpg: i
               PDL=True)
     xl = "NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)"
     wl = "NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)"
-    x = f"tensordesc<fp8e4nv[{bm},64],{xl}>"
-    if a16:     # fp16 x (W4A16 on the same kernel: the codes as fp16 u * 2**-24), no per-token scales
-        x = f"tensordesc<fp16[{bm},64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)>"
-        cx["xs_ptr"] = None
-    types = dict(x_desc=x, w_desc=f"tensordesc<u8[{bn},32],{wl}>", sz_ptr="*fp16", bias_ptr="*fp16",
-                 out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32", stride_om="i32", ws_ptr="*fp32",
-                 cnt_ptr="*i32", **({} if a16 else {"xs_ptr": "*fp32"}))
-    return k, types, cx, warps, GluonASTSource, 2 * cpg * bn * 32 // (32 * warps), "HGMMA" if a16 else "QGMMA", "first"
+    types = dict(x_desc=f"tensordesc<fp8e4nv[{bm},64],{xl}>", w_desc=f"tensordesc<u8[{bn},32],{wl}>", xs_ptr="*fp32",
+                 sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32", K="i32", stride_sn="i32",
+                 stride_om="i32", ws_ptr="*fp32", cnt_ptr="*i32")
+    return k, types, cx, warps, GluonASTSource, 2 * cpg * bn * 32 // (32 * warps), "QGMMA", "first"
 
 
 CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv": w4a16_gemv, "w4a16-gv": w4a16_gv,
@@ -206,9 +202,6 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a8-wg-m64-cpg2": lambda: w4a8_wg(64, cpg=2), "w4a8-wg-m128-cpg2": lambda: w4a8_wg(128, cpg=2),
          "w4a8-wg-ws-cpg2": lambda: w4a8_wg(ws=True, cpg=2),
          "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a16-wg-ws": w4a16_wg_ws,
-         "w4a16-wz": lambda: w4a8_wg(cpg=2, a16=True), "w4a16-wz-m32": lambda: w4a8_wg(32, cpg=2, a16=True),
-         "w4a16-wz-m64": lambda: w4a8_wg(64, cpg=2, a16=True), "w4a16-wz-cpg1": lambda: w4a8_wg(a16=True),
-         "w4a16-wz-m32-cpg1": lambda: w4a8_wg(32, a16=True),
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128),
          "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}

@@ -29,8 +29,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .weight_only.gluon_shared import PER_CHANNEL, _bytes_of, _halves_of, _pdl_wait, _splitk_fixup
-from .weight_only.wg import _pairs_layout, _wg_store
+from .weight_only.gluon_shared import PER_CHANNEL, _bytes_of, _pdl_wait, _splitk_fixup
+from .weight_only.wg import _wg_store
 
 BK: gl.constexpr = gl.constexpr(64)     # k per chunk: 32 code bytes a row
 
@@ -47,18 +47,6 @@ def _quads_layout(ll):
                                       quad(ll.block_bases), [ll.shape[0], ll.shape[1] // 4])
 
 
-# PTX: one 16-bit code pair (bytes b0, b1 in $2) -> the low nibbles of b0, b1 in $0 and the high ones in $1, each
-# under a zero exponent: as fp16 bits, u * 2**-24 exactly (A16: the fp16 A operand holds two consecutive k a register)
-_PAIRS_SUB: gl.constexpr = gl.constexpr("""{
-        .reg .b32 t, u;
-        cvt.u32.u16 u, $2;
-        prmt.b32 t, u, 0, 0x4140;
-        and.b32 $0, t, 0x000F000F;
-        shr.b32 t, t, 4;
-        and.b32 $1, t, 0x000F000F;
-        }""")
-
-
 @gluon.jit
 def _sz_words(s_p, chunk, GROUP: gl.constexpr):
     """The (scale, zero) words of K chunk `chunk` (absolute), one per row of s_p's layout."""
@@ -68,50 +56,30 @@ def _sz_words(s_p, chunk, GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _neg_zero(sz, st: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, A16: gl.constexpr):
-    """The A tile [R, 32] whose row r is -z_r, in the codes' units: e4m3, the sign bit over the byte z (-z * 2**-9);
-    A16, fp16 bits 0x8000 | z (-z * 2**-24). Exact for integers 0..16."""
+def _neg_zero(sz, st: gl.constexpr, ql: gl.constexpr, al: gl.constexpr):
+    """The A tile [R, 32] whose row r is -z_r (e4m3: the sign bit over the byte z, exact for integers 0..16)."""
     z = ((sz >> 16) & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32).to(gl.int32)
-    R: gl.constexpr = z.shape[0]
-    if A16:
-        w = gl.convert_layout((z | 0x8000) * 0x00010001, gl.SliceLayout(1, ql))
-        nz = _halves_of(w[:, None] + gl.zeros([R, BK // 4], gl.int32, layout=ql), gl.float16, al)
-    else:
-        w = gl.convert_layout((z | 0x80) * 0x01010101, gl.SliceLayout(1, ql))
-        nz = _bytes_of(w[:, None] + gl.zeros([R, BK // 8], gl.int32, layout=ql), al, gl.float8e4nv)
-    return nz
-
-
-@gluon.jit
-def _codes(c_ring, stage, ql: gl.constexpr, al: gl.constexpr, A16: gl.constexpr):
-    """A chunk's codes as the two A tiles (k .. k + 31 and k + 32 .. k + 63 of the chunk): e4m3 u * 2**-9 from the
-    32-bit words of four consecutive k (an AND, a shift); A16, fp16 u * 2**-24 from the 16-bit pairs of two."""
-    BN: gl.constexpr = c_ring.shape[1]
-    if A16:
-        w = c_ring.index(stage)._reinterpret(gl.uint16, [BN, BK // 4], c_ring.layout).load(ql)
-        lw, hw = gl.inline_asm_elementwise(asm=_PAIRS_SUB, constraints="=r,=r,h", args=[w],
-                                           dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-        lo = _halves_of(lw, gl.float16, al)
-        hi = _halves_of(hw, gl.float16, al)
-    else:
-        w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
-        lo = _bytes_of(w & 0x0F0F0F0F, al, gl.float8e4nv)
-        hi = _bytes_of((w >> 4) & 0x0F0F0F0F, al, gl.float8e4nv)
-    return lo, hi
+    w = (z | 0x80) * 0x01010101
+    w = gl.convert_layout(w, gl.SliceLayout(1, ql))
+    R: gl.constexpr = w.shape[0]
+    return _bytes_of(w[:, None] + gl.zeros([R, BK // 8], gl.int32, layout=ql), al, gl.float8e4nv)
 
 
 @gluon.jit
 def _issue(unit, sz, c_ring, x_ring, bars, acc, CPG: gl.constexpr, STAGES: gl.constexpr, st: gl.constexpr,
-           ql: gl.constexpr, al: gl.constexpr, A16: gl.constexpr):
+           ql: gl.constexpr, al: gl.constexpr):
     """Issue the wgmmas of promotion unit `unit` (CPG chunks of one group, the slice's chunks CPG * unit onward) into
     acc (fresh: its old value is not read): per chunk, wait for its ring stage, read its codes into the two A tiles,
     four wgmmas (codes and -z against x[k .. k + 31], then against x[k + 32 .. k + 63])."""
-    nz = _neg_zero(sz, st, ql, al, A16)
+    nz = _neg_zero(sz, st, ql, al)
+    BN: gl.constexpr = c_ring.shape[1]
     for i in gl.static_range(CPG):
         chunk = unit * CPG + i
         stage = chunk % STAGES
         mbarrier.wait(bars.index(stage), (chunk // STAGES) & 1)
-        lo, hi = _codes(c_ring, stage, ql, al, A16)
+        w = c_ring.index(stage)._reinterpret(gl.int32, [BN, BK // 8], c_ring.layout).load(ql)
+        lo = _bytes_of(w & 0x0F0F0F0F, al, gl.float8e4nv)
+        hi = _bytes_of((w >> 4) & 0x0F0F0F0F, al, gl.float8e4nv)
         xs = x_ring.index(stage)
         xl = xs.slice(0, BK // 2, dim=1).permute((1, 0))
         xh = xs.slice(BK // 2, BK // 2, dim=1).permute((1, 0))
@@ -163,17 +131,16 @@ def _produce(x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_
 
 
 @gluon.jit
-def _scale_of(sz, st: gl.constexpr, layout: gl.constexpr, A16: gl.constexpr):
-    """A unit's promotion factor per weight row, in `layout`: the group scale times 2**9 (the codes are u * 2**-9;
-    A16: times 2**24, the codes u * 2**-24)."""
+def _scale_of(sz, st: gl.constexpr, layout: gl.constexpr):
+    """A unit's promotion factor per weight row, in `layout`: the group scale times 2**9 (the codes are u * 2**-9)."""
     s = (sz & 0xFFFF).to(gl.uint16).to(st, bitcast=True).to(gl.float32)
-    return gl.convert_layout(s * (16777216.0 if A16 else 512.0), layout)
+    return gl.convert_layout(s * 512.0, layout)
 
 
 @gluon.jit
 def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP: gl.constexpr,
               st: gl.constexpr, mma: gl.constexpr, ql: gl.constexpr, al: gl.constexpr, CPG: gl.constexpr,
-              STAGES: gl.constexpr, WS: gl.constexpr, A16: gl.constexpr):
+              STAGES: gl.constexpr, WS: gl.constexpr):
     """The fp32 total [weight rows, tokens] over the slice's chunks (the ring started by the caller, or by the
     producer warp with WS), in promotion units of CPG chunks (steps: a multiple of CPG). Two units per iteration,
     each with its own accumulator: unit u's wgmmas run while unit u - 1 is promoted, its stages released and unit
@@ -190,22 +157,22 @@ def _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m
     sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(1, units - 1), GROUP)
     for j in range(units // 2):
         u = 2 * j
-        acc_a = _issue(u, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al, A16)
-        a_a = _scale_of(sz, st, sl, A16)
+        acc_a = _issue(u, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
+        a_a = _scale_of(sz, st, sl)
         sz = _sz_words(s_p, s0 + CPG * gl.minimum(u + 2, units - 1), GROUP)
         acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
         tot += a_b[:, None] * acc_b
         if u >= 1:
             _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u - 1, steps, s0, off_m, off_n, CPG, STAGES, WS)
-        acc_b = _issue(u + 1, sz_b, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al, A16)
-        a_b = _scale_of(sz_b, st, sl, A16)
+        acc_b = _issue(u + 1, sz_b, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
+        a_b = _scale_of(sz_b, st, sl)
         sz_b = _sz_words(s_p, s0 + CPG * gl.minimum(u + 3, units - 1), GROUP)
         acc_a, acc_b = warpgroup_mma_wait(NW, deps=[acc_a, acc_b])     # unit u + 1's still in flight
         tot += a_a[:, None] * acc_a
         _release(x_desc, w_desc, x_ring, c_ring, bars, empty, u, steps, s0, off_m, off_n, CPG, STAGES, WS)
     if units % 2 == 1:
-        acc_a = _issue(units - 1, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al, A16)
-        a_a = _scale_of(sz, st, sl, A16)
+        acc_a = _issue(units - 1, sz, c_ring, x_ring, bars, tot, CPG, STAGES, st, ql, al)
+        a_a = _scale_of(sz, st, sl)
         acc_b = warpgroup_mma_wait(NW, deps=[acc_b])
         tot += a_b[:, None] * acc_b
         acc_a = warpgroup_mma_wait(0, deps=[acc_a])
@@ -265,8 +232,7 @@ def _finish(t, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, s
         t, last = _splitk_fixup(t, ws_ptr, cnt_ptr, gl.program_id(0), on, om, (on < N)[:, None] & (om < M)[None, :],
                                 M, N, SPLIT_K)
     if last:
-        if xs_ptr is not None:      # None: x in fp16 (A16), no per-token scales
-            t = t * gl.load(xs_ptr + om % M)[None, :]
+        t = t * gl.load(xs_ptr + om % M)[None, :]
         _wg_store(t, bias_ptr, out_ptr, off_m, off_n, 0, M, N, stride_om, HAS_BIAS, False, W)
 
 
@@ -285,15 +251,9 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     warpgroups only read codes and issue wgmmas, handing each stage back through an `empty` mbarrier."""
     W: gl.constexpr = gl.num_warps()
     st: gl.constexpr = sz_ptr.dtype.element_ty
-    dt: gl.constexpr = x_desc.dtype
-    A16: gl.constexpr = dt.primitive_bitwidth == 16      # fp16 x: W4A16 (the codes as fp16 u * 2**-24)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
-                                                  instr_shape=[16, BLOCK_M, 16 if A16 else 32])
-    al: gl.constexpr = gl.DotOperandLayout(0, mma, 2 if A16 else 4)
-    if A16:
-        ql: gl.constexpr = _pairs_layout(gl.to_linear_layout(al, [BLOCK_N, BK // 2]))
-    else:
-        ql: gl.constexpr = _quads_layout(gl.to_linear_layout(al, [BLOCK_N, BK // 2]))
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_M, 32])
+    al: gl.constexpr = gl.DotOperandLayout(0, mma, 4)
+    ql: gl.constexpr = _quads_layout(gl.to_linear_layout(al, [BLOCK_N, BK // 2]))
     rl: gl.constexpr = gl.SliceLayout(1, ql)          # a value per weight row, as the A tiles hold the rows
 
     off_m, off_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -301,7 +261,7 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
     s_p = sz_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + rows.to(gl.int64) * stride_sn
     s0, steps = _k_slice(K, CPG, SPLIT_K)
 
-    x_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BK], x_desc.layout)
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], x_desc.layout)
     c_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BK // 2], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for p in gl.static_range(STAGES):
@@ -312,7 +272,7 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
             mbarrier.init(empty.index(p), count=1)
         tot, = gl.warp_specialize([
             (_mainloop, (s_p, x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, GROUP, st, mma,
-                         ql, al, CPG, STAGES, True, A16)),
+                         ql, al, CPG, STAGES, True)),
             (_produce, (x_desc, w_desc, x_ring, c_ring, bars, empty, steps, s0, off_m, off_n, STAGES, PDL)),
         ], [1], [24])
         for p in gl.static_range(STAGES):
@@ -322,7 +282,7 @@ def _w4a8_wg_kernel(x_desc, w_desc, xs_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K, 
         _pdl_wait(PDL)
         _ring_first(x_desc, w_desc, x_ring, c_ring, bars, steps, s0, off_m, off_n, STAGES, False)
         tot, = _mainloop(s_p, x_desc, w_desc, x_ring, c_ring, bars, bars, steps, s0, off_m, off_n, GROUP, st, mma,
-                         ql, al, CPG, STAGES, False, A16)
+                         ql, al, CPG, STAGES, False)
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
     _finish(tot, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, off_m, off_n, M, N, stride_om, HAS_BIAS, SPLIT_K, W)

@@ -102,8 +102,7 @@ def _wg_layouts():
     reads it; code bytes unswizzled. Built once: the launcher runs per call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return (TensorDescriptor, gl.NVMMASharedLayout(64, 8, rank=2), gl.NVMMASharedLayout(0, 8, rank=2),
-            gl.NVMMASharedLayout(128, 16, rank=2))
+    return TensorDescriptor, gl.NVMMASharedLayout(64, 8, rank=2), gl.NVMMASharedLayout(0, 8, rank=2)
 
 
 def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Tensor:
@@ -116,9 +115,9 @@ def _run_wg(xq, xs, qweight, scale_zero, bias, group_size, out, cfg) -> torch.Te
     split = k_splits(cfg.get("SPLIT_K", 1), K // (64 * cpg), tiles, cfg.get("MIN_PROGRAMS"))
     ws, cnt = (out, out) if split == 1 else splitk_scratch(out.device, split * M * N, tiles)
     pdl = pdl_options(out.device) if cfg.get("PDL", True) else {}
-    desc, xl, wl, xl16 = _wg_layouts()
+    desc, xl, wl = _wg_layouts()
     ensure_context(out.device)
-    x_desc = desc.from_tensor(xq, [cfg["BLOCK_M"], 64], xl if xq.element_size() == 1 else xl16)
+    x_desc = desc.from_tensor(xq, [cfg["BLOCK_M"], 64], xl)
     w_desc = desc.from_tensor(qweight, [cfg["BLOCK_N"], 32], wl)
     launch(_kernel(cfg["path"]), (tiles, split), x_desc, w_desc, xs, scale_zero, bias if bias is not None else out,
            out, M, N, K, scale_zero.stride(0) // 2, out.stride(0), ws, cnt, GROUP=group_size,
