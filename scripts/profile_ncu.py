@@ -10,7 +10,8 @@ tc kernel at M=1), gv1 / gv1-ring (the paired-fp16 GEMV at M=1: its default conf
 (the tensor-core GEMV at M=1, 16), gvt8 (its 8-bit codes at M=1), wo128, w8 (W8A16 M=1),
 wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 / fp16-32 / fp16-64 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096), w4a8-16 / w4a8-64 / w4a8-128
-(w4a8_linear at those M). Shape N x K: 14336 x 4096
+(w4a8_linear at those M), marlin-16 / marlin-32 (Marlin's layer, built by scripts/build_marlin.sh and on
+PYTHONPATH). Shape N x K: 14336 x 4096
 unless --nk says otherwise.
 """
 from __future__ import annotations
@@ -80,7 +81,24 @@ def cases(n: int, k: int, dev: str = "cuda"):
         "w4a8-16": lambda: w4a8.w4a8_linear(xs[16], pw4),
         "w4a8-64": lambda: w4a8.w4a8_linear(xs[64], pw4),
         "w4a8-128": lambda: w4a8.w4a8_linear(xs[128], pw4),
+        # Marlin (scripts/build_marlin.sh, its site on PYTHONPATH), made as bench decode-gemv makes it
+        "marlin-16": lambda: _marlin(w)(xs[16]),
+        "marlin-32": lambda: _marlin(w)(xs[32]),
     }
+
+
+_MARLIN = {}
+
+
+def _marlin(w):
+    """Marlin's layer of w (built once: its packing runs on the host)."""
+    if id(w) not in _MARLIN:
+        import marlin
+        from qkernels.bench.peers import _marlin_maker
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+        lin.weight.data = w
+        _MARLIN[id(w)] = _marlin_maker(marlin, lin, w.device)()
+    return _MARLIN[id(w)]
 
 
 def main():
@@ -92,7 +110,7 @@ def main():
     n, k = (int(v) for v in a.nk.split("x"))
     table = cases(n, k, "cpu" if a.cpu_check else "cuda")
     if a.cpu_check:
-        for name in a.cases or list(table):
+        for name in a.cases or [n for n in table if not n.startswith("marlin")]:     # Marlin: GPU only
             table[name]()
         print("cpu check ok")
         return
