@@ -38,7 +38,8 @@ On a machine without a GPU a tiny model runs through the Triton interpreter to s
 
 `--models` naming some models (a run need not time them all) merges their rows into this GPU's runtime.json:
 the named models' rows and profiles are replaced, the others kept. Every row carries the date and versions of
-the run it comes from, so each model's figures stay those of one run.
+the run it comes from, so each model's figures stay those of one run. The file is written as each model ends, so a
+run stopped inside a later model keeps the ones before it.
 """
 from __future__ import annotations
 
@@ -411,7 +412,8 @@ def run(root, models=None, schemes=SCHEMES, layers: int | None = None, hf_scheme
 def _save(rows, profiles, bw, gpu: bool, root, prev: dict | None, merged: list[str] | None):
     """Write the run's rows as runtime.json: merged into `prev` (the file before the run) for the models `merged`
     (merge_by_model), or as the whole file (merged None)."""
-    doc = results_doc(rows, {"copy_bw_gbps": bw, "profiles": profiles, "method": method_text(__doc__, gpu, "tiny model")})
+    meta = {"copy_bw_gbps": bw, "profiles": profiles, "method": method_text(__doc__, gpu, "tiny model")}
+    doc = results_doc(rows, meta)
     if merged is not None:
         doc = merge_by_model(prev, doc, merged)
     print(f"wrote {write_json('runtime', doc, root)}", flush=True)
