@@ -443,26 +443,20 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
             acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
         async_copy.wait_group(0)
-    elif KW > 1:
-        # a step is as long as the program's K slice (or a large part of it): its products first, then the next
-        # step's loads (none past the slice), so that one step's operands are live at a time, not two
-        for k0 in range(k_lo, k_hi, STEP):
-            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
-            k1 = k0 + STEP
-            live = k1 < k_hi
-            k1 = gl.where(live, k1, k_lo)
-            wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = _fetch(
-                wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K,
-                live)
     else:
         for k0 in range(k_lo, k_hi, STEP):
+            if KW > 1:
+                # a step as long as the program's K slice (or a large part of it): its products before the next
+                # step's loads, so that one step's operands are live at a time, not two
+                acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             k1 = k0 + STEP
             live = k1 < k_hi
             k1 = gl.where(live, k1, k_lo)
             wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
                 wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K,
                 live)
-            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
+            if KW == 1:
+                acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
 
     row, tok, ok_row, e4 = _out_index(row_a, row_b, t, e, m0, N, SWIGLU)
