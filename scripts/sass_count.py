@@ -8,8 +8,7 @@ lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
        w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-128 | w4a16-wg-swiglu |
        w4a8-wg | w4a8-wg-m64 | w4a8-wg-m128 | w4a8-wg-ws | w4a8-wg[-m64|-m128|-ws]-cpg2 |
-       w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w4a16-gvt-kw[-t2|-w4] |
-       w8a8-gvt | w8a8-gvt-fp8
+       w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -64,7 +63,7 @@ def w4a16_gvt():
 
     from qkernels.kernels.weight_only.gvt import _wo_gvt_kernel as k
     cx = dict(GROUP=128, HAS_BIAS=False, TILES=1, WPT=8, MT=1, SPLIT_K=1, EVEN_K=True, SWIGLU=False, PAIRS=False,
-              BITS=4, PDL=False, STAGES=1, KW=1)
+              BITS=4, PDL=False, STAGES=1)
     types = dict(x_ptr="*fp16", w_ptr="*i32", sz_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", M="i32", N="i32",
                  K="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32", stride_om="i32", ws_ptr="*fp32",
                  cnt_ptr="*i32")
@@ -76,14 +75,6 @@ def w4a16_gvt_ring(stages=3, wpt=8, tiles=1):
     k, types, cx, warps, source, _ = w4a16_gvt()
     cx = dict(cx, STAGES=stages, WPT=wpt, TILES=tiles)
     return k, types, cx, warps, source, tiles * 16 * (128 * wpt // 4) // 2 // 32
-
-
-def w4a16_gvt_kw(tiles=1, wpt=64, warps=8, kw=8):
-    """w4a16-gvt with a step's blocks over KW warps (KW): one step of WPT / 4 blocks (64: 2048 k, the whole K of
-    Qwen3-1.7B's shapes) in registers, two blocks a warp, two x tiles (M = 9..16)."""
-    k, types, cx, _, source, _ = w4a16_gvt()
-    cx = dict(cx, TILES=tiles, WPT=wpt, KW=kw, MT=2)
-    return k, types, cx, warps, source, tiles * 16 * (128 * wpt // 4) // 2 // (32 * warps)
 
 
 def w4a16_gv():
@@ -212,9 +203,7 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a8-wg-ws-cpg2": lambda: w4a8_wg(ws=True, cpg=2),
          "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128),
-         "w4a16-gvt-ring": w4a16_gvt_ring, "w4a16-gvt-kw": w4a16_gvt_kw,
-         "w4a16-gvt-kw-t2": lambda: w4a16_gvt_kw(tiles=2),
-         "w4a16-gvt-kw-w4": lambda: w4a16_gvt_kw(wpt=32, warps=4, kw=4),
+         "w4a16-gvt-ring": w4a16_gvt_ring,
          "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
 
 

@@ -116,16 +116,14 @@ def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0, persistent=0):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1, kw=1):
+def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
     """The Gluon tensor-core GEMV (fp16 x, 4- or 8-bit with integer zero points, M <= 16; others fall back): TILES
     16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step; pairs: two steps per
     loop iteration (fewer instructions, more registers); stages > 1: the codes through a ring of async copies
-    stages - 1 steps ahead (more bytes in flight for the same registers); kw > 1: a step's blocks over kw warps
-    (a step up to 2048 k in flight at once, the warps' sums met in shared memory)."""
+    stages - 1 steps ahead (more bytes in flight for the same registers)."""
     c = dict(path="gvt", TILES=tiles, WPT=wpt, num_warps=w)
     c = dict(c, PAIRS=True) if pairs else c
     c = dict(c, STAGES=stages) if stages > 1 else c
-    c = dict(c, KW=kw) if kw > 1 else c
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -173,11 +171,6 @@ def candidates(m: int) -> list[dict]:
                   for sp, mp in [(1, 0), (4, 2048)]]
             # the code ring with several tiles per program (6144x4096 at M = 16 on the H100: docs/design/weight-only.md)
             c += [gvt(t, wpt, w, 4, 2048, stages=3) for t, wpt, w in [(2, 4, 1), (4, 4, 2), (2, 8, 1), (4, 4, 1)]]
-        # a step's blocks over the warps of a program (KW): a K slice of up to 2048 k in flight at once, as the M = 1
-        # GEMV has it, the warps' sums met in shared memory instead of a split-K fix-up
-        c += [gvt(t, wpt, w, sp, mp, kw=kw) for t, wpt, w, kw in [(1, 64, 8, 8), (2, 32, 8, 4), (1, 32, 4, 4),
-                                                                  (1, 16, 4, 4)]
-              for sp, mp in [(1, 0), (2, 1024), (4, 2048)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:

@@ -374,14 +374,10 @@ def test_gv_tails_scales_and_fallback(cfg):
                                  dict(TILES=4, WPT=4, num_warps=1, PAIRS=True),
                                  dict(TILES=2, WPT=4, num_warps=1, PAIRS=True, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
                                  dict(TILES=1, WPT=8, num_warps=1, STAGES=3),
-                                 dict(TILES=4, WPT=4, num_warps=2, STAGES=4, SPLIT_K=3, MIN_PROGRAMS=1 << 30),
-                                 dict(TILES=1, WPT=64, num_warps=8, KW=8),
-                                 dict(TILES=2, WPT=32, num_warps=8, KW=4),
-                                 dict(TILES=1, WPT=32, num_warps=4, KW=4, SPLIT_K=3, MIN_PROGRAMS=1 << 30)])
+                                 dict(TILES=4, WPT=4, num_warps=2, STAGES=4, SPLIT_K=3, MIN_PROGRAMS=1 << 30)])
 def test_gvt_tails_scales_and_fallback(cfg):
     """The tensor-core GEMV: K not a multiple of its step (masked chunks), split-K slices, two steps per iteration
     (PAIRS) with an odd step count, the codes through a ring of async copies (STAGES) deeper than a slice's steps,
-    a step's blocks over the warps of a program (KW: steps longer than K, or than a slice, and several of them),
     N tails (wrapped rows), M of 1..16 (one or two x tiles per program) and past 16,
     bias, per channel / group 128 / 256, symmetric and not, GPTQ's zero point 16, a 2-byte-offset x view (copied
     first), x of 1e-3 and 3e4, SwiGLU in the epilogue (the bits of product + silu_and_mul); 8-bit codes (groups of
@@ -735,16 +731,6 @@ def test_gvt_config_checked():
     for bad in (dict(TILES=1, WPT=8, num_warps=1, STAGES=0), dict(TILES=2, WPT=4, num_warps=1, STAGES=3, PAIRS=True)):
         with pytest.raises(RuntimeError, match=r"gvt config needs STAGES >= 1, and 1 with PAIRS"):
             WO.launch._plan(dict(path="gvt", **bad), 1, 64, 4096, 4, 128, False, True)
-    # KW: the step's blocks over KW warps, at most two a warp, no ring or PAIRS
-    for bad in (dict(TILES=1, WPT=64, num_warps=4, KW=4), dict(TILES=1, WPT=32, num_warps=4, KW=3),
-                dict(TILES=1, WPT=32, num_warps=2, KW=4), dict(TILES=1, WPT=32, num_warps=8, KW=4),
-                dict(TILES=1, WPT=32, num_warps=4, KW=4, STAGES=3),
-                dict(TILES=1, WPT=32, num_warps=4, KW=4, PAIRS=True), dict(TILES=1, WPT=4, num_warps=2, KW=2)):
-        with pytest.raises(RuntimeError, match=r"gvt KW .*'KW': " + str(bad["KW"])):
-            WO.launch._plan(dict(path="gvt", **bad), 16, 2048, 2048, 4, 128, False, True)
-    kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gvt", TILES=1, WPT=64, num_warps=8, KW=8), 16, 2048,
-                                              2048, 4, 128, False, True)      # one step: the whole K of a program
-    assert grid == (128, 1, 1) and split == 1 and cx["KW"] == 8 and cx["EVEN_K"] and cx["MT"] == 2
     kernel, grid, split, cx, _ = WO.launch._plan(dict(path="gvt", TILES=2, WPT=4, num_warps=1), 3, 100, 4160, 4, 128,
                                               True, True)
     assert grid == (4, 1, 1) and split == 1 and cx["MT"] == 1 and not cx["EVEN_K"] and cx["HAS_BIAS"]

@@ -29,16 +29,16 @@ and k + 2, k + 3 become fp16 pairs 1024 + u by one prmt each (the exponent byte 
 then (1024 + u) - (1024 + z); x pairs come in their natural order. One MMA per word and row pair: 1.6
 instructions per weight (offline SASS, per channel, two tiles), so per byte a third of the 4-bit kernel's.
 
-Numerics: the MMA multiplies u - z (an integer in [-16, 15]; 8-bit [-256, 255]) by x exactly and sums in fp32; the
-scale is applied per 128-k block and row in fp32. So integer zero points only (PackedWeight.int_zeros: symmetric,
-GPTQ, AWQ and round-to-nearest weights); others run the config's fallback. Not bit-identical to the reference
-(summation order), within the weight-only tolerance.
+Numerics: the MMA multiplies u - z (an integer in [-16, 15]; 8-bit [-256, 255]) by x exactly and sums in fp32; the scale is applied
+per 128-k block and row in fp32. So integer zero points only (PackedWeight.int_zeros: symmetric, GPTQ, AWQ and
+round-to-nearest weights); others run the config's fallback. Not bit-identical to the reference (summation order),
+within the weight-only tolerance.
 
-Layout [TILES, 8, 4, NB, 4]: 16-row tiles (TILES / num_warps per thread, warps along them; with KW, num_warps / KW
-warps along them and KW along the blocks), the lane group g, the lane t of the quad, the step's NB = WPT / 4 blocks
-(128 k; 8-bit 64), and a thread's 4 words of a block (the asm's pack). One asm instance takes those 4 words of rows
-g and g + 8 and chains 8 MMAs (8-bit 4; twice that with MT = 2); its 4 outputs per x tile are the accumulator
-fragment (rows g, g, g + 8, g + 8; x rows 2 t, 2 t + 1, 2 t, 2 t + 1).
+Layout [TILES, 8, 4, NB, 4]: 16-row tiles (TILES / num_warps per thread, warps along them), the lane group g, the
+lane t of the quad, the step's NB = WPT / 4 blocks (128 k; 8-bit 64), and a thread's 4 words of a block (the asm's
+pack). One asm instance takes those 4 words of rows g and g + 8 and chains 8 MMAs (8-bit 4; twice that with
+MT = 2); its 4 outputs per
+x tile are the accumulator fragment (rows g, g, g + 8, g + 8; x rows 2 t, 2 t + 1, 2 t, 2 t + 1).
 SWIGLU: rows g and g + 8 of a tile are gate c and up c of a merged [gate; up] projection, so silu(gate) * up is
 in the thread. SPLIT_K > 1: the slices' fp32 partials are added by the last program of each output tile.
 Hopper: programmatic dependent launch, the first step's codes and scales fetched before the wait.
@@ -133,11 +133,9 @@ _XPERM: gl.constexpr = gl.constexpr("prmt.b32 $0, $4, $5, 0x5410; prmt.b32 $1, $
 
 
 @gluon.constexpr_function
-def _layout(TPT, NB, num_warps, KW=1):
-    """[TILES, 8, 4, NB, 4]: see the module docstring. Lanes: t the fastest (the MMA's quad), then g. Warps: num_warps
-    / KW along the tiles, KW along the step's blocks (each warp NB / KW of them: a K slice of the step)."""
-    return gl.BlockedLayout([TPT, 1, 1, NB // KW, 4], [1, 8, 4, 1, 1], [num_warps // KW, 1, 1, KW, 1],
-                            [4, 3, 2, 1, 0])
+def _layout(TPT, NB, num_warps):
+    """[TILES, 8, 4, NB, 4]: see the module docstring. Lanes: t the fastest (the MMA's quad), then g."""
+    return gl.BlockedLayout([TPT, 1, 1, NB, 4], [1, 8, 4, 1, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
 
 
 @gluon.constexpr_function
@@ -315,7 +313,7 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
                    GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, TILES: gl.constexpr, WPT: gl.constexpr,
                    MT: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr, SWIGLU: gl.constexpr = False,
                    PAIRS: gl.constexpr = False, BITS: gl.constexpr = 4, PDL: gl.constexpr = False,
-                   STAGES: gl.constexpr = 1, KW: gl.constexpr = 1):
+                   STAGES: gl.constexpr = 1):
     """W4A16, fp16 x, integer zero points, K a multiple of 64 (EVEN_K: of 32 WPT), GROUP PER_CHANNEL or a
     multiple of 128. Program (n, k-slice, m): TILES 16-row tiles (SWIGLU: 8 gate rows and their 8 up rows each),
     8 MT rows of x. PAIRS: two steps per loop iteration. STAGES > 1 (not with PAIRS): the code words stream
@@ -323,16 +321,12 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
     thread reads back only the words it copied: no barrier); the (scale, zero) words and x stay a step ahead in
     registers. SPLIT_K > 1: program column z
     covers slice z of K (whole steps) and writes its fp32 partials to ws_ptr [SPLIT_K, M, N]; the tile's last
-    program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches). KW > 1 (STAGES 1,
-    not PAIRS): the step's NB blocks are split among KW warps (K slices of one program, their sums met in shared
-    memory by the sum over the blocks at the end, no fix-up through global memory), so that a step as long as the
-    program's whole K slice puts all of its loads in flight at once, as the M = 1 GEMV does."""
+    program adds them up (cnt_ptr: one int32 counter per (n, m) program, zero between launches)."""
     W: gl.constexpr = gl.num_warps()
     NB: gl.constexpr = WPT // 4
     BLOCK: gl.constexpr = 16 * (32 // BITS)            # k per block: 16 words of a row (4-bit: 128, 8-bit: 64)
     STEP: gl.constexpr = NB * BLOCK
-    gl.static_assert(KW == 1 or (STAGES == 1 and not PAIRS), "KW: one step in registers (no ring, no PAIRS)")
-    L: gl.constexpr = _layout(TILES // (W // KW), NB, W, KW)
+    L: gl.constexpr = _layout(TILES // W, NB, W)
     st: gl.constexpr = sz_ptr.dtype.element_ty
 
     pid_n = gl.program_id(0)
@@ -445,18 +439,13 @@ def _wo_gvt_kernel(x_ptr, w_ptr, sz_ptr, bias_ptr, out_ptr, M, N, K,
         async_copy.wait_group(0)
     else:
         for k0 in range(k_lo, k_hi, STEP):
-            if KW > 1:
-                # a step as long as the program's K slice (or a large part of it): its products before the next
-                # step's loads, so that one step's operands are live at a time, not two
-                acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             k1 = k0 + STEP
             live = k1 < k_hi
             k1 = gl.where(live, k1, k_lo)
             wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3 = _fetch(
                 wa_p, wb_p, sa_p, sb_p, x0_p, x1_p, k1, K, okc, blk, xm0, xm1, sa, sb, BITS, BLOCK, GROUP, MT, EVEN_K,
                 live)
-            if KW == 1:
-                acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
+            acc0, acc1 = _mma_step(acc0, acc1, wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3, e, st, BITS, MT)
             wa, wb, sa, sb, x0, x1, x2, x3, y0, y1, y2, y3 = wa2, wb2, sa2, sb2, u0, u1, u2, u3, v0, v1, v2, v3
 
     row, tok, ok_row, e4 = _out_index(row_a, row_b, t, e, m0, N, SWIGLU)

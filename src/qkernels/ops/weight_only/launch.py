@@ -78,18 +78,7 @@ def _plan(cfg: dict, M: int, N: int, K: int, bits: int, group_size: int, has_bia
         # 16-row tiles, 8 x rows per x tile and up to two x tiles per program (M <= 16: every weight read once);
         # a step is WPT / 4 blocks of 16 words (4 per lane of a quad: 128 k at 4 bits, 64 at 8); K split as the
         # GEMV splits it
-        kw = int(p.get("KW", 1))
-        if kw > 1:
-            # the step's WPT / 4 blocks over KW warps, at most two a warp (four with two x tiles spill: 255 registers
-            # a thread, offline sm_90), so a step up to 2048 k with 8 warps
-            nb = p["WPT"] // 4
-            if (kw not in (2, 4, 8) or p["WPT"] not in (8, 16, 32, 64) or nb % kw or nb // kw > 2
-                    or p["num_warps"] % kw or p["TILES"] % (p["num_warps"] // kw) or p.get("STAGES", 1) != 1
-                    or p.get("PAIRS")):
-                raise RuntimeError(f"gvt KW (a step's blocks over KW warps) needs KW in (2, 4, 8) dividing num_warps "
-                                   f"and WPT / 4, at most two blocks a warp, TILES a multiple of num_warps / KW, and "
-                                   f"no STAGES or PAIRS: {cfg}")
-        elif p["WPT"] not in (4, 8, 16) or p["TILES"] % p["num_warps"]:
+        if p["WPT"] not in (4, 8, 16) or p["TILES"] % p["num_warps"]:
             raise RuntimeError(f"gvt config needs WPT in (4, 8, 16) and TILES a multiple of num_warps: {cfg}")
         if p.get("STAGES", 1) < 1 or (p.get("STAGES", 1) > 1 and p.get("PAIRS")):
             raise RuntimeError(f"gvt config needs STAGES >= 1, and 1 with PAIRS (the ring keeps one step per "
