@@ -7,7 +7,8 @@ cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees exactly one lau
 Cases: wo1 (W4A16 g128 M=1), wo2, wo16, wo32, wo64 (M=2, 16, 32, 64), w8-32 (W8A16 M=32), tc1 / tc1-nosplit (the
 tc kernel at M=1), gv1 / gv1-ring (the paired-fp16 GEMV at M=1: its default config; one warp per program with a
 3-stage async-copy ring), gvt1 / gvt16
-(the tensor-core GEMV at M=1, 16), gvt8 (its 8-bit codes at M=1), wo128, w8 (W8A16 M=1),
+(the tensor-core GEMV at M=1, 16), gvt16-ring / gvt16-cta (its code ring, one warp a program and four),
+gvt8 (its 8-bit codes at M=1), wo128, w8 (W8A16 M=1),
 wg1024 / fp16-1024 (the wg kernel and cuBLAS at M=1024), fp16-1 / fp16-16 / fp16-32 / fp16-64 (cuBLAS), int8 (core
 GEMM M=4096 4096x4096, ours and torch._int_mm), w8a8 (w8a8_linear M=4096), w4a8-16 / w4a8-64 / w4a8-128
 (w4a8_linear at those M), marlin-16 / marlin-32 (Marlin's layer, built by scripts/build_marlin.sh and on
@@ -66,6 +67,12 @@ def cases(n: int, k: int, dev: str = "cuda"):
         # the tensor-core GEMV at M = 1 and 16 (its default config)
         "gvt1": lambda: _forced("gvt", xs[1], pw4),
         "gvt16": lambda: _forced("gvt", xs[16], pw4),
+        # gvt at M = 16 as the H200 sweeps have it: one warp of four row tiles over a three-stage code ring, K split 4
+        # (the table's 14336x4096 entry), and on Marlin's schedule (four warps of four tiles, six stages, K split 2)
+        "gvt16-ring": lambda: _with_config(dict(path="gvt", TILES=4, WPT=4, num_warps=1, STAGES=3, SPLIT_K=4,
+                                                MIN_PROGRAMS=2048), lambda: qkernels.w4a16_linear(xs[16], pw4)),
+        "gvt16-cta": lambda: _with_config(dict(path="gvt", TILES=16, WPT=4, num_warps=4, STAGES=6, SPLIT_K=2,
+                                               MIN_PROGRAMS=264), lambda: qkernels.w4a16_linear(xs[16], pw4)),
         "gvt8": lambda: _forced("gvt", xs[1], pw8),
         # the TMA-ring GEMV at M = 1 and 16 (its default config)
         "wo128": lambda: qkernels.w4a16_linear(xs[128], pw4),
