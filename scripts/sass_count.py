@@ -8,7 +8,8 @@ lane-instructions per byte on an H100, 6 on an H200) cannot stream its weight at
 Usage: python scripts/sass_count.py gemv8-fp8 | gemv8-fp8-quant | w4a16-gemv | w4a16-gv | w4a16-gv-wpt2 |
        w4a16-gv-intz | w4a16-gv-wpt2-intz | w4a16-gvp | w4a16-gvt | w4a16-wg | w4a16-wg-128 | w4a16-wg-swiglu |
        w4a8-wg | w4a8-wg-m64 | w4a8-wg-m128 | w4a8-wg-ws | w4a8-wg[-m64|-m128|-ws]-cpg2 |
-       w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 | w8a8-gvt | w8a8-gvt-fp8
+       w4a16-wg-tail | w4a16-wg-ws | w4a16-gvt-ring | w4a16-gvt-ring-w4 | w4a16-gvt-ring-t2 |
+       w4a16-gvt-ring-m16 | w8a8-gvt | w8a8-gvt-fp8
        [--arch 90] [--top 12] [--tile BLOCK_N BLOCK_K WARPS (gemv8 cases)]
 """
 import argparse
@@ -70,10 +71,11 @@ def w4a16_gvt():
     return k, types, cx, 1, GluonASTSource, 16 * 256 // 2 // 32
 
 
-def w4a16_gvt_ring(stages=3, wpt=8, tiles=1):
-    """w4a16-gvt with its codes through a ring of `stages` async-copy slots (STAGES) instead of registers."""
+def w4a16_gvt_ring(stages=3, wpt=8, tiles=1, mt=1):
+    """w4a16-gvt with its codes through a ring of `stages` async-copy slots (STAGES) instead of registers; mt x tiles
+    (2: M = 9..16)."""
     k, types, cx, warps, source, _ = w4a16_gvt()
-    cx = dict(cx, STAGES=stages, WPT=wpt, TILES=tiles)
+    cx = dict(cx, STAGES=stages, WPT=wpt, TILES=tiles, MT=mt)
     return k, types, cx, warps, source, tiles * 16 * (128 * wpt // 4) // 2 // 32
 
 
@@ -204,7 +206,9 @@ CASES = {"gemv8-fp8": gemv8_fp8, "gemv8-fp8-quant": gemv8_fp8_quant, "w4a16-gemv
          "w4a8-wg-ws": lambda: w4a8_wg(ws=True), "w4a16-wg-ws": w4a16_wg_ws,
          "w4a16-wg-swiglu": lambda: w4a16_wg(swiglu=True), "w4a16-wg-128": lambda: w4a16_wg(bn=128),
          "w4a16-gvt-ring": w4a16_gvt_ring,
-         "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2)}
+         "w4a16-gvt-ring-w4": lambda: w4a16_gvt_ring(4, 4), "w4a16-gvt-ring-t2": lambda: w4a16_gvt_ring(3, 8, 2),
+         # M = 16 as the H200 table has it on 14336x4096 (four tiles, WPT 4, three stages)
+         "w4a16-gvt-ring-m16": lambda: w4a16_gvt_ring(3, 4, 4, mt=2)}
 
 
 def main():

@@ -116,7 +116,7 @@ def gv(bn, bk, wpt, w, stages=1, split=1, min_programs=0, persistent=0):
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
-def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1, maxnreg=None):
+def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1):
     """The Gluon tensor-core GEMV (fp16 x, 4- or 8-bit with integer zero points, M <= 16; others fall back): TILES
     16-row tiles per program (a multiple of the warps), WPT / 4 blocks of 128 k per step; pairs: two steps per
     loop iteration (fewer instructions, more registers); stages > 1: the codes through a ring of async copies
@@ -124,7 +124,6 @@ def gvt(tiles, wpt, w, split=1, min_programs=0, pairs=False, stages=1, maxnreg=N
     c = dict(path="gvt", TILES=tiles, WPT=wpt, num_warps=w)
     c = dict(c, PAIRS=True) if pairs else c
     c = dict(c, STAGES=stages) if stages > 1 else c
-    c = dict(c, maxnreg=maxnreg) if maxnreg else c
     return c if split == 1 else dict(c, SPLIT_K=split, MIN_PROGRAMS=min_programs)
 
 
@@ -172,11 +171,6 @@ def candidates(m: int) -> list[dict]:
                   for sp, mp in [(1, 0), (4, 2048)]]
             # the code ring with several tiles per program (6144x4096 at M = 16 on the H100: docs/design/weight-only.md)
             c += [gvt(t, wpt, w, 4, 2048, stages=3) for t, wpt, w in [(2, 4, 1), (4, 4, 2), (2, 8, 1), (4, 4, 1)]]
-            # the same with registers capped: uncapped, four tiles a warp take 234 registers (ncu, H200), two warps a
-            # scheduler
-            c += [gvt(t, wpt, w, 4, 2048, stages=st, maxnreg=r) for t, wpt, w, st, r in
-                  [(4, 4, 1, 3, 168), (4, 4, 1, 3, 128), (4, 4, 1, 4, 168), (2, 8, 1, 3, 128), (4, 4, 2, 3, 128),
-                   (2, 4, 1, 3, 128)]]
     small_mm = [(64, 128, 2, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (256, 128, 8, 4),
                 (64, 64, 2, 6)]
     if m <= 2:
