@@ -22,23 +22,24 @@ def _bench(out, *extra):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the benchmark runs real sizes: scripts/gpu_tp.sh")
 def test_bench_tp_rows_and_merge(tmp_path):
-    path = _bench(tmp_path)
-    doc = json.loads(path.read_text())
+    """One run of the named model into a file that holds another model's row and profile and a stale row of its
+    own: the run's decode and prefill rows at TP = 1 and 2, the stale row replaced, the other model's kept."""
+    from qkernels.bench.harness import results_doc, write_json
+    earlier = results_doc([], {"profiles": {"other-model fp16 tp=1": [{"kernel": "k", "us_per_step": 1.0,
+                                                                      "calls_per_step": 1}]}})
+    earlier["rows"] = [dict(model=m, tp=1, op="decode", batch=1, provider="qkernels runtime", scheme="fp16",
+                            median_us=1.0) for m in ("other-model", "tiny-llama")]
+    write_json("tp", earlier, tmp_path)
+    doc = json.loads(_bench(tmp_path, "--models", "tiny-llama").read_text())
     dec = {(r["model"], r["tp"], r["batch"]): r for r in doc["rows"] if r["op"] == "decode"}
-    assert set(dec) == {("tiny-llama", tp, b) for tp in (1, 2) for b in (1, 2)}     # batches 1 and 16 on a GPU
+    # batches 1 and 16 on a GPU
+    assert set(dec) == {("tiny-llama", tp, b) for tp in (1, 2) for b in (1, 2)} | {("other-model", 1, 1)}
     for b in (1, 2):
         two = dec[("tiny-llama", 2, b)]
         assert two["allreduce"] == "gloo" and two["speedup_vs_tp1"] > 0 and two["tokens_per_s"] > 0
     pre = {r["tp"]: r for r in doc["rows"] if r["op"] == "prefill"}
     assert set(pre) == {1, 2} and pre[2]["ttft_vs_tp1"] > 0 and pre[1]["prompt"] == 16
-    rows = {(r["model"], r["tp"]): r for r in doc["rows"] if r["op"] == "decode" and r["batch"] == 1}
-    # a run of named models replaces their rows and keeps the others'
-    other = dict(rows[("tiny-llama", 1)], model="other-model", median_us=1.0)
-    doc["rows"].append(other)
-    doc["profiles"] = {"other-model fp16 tp=1": [{"kernel": "k", "us_per_step": 1.0, "calls_per_step": 1}]}
-    path.write_text(json.dumps(doc))
-    doc = json.loads(_bench(tmp_path, "--models", "tiny-llama").read_text())
-    models = sorted({(r["model"], r["tp"]) for r in doc["rows"]})
-    assert models == [("other-model", 1), ("tiny-llama", 1), ("tiny-llama", 2)]
-    assert next(r for r in doc["rows"] if r["model"] == "other-model")["median_us"] == 1.0
+    assert dec[("other-model", 1, 1)]["median_us"] == 1.0
+    assert [r["median_us"] for r in doc["rows"] if r["model"] == "tiny-llama"].count(1.0) == 0
+    assert len(doc["rows"]) == len(dec) + len(pre)
     assert "other-model fp16 tp=1" in doc["profiles"]

@@ -299,7 +299,7 @@ def test_int8_wg_path_runs_on_hopper(monkeypatch):
 
 
 @NEEDS_FP8
-@pytest.mark.parametrize("M", [1, 129])
+@pytest.mark.parametrize("M", [1, 129 if ON_GPU else 17])       # the interpreter: an M tail at a fraction of the time
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_fp8_cublas_path_matches_reference_or_falls_back(M, out_dtype):
     """The "cublas" path (torch._scaled_mm, rowwise scales) gives the reference within fp32-accumulation rounding
@@ -432,7 +432,7 @@ FUSED = dict(path="gemv", BLOCK_N=8, BLOCK_K=64, num_warps=2, SPLIT_K=2, MIN_PRO
 
 @pytest.mark.parametrize("dtype", ["int8", pytest.param("fp8", marks=NEEDS_FP8)])
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (1, 37, 200), (1, 300, 1000), (3, 45, 256)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (1, 37, 200), (1, 44, 1000), (3, 45, 256)])
 def test_w8a8_gemv_quantizes_x_itself(M, N, K, x_dtype, dtype, monkeypatch):
     """The one-launch W8A8 GEMV: x quantized per row inside the kernel with the quantize kernel's codes and scale,
     so int8 gives the bits of quantize + GEMM and of the reference (fp8: fp32 sums in another order)."""
