@@ -200,7 +200,7 @@ def _image_table(mr: list) -> list[str]:
 
 # batched decode: the runtime's W4A16 (W4A8-FP8) step over its fp16 step, per model and batch (batch 1 keeps its own
 # targets; W4A8's batch 1: within 10% of W4A16's tokens/s)
-BATCHED_RUNTIME_TARGETS = {"w4a16": {"llama3-8b": {16: 2.5, 64: 1.8}, "qwen3-1.7b": {16: 1.8, 64: 1.3}},
+BATCHED_RUNTIME_TARGETS = {"w4a16": {"llama3-8b": {16: 1.8, 64: 1.5}, "qwen3-1.7b": {16: 1.5, 64: 1.3}},
                            "w4a8-fp8": {"llama3-8b": {16: 1.9, 64: 1.6}, "qwen3-1.7b": {64: 1.5}}}
 
 
@@ -462,6 +462,33 @@ def _batched_decode_targets(rows: list[dict]) -> list[str]:
         got = [(cells[(shape, M, prov)] / us, M, shape) for (shape, M, p), us in cells.items()
                if p == "qkernels w4a16" and (shape, M, prov) in cells]
         out += _worst_line(f"qkernels w4a16 vs {prov}, every M, Llama-3-8B's four decode projections", got, 1.0)
+    return out + _w4a16_batched_targets(rows)
+
+
+# W4A16 at batched decode: over fp16 F.linear on every Llama-3-8B shape per M (at least), over our W8A16 at M <= 32
+# (half the bytes), and against each Marlin build timed beside it at every (shape, M) of every model
+W4A16_OVER_FP16 = ((16, 2.5), (32, 2.5), (64, 1.8), (128, 1.2))
+W4A16_OVER_W8A16 = 1.5
+
+
+def _w4a16_batched_targets(rows: list[dict]) -> list[str]:
+    """Target lines of W4A16 at M = 16..128 (W4A16_OVER_FP16, W4A16_OVER_W8A16, Marlin): each the worst (shape, M)
+    of the rows; none for what has no rows."""
+    out = []
+    for M, want in W4A16_OVER_FP16:
+        out += _worst_line(f"qkernels w4a16 vs fp16 F.linear, M = {M}, every shape of Llama-3-8B",
+                           [(r["speedup_vs_fp16"], M, r["shape"]) for r in rows if r["model"] == "llama3-8b"
+                            and r["provider"] == "qkernels w4a16" and r["M"] == M], want)
+    cells = {(r["model"], r["shape"], r["M"], r["provider"]): r["median_us"] for r in rows}
+    ours = {k[:3]: us for k, us in cells.items() if k[3] == "qkernels w4a16"}
+    models = ", ".join(sorted({k[0] for k in ours}))
+    got = [(cells[(*k, "qkernels w8a16")] / us, k[2], f"{k[0]} {k[1]}") for k, us in ours.items()
+           if 2 <= k[2] <= 32 and (*k, "qkernels w8a16") in cells]
+    out += _worst_line(f"qkernels w4a16 vs qkernels w8a16, M = 2..32, every shape of {models}", got,
+                       W4A16_OVER_W8A16)
+    for prov in sorted({r["provider"] for r in rows if r["provider"].startswith("marlin")}):
+        got = [(cells[(*k, prov)] / us, k[2], f"{k[0]} {k[1]}") for k, us in ours.items() if (*k, prov) in cells]
+        out += _worst_line(f"qkernels w4a16 vs {prov}, every M, every shape of {models}", got, 1.0)
     return out
 
 
