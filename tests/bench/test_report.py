@@ -64,6 +64,14 @@ def test_w4a8_runtime_beside_gemlite_in_the_hf_fast_path(tmp_path):
     assert "- batch 1: W4A8 runtime ≥ gemlite" not in text        # no rows at batch 1: no line
 
 
+def _gemv_row(provider, model, shape, M, us, speedup=1.0):
+    """A decode-GEMV row of `model`'s `shape` ("NxK") at M: `us` per call, `speedup` over fp16."""
+    N, K = (int(v) for v in shape.split("x"))
+    return dict(op="decode_linear", provider=provider, mode="graph-chain", model=model, layer="x", shape=shape, M=M,
+                N=N, K=K, median_us=us, weight_gbps=1.0, speedup_vs_fp16=speedup, share_of_fp16_bw=1.0,
+                kernels_per_call=1.0)
+
+
 def test_decode_gemv_table_and_targets(tmp_path):
     root = tmp_path / "results"
     row = lambda p, shape, M, us, share, k=1.0: dict(  # noqa: E731
@@ -93,10 +101,7 @@ def test_batched_decode_targets_per_m_range_and_best_peer(tmp_path):
     """The batched-decode lines: the worst speed-up over fp16 of each scheme's M range on the four projections
     (other shapes ignored), and W8A8 against the fastest peer of its format at each (shape, M) from 17 to 256."""
     root = tmp_path / "results"
-    row = lambda p, shape, M, us, x=1.0: dict(  # noqa: E731
-        op="decode_linear", provider=p, mode="graph-chain", model="llama3-8b", layer="x", shape=shape, M=M,
-        N=int(shape.split("x")[0]), K=int(shape.split("x")[1]), median_us=us, weight_gbps=1.0, speedup_vs_fp16=x,
-        share_of_fp16_bw=1.0, kernels_per_call=1.0)
+    row = lambda p, shape, M, us, x=1.0: _gemv_row(p, "llama3-8b", shape, M, us, x)  # noqa: E731
     rows = [row("qkernels w4a16", "6144x4096", 1, 5.0, 3.5), row("qkernels w4a16", "4096x4096", 16, 5.0, 3.4),
             row("qkernels w4a16", "1024x4096", 16, 5.0, 1.1),                    # not one of the four: ignored
             row("qkernels w4a16", "28672x4096", 64, 5.0, 2.0),
@@ -128,10 +133,7 @@ def test_w4a16_batched_targets_on_every_shape(tmp_path):
     """W4A16 at M = 16..128: over fp16 per M on every Llama-3-8B shape (the lm_head's included), over our W8A16 at
     M <= 32 and against Marlin at every (model, shape, M) both ran; ranges without rows get no line."""
     root = tmp_path / "results"
-    row = lambda p, model, shape, M, us, x=1.0: dict(  # noqa: E731
-        op="decode_linear", provider=p, mode="graph-chain", model=model, layer="x", shape=shape, M=M,
-        N=int(shape.split("x")[0]), K=int(shape.split("x")[1]), median_us=us, weight_gbps=1.0, speedup_vs_fp16=x,
-        share_of_fp16_bw=1.0, kernels_per_call=1.0)
+    row = _gemv_row
     rows = [row("qkernels w4a16", "llama3-8b", "4096x4096", 16, 10.0, 2.6),
             row("qkernels w4a16", "llama3-8b", "128256x4096", 16, 100.0, 1.9),
             row("qkernels w4a16", "qwen3-1.7b", "2048x2048", 16, 5.0, 1.0),        # not Llama-3-8B's: no fp16 line
@@ -158,10 +160,7 @@ def test_w4a8_target_against_the_fastest_rival_on_every_shape(tmp_path):
     """W4A8-FP8 against the fastest of our W4A16, our W8A8-FP8 and gemlite's A8W4 FP8 at each (model, shape, M) with
     M = 16..256, on every shape of both models (M = 1 and other peers ignored)."""
     root = tmp_path / "results"
-    row = lambda p, model, shape, M, us: dict(  # noqa: E731
-        op="decode_linear", provider=p, mode="graph-chain", model=model, layer="x", shape=shape, M=M,
-        N=int(shape.split("x")[0]), K=int(shape.split("x")[1]), median_us=us, weight_gbps=1.0, speedup_vs_fp16=1.0,
-        share_of_fp16_bw=1.0, kernels_per_call=1.0)
+    row = _gemv_row
     rows = [row("qkernels w4a8-fp8", "llama3-8b", "1024x4096", 16, 10.0), row("qkernels w4a16", "llama3-8b",
                                                                                "1024x4096", 16, 11.0),
             row("qkernels w4a8-fp8", "qwen3-1.7b", "2048x2048", 64, 10.0),
